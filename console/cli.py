@@ -1,0 +1,108 @@
+"""The `agentreach` command: run the mesh's parts and inspect their data."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+from agent_reach import logs
+
+from registry.lifecycle import LifecycleConfig
+from registry.server import RegistryServer, RegistrySettings
+from wal import WalError, format_inspection, inspect_wal
+
+
+def _add_registry_knobs(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", type=Path, default=Path(".agentreach"),
+                        help="where the WAL and snapshots live (default: ./.agentreach)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    parser.add_argument("--silence-timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="demote an instance silent this long (default: 10)")
+    parser.add_argument("--health-interval", type=float, default=3.0, metavar="SECONDS",
+                        help="seconds between active health checks of demoted instances (default: 3)")
+    parser.add_argument("--evict-after", type=int, default=3, metavar="N",
+                        help="evict after N consecutive failed health checks (default: 3)")
+    parser.add_argument("--log-level", default="info", help="debug, info, warning or error (default: info)")
+    parser.add_argument("--no-group-commit", dest="group_commit", action="store_false",
+                        help="fsync every WAL record on its own (slower; for benchmarks)")
+
+
+def _positive(value: float, flag: str, parser: argparse.ArgumentParser) -> None:
+    if value <= 0:
+        parser.error(f"{flag} must be greater than 0")
+
+
+def _registry_settings(args: argparse.Namespace, port: int, parser: argparse.ArgumentParser) -> RegistrySettings:
+    _positive(args.silence_timeout, "--silence-timeout", parser)
+    _positive(args.health_interval, "--health-interval", parser)
+    _positive(args.evict_after, "--evict-after", parser)
+    lifecycle = LifecycleConfig(silence_timeout=args.silence_timeout, health_interval=args.health_interval,
+                                evict_after=args.evict_after)
+    return RegistrySettings(data_dir=args.data_dir, host=args.host, port=port, lifecycle=lifecycle,
+                            group_commit=args.group_commit)
+
+
+async def _serve(server: RegistryServer) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+
+
+def _run_server(settings: RegistrySettings) -> int:
+    try:
+        asyncio.run(_serve(RegistryServer(settings)))
+    except WalError as exc:
+        print(f"agentreach: refusing to start: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agentreach", description="Agent Reach: a capability mesh for agents.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = commands.add_parser("up", help="run the whole mesh in one process (the embedded default)",
+                             description="Run the registry (and, as they land, router and console) in one process.")
+    _add_registry_knobs(up)
+    up.add_argument("--registry-port", type=int, default=8081, help="registry port (default: 8081)")
+
+    registry = commands.add_parser("registry", help="run the registry alone",
+                                   description="Run the capability registry backed by its write-ahead log.")
+    _add_registry_knobs(registry)
+    registry.add_argument("--port", type=int, default=8081, help="port to listen on (default: 8081)")
+
+    wal = commands.add_parser("wal", help="inspect the write-ahead log", description="Write-ahead log tools.")
+    wal_commands = wal.add_subparsers(dest="wal_command", required=True, metavar="WAL_COMMAND")
+    inspect = wal_commands.add_parser("inspect", help="print segments, record counts, last index and snapshot",
+                                      description="Print the WAL's segments, record counts, last index and "
+                                                  "the snapshot in use, without changing anything.")
+    inspect.add_argument("data_dir", type=Path, help="the registry's data directory")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "wal":
+        try:
+            print(format_inspection(inspect_wal(args.data_dir)))
+        except WalError as exc:
+            print(f"agentreach: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    logs.configure(args.log_level)
+    port = args.registry_port if args.command == "up" else args.port
+    return _run_server(_registry_settings(args, port, parser))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""Active health checks of demoted instances, and evictions with a guard against mass eviction."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+
+from registry.lifecycle import EvictionPlan, Status, plan_evictions, record_check
+from registry.service import Registry
+
+log = logging.getLogger("agentreach.registry.health")
+
+PROBE_CONCURRENCY = 64
+
+
+class HealthChecker:
+    """Every ``health_interval`` seconds: probe demoted instances, then evict what the plan allows."""
+
+    def __init__(self, registry: Registry, session: aiohttp.ClientSession):
+        self._registry = registry
+        self._session = session
+        self._probes = asyncio.Semaphore(PROBE_CONCURRENCY)
+        self.guard_active = False
+        self.checks = {"pass": 0, "fail": 0}
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self._registry.config.health_interval)
+            try:
+                await self.sweep()
+            except Exception:
+                log.exception("health sweep failed; retrying next interval")
+
+    async def _probe(self, url: str) -> bool:
+        timeout = aiohttp.ClientTimeout(total=min(self._registry.config.health_interval, 2.0))
+        async with self._probes:
+            try:
+                async with self._session.get(url, timeout=timeout, allow_redirects=False) as response:
+                    return 200 <= response.status < 300
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                return False
+
+    async def sweep(self) -> EvictionPlan:
+        registry = self._registry
+        grouped = registry.records_by_status(registry.clock())
+        demoted = grouped[Status.DEMOTED]
+        results = await asyncio.gather(*(self._probe(record.health_url) for record in demoted))
+        now = registry.clock()
+        for record, passed in zip(demoted, results):
+            liveness = registry.state.liveness.get(record.agent_id)
+            if liveness is None:
+                continue
+            record_check(liveness, passed, now)
+            self.checks["pass" if passed else "fail"] += 1
+        failing = [
+            agent_id for agent_id, liveness in registry.state.liveness.items()
+            if liveness.failed_checks >= registry.config.evict_after
+            and registry.status(agent_id, now) is Status.DEMOTED
+        ]
+        live = sum(len(grouped[status]) for status in (Status.PENDING, Status.HEALTHY, Status.DEMOTED))
+        plan = plan_evictions(failing, live, len(demoted), registry.config)
+        self._report_guard(plan, live, len(demoted))
+        for agent_id in plan.evict:
+            await registry.evict(agent_id, reason=f"{registry.config.evict_after} failed health checks")
+        return plan
+
+    def _report_guard(self, plan: EvictionPlan, live: int, silent: int) -> None:
+        if plan.guard_active and not self.guard_active:
+            log.error("EVICTION GUARD ON: most instances went silent at once; evictions paused",
+                      extra={"silent": silent, "live": live, "deferred": plan.deferred})
+        elif not plan.guard_active and self.guard_active:
+            log.warning("eviction guard off: heartbeats are back; evictions resume",
+                        extra={"silent": silent, "live": live})
+        self.guard_active = plan.guard_active

@@ -1,0 +1,67 @@
+"""Prometheus metrics for the registry, read from live state at scrape time (nothing on the hot path)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from registry.health import HealthChecker
+from registry.lifecycle import Status
+from registry.service import Registry
+from registry.store import WalStore
+
+
+class RegistryCollector(Collector):
+    def __init__(self, registry: Registry, checker: HealthChecker | None):
+        self._registry = registry
+        self._checker = checker
+
+    def collect(self) -> Iterator[Metric]:
+        registry = self._registry
+        grouped = registry.records_by_status(registry.clock())
+        instances = GaugeMetricFamily("agentreach_registry_instances", "Registered instances by state",
+                                      labels=["state"])
+        for status in Status:
+            instances.add_metric([status.value], len(grouped[status]))
+        yield instances
+        yield GaugeMetricFamily("agentreach_registry_capabilities", "Capability names with a live holder",
+                                value=len({c.name for records in grouped.values() for r in records
+                                           for c in r.capabilities}))
+        counters = registry.counters
+        for name, value, text in (
+            ("registrations", counters.registrations, "Registrations acknowledged"),
+            ("deregistrations", counters.deregistrations, "Deregistrations acknowledged"),
+            ("heartbeats", counters.heartbeats, "Heartbeats accepted"),
+            ("evictions", counters.evictions, "Instances evicted after failed health checks"),
+        ):
+            yield CounterMetricFamily(f"agentreach_registry_{name}", text, value=value)
+        if self._checker is not None:
+            checks = CounterMetricFamily("agentreach_registry_health_checks", "Active health checks",
+                                         labels=["result"])
+            for result, count in self._checker.checks.items():
+                checks.add_metric([result], count)
+            yield checks
+            yield GaugeMetricFamily(
+                "agentreach_registry_eviction_guard_active",
+                "1 while evictions are paused because most instances went silent at once",
+                value=int(self._checker.guard_active))
+        if isinstance(registry.store, WalStore):
+            stats = registry.store.wal.stats
+            yield CounterMetricFamily("agentreach_wal_records", "Records appended to the WAL", value=stats.records)
+            yield CounterMetricFamily("agentreach_wal_syncs", "fdatasync calls (one per group-committed batch)",
+                                      value=stats.syncs)
+            yield GaugeMetricFamily("agentreach_wal_revision", "Last committed WAL index",
+                                    value=registry.store.revision)
+
+
+def metrics_registry(registry: Registry, checker: HealthChecker | None) -> CollectorRegistry:
+    prometheus = CollectorRegistry(auto_describe=False)
+    prometheus.register(RegistryCollector(registry, checker))
+    return prometheus
+
+
+def render(prometheus: CollectorRegistry) -> bytes:
+    return generate_latest(prometheus)

@@ -1,0 +1,98 @@
+"""The durable instance record, and the pure step that turns a registration into one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from agent_reach.registration import Capability, RegisterRequest, known_metadata
+from yarl import URL
+
+from registry.errors import RegistryError, from_decode_error
+
+INSTANCE_PREFIX = "instances/"
+
+
+class InstanceRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What the store keeps for one agent instance; endpoints are already absolute URLs."""
+
+    agent_id: str
+    service: str
+    capabilities: list[Capability]
+    health_url: str
+    metadata: dict[str, Any] = {}
+    base_url: str | None = None
+    direct_fallback: bool = False
+    registered_at: float = 0.0
+    evicted_at: float | None = None
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(InstanceRecord)
+
+
+def instance_key(agent_id: str) -> str:
+    return INSTANCE_PREFIX + agent_id
+
+
+def encode_record(record: InstanceRecord) -> bytes:
+    return _encoder.encode(record)
+
+
+def decode_record(data: bytes) -> InstanceRecord:
+    return _decoder.decode(data)
+
+
+def _absolute_url(value: str, field: str) -> URL:
+    try:
+        url = URL(value)
+    except (ValueError, TypeError) as exc:
+        raise RegistryError(400, "invalid_url", f"Not a valid URL: {value!r} ({exc})", field) from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise RegistryError(400, "invalid_url", f"Expected an absolute http(s) URL, got {value!r}", field)
+    return url
+
+
+def _resolve_endpoint(endpoint: str, base: URL | None, field: str) -> URL:
+    if endpoint.startswith("/"):
+        if base is None:
+            raise RegistryError(
+                400, "invalid_url", f"Endpoint {endpoint!r} is a path, so base_url is required", field
+            )
+        return base.join(URL(endpoint))
+    return _absolute_url(endpoint, field)
+
+
+def build_record(request: RegisterRequest, now: float) -> InstanceRecord:
+    """Validate what the schema cannot (URLs, duplicates, known metadata) and resolve endpoints."""
+    try:
+        known_metadata(request.metadata)
+    except msgspec.ValidationError as exc:
+        raise from_decode_error(exc, prefix="metadata") from None
+    base = _absolute_url(request.base_url, "base_url") if request.base_url is not None else None
+    seen: set[str] = set()
+    capabilities = []
+    for position, capability in enumerate(request.capabilities):
+        if capability.name in seen:
+            raise RegistryError(
+                400, "duplicate_capability",
+                f"Capability {capability.name!r} appears more than once in this registration",
+                f"capabilities[{position}].name",
+            )
+        seen.add(capability.name)
+        endpoint = _resolve_endpoint(capability.endpoint, base, f"capabilities[{position}].endpoint")
+        capabilities.append(msgspec.structs.replace(capability, endpoint=str(endpoint)))
+    if request.health_url is not None:
+        health_url = str(_resolve_endpoint(request.health_url, base, "health_url"))
+    else:
+        health_url = str(URL(capabilities[0].endpoint).origin().with_path("/healthz"))
+    return InstanceRecord(
+        agent_id=request.agent_id,
+        service=request.service or request.agent_id,
+        capabilities=capabilities,
+        health_url=health_url,
+        metadata=dict(request.metadata),
+        base_url=str(base) if base is not None else None,
+        direct_fallback=request.direct_fallback,
+        registered_at=now,
+    )

@@ -1,0 +1,80 @@
+"""Assemble and run a registry: replay the WAL, serve HTTP, run the health checker."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import aiohttp
+import msgspec
+from aiohttp import web
+
+from registry.api import DEFAULT_MAX_BODY, create_app
+from registry.health import HealthChecker
+from registry.lifecycle import LifecycleConfig
+from registry.service import Registry
+from registry.store import WalStore
+from wal import ReplayReport
+
+log = logging.getLogger("agentreach.registry")
+
+
+class RegistrySettings(msgspec.Struct, kw_only=True):
+    data_dir: Path = Path(".agentreach")
+    host: str = "127.0.0.1"
+    port: int = 8081
+    lifecycle: LifecycleConfig = LifecycleConfig()
+    max_body: int = DEFAULT_MAX_BODY
+    snapshot_every: int = 50_000
+    group_commit: bool = True
+
+
+class RegistryServer:
+    """One registry process's worth of parts, started and stopped together."""
+
+    def __init__(self, settings: RegistrySettings):
+        self.settings = settings
+        self.store = WalStore(settings.data_dir, snapshot_every=settings.snapshot_every,
+                              group_commit=settings.group_commit)
+        self.registry: Registry | None = None
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._checker_task: asyncio.Task[None] | None = None
+        self.port = settings.port
+        self.replay: ReplayReport | None = None
+        self._stopped = False
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.settings.host}:{self.port}"
+
+    async def start(self) -> None:
+        self.settings.data_dir.mkdir(parents=True, exist_ok=True)
+        self.replay = await asyncio.get_running_loop().run_in_executor(None, self.store.open)
+        self.registry = Registry(self.store, self.settings.lifecycle)
+        self._session = aiohttp.ClientSession()
+        checker = HealthChecker(self.registry, self._session)
+        self._checker_task = asyncio.create_task(checker.run())
+        app = create_app(self.registry, checker, max_body=self.settings.max_body)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.settings.host, self.settings.port)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+        log.info("registry listening", extra={"url": self.url, "data_dir": str(self.settings.data_dir),
+                                             "instances": len(self.registry.state.records)})
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._checker_task is not None:
+            self._checker_task.cancel()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+        if self.registry is not None:
+            self.registry.close()
+        await self.store.close()

@@ -1,0 +1,137 @@
+"""The registry's operations, free of HTTP: register, heartbeat, deregister, query, evict.
+
+Every durable change goes through the store (the WAL) and reaches memory only when the store
+commits it; heartbeats touch soft state alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import msgspec
+from agent_reach.registration import HeartbeatRequest, RegisterRequest
+
+from registry.errors import RegistryError
+from registry.lifecycle import QUERY_ORDER, LifecycleConfig, Status, record_heartbeat, status_of
+from registry.records import InstanceRecord, build_record, encode_record, instance_key
+from registry.state import RegistryState
+from registry.store import Store
+from registry.views import AgentView, QueryResult, agent_view, query_instance
+
+log = logging.getLogger("agentreach.registry")
+
+
+class Counters(msgspec.Struct):
+    registrations: int = 0
+    deregistrations: int = 0
+    heartbeats: int = 0
+    evictions: int = 0
+
+
+class Registry:
+    def __init__(self, store: Store, config: LifecycleConfig, *, clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time):
+        self.store = store
+        self.config = config
+        self.clock = clock
+        self._wall_clock = wall_clock
+        self.state = RegistryState(clock)
+        self.counters = Counters()
+        self.state.load(store.snapshot())
+        self._unwatch = store.watch(self.state.apply)
+
+    def close(self) -> None:
+        self._unwatch()
+
+    def status(self, agent_id: str, now: float) -> Status:
+        record = self.state.records[agent_id]
+        liveness = self.state.liveness.get(agent_id)
+        if liveness is None:
+            return Status.EVICTED
+        return status_of(liveness, record.evicted_at is not None, now, self.config)
+
+    async def register(self, request: RegisterRequest) -> AgentView:
+        record = build_record(request, self._wall_clock())
+        conflicts = self.state.conflicts(record)
+        if conflicts:
+            name, owner = conflicts[0]
+            raise RegistryError(
+                409, "capability_owned",
+                f"Capability {name!r} is owned by service {owner!r}; service {record.service!r} cannot claim it",
+                f"capabilities[{[c.name for c in record.capabilities].index(name)}].name",
+                capability=name, owner=owner,
+            )
+        self.state.claim(record)
+        try:
+            await self.store.put(instance_key(record.agent_id), encode_record(record))
+        finally:
+            self.state.release(record)
+        self.counters.registrations += 1
+        log.info("instance registered", extra={"agent_id": record.agent_id, "service": record.service,
+                                              "capabilities": [c.name for c in record.capabilities]})
+        return self.agent(record.agent_id)
+
+    def heartbeat(self, request: HeartbeatRequest) -> Status:
+        liveness = self.state.liveness.get(request.agent_id)
+        if liveness is None:
+            raise RegistryError(404, "unknown_agent", f"No live instance {request.agent_id!r}; register again",
+                                "agent_id")
+        now = self.clock()
+        record_heartbeat(liveness, now)
+        liveness.load = request.load
+        if request.inflight is not None:
+            liveness.inflight = request.inflight
+        if request.health is not None:
+            liveness.health = request.health
+        if request.metrics is not None:
+            liveness.metrics = request.metrics
+        self.counters.heartbeats += 1
+        return Status.HEALTHY
+
+    async def deregister(self, agent_id: str) -> None:
+        if agent_id not in self.state.records:
+            raise RegistryError(404, "unknown_agent", f"No instance {agent_id!r}", "agent_id")
+        await self.store.delete(instance_key(agent_id))
+        self.counters.deregistrations += 1
+        log.info("instance deregistered", extra={"agent_id": agent_id})
+
+    async def evict(self, agent_id: str, reason: str) -> None:
+        record = self.state.records.get(agent_id)
+        if record is None or record.evicted_at is not None:
+            return
+        evicted = msgspec.structs.replace(record, evicted_at=self._wall_clock())
+        await self.store.put(instance_key(agent_id), encode_record(evicted))
+        self.counters.evictions += 1
+        log.warning("instance evicted", extra={"agent_id": agent_id, "service": record.service, "reason": reason})
+
+    def query(self, name: str) -> QueryResult:
+        now = self.clock()
+        found = []
+        for agent_id in self.state.holders(name):
+            record = self.state.records[agent_id]
+            state = self.status(agent_id, now)
+            capability = next(c for c in record.capabilities if c.name == name)
+            found.append(query_instance(record, capability, self.state.liveness[agent_id], state, now))
+        if not found:
+            raise RegistryError(404, "capability_not_found", f"No instance offers capability {name!r}",
+                                "capability")
+        found.sort(key=lambda instance: (QUERY_ORDER[instance.state], instance.load))
+        return QueryResult(capability=name, service=self.state.owner(name) or "", instances=found)
+
+    def agent(self, agent_id: str) -> AgentView:
+        record = self.state.records.get(agent_id)
+        if record is None:
+            raise RegistryError(404, "unknown_agent", f"No instance {agent_id!r}", "agent_id")
+        now = self.clock()
+        return agent_view(record, self.state.liveness.get(agent_id), self.status(agent_id, now), now)
+
+    def agents(self) -> list[AgentView]:
+        return [self.agent(agent_id) for agent_id in self.state.records]
+
+    def records_by_status(self, now: float) -> dict[Status, list[InstanceRecord]]:
+        grouped: dict[Status, list[InstanceRecord]] = {status: [] for status in Status}
+        for agent_id, record in self.state.records.items():
+            grouped[self.status(agent_id, now)].append(record)
+        return grouped

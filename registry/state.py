@@ -1,0 +1,92 @@
+"""The registry's in-memory view: instance records indexed by capability, plus soft liveness.
+
+It changes only by applying committed store changes (``apply``), so memory always equals
+what the log holds. Capability ownership is derived from the live records; ``claim`` reserves
+names for registrations still on their way to disk so two services cannot both win a race.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from registry.lifecycle import Liveness
+from registry.records import INSTANCE_PREFIX, InstanceRecord, decode_record
+from registry.store import Change
+
+
+class RegistryState:
+    def __init__(self, clock: Callable[[], float]):
+        self._clock = clock
+        self.records: dict[str, InstanceRecord] = {}
+        self.liveness: dict[str, Liveness] = {}
+        self._holders: dict[str, dict[str, None]] = {}
+        self._claims: dict[str, tuple[str, int]] = {}
+
+    def load(self, items: dict[str, bytes]) -> None:
+        for key, value in items.items():
+            self.apply(Change(key, value))
+
+    def apply(self, change: Change) -> None:
+        if not change.key.startswith(INSTANCE_PREFIX):
+            return
+        agent_id = change.key[len(INSTANCE_PREFIX):]
+        self._unindex(agent_id)
+        if change.value is None:
+            self.records.pop(agent_id, None)
+            self.liveness.pop(agent_id, None)
+            return
+        record = decode_record(change.value)
+        self.records[agent_id] = record
+        if record.evicted_at is None:
+            self.liveness[agent_id] = Liveness(registered=self._clock())
+            for capability in record.capabilities:
+                self._holders.setdefault(capability.name, {})[agent_id] = None
+        else:
+            self.liveness.pop(agent_id, None)
+
+    def _unindex(self, agent_id: str) -> None:
+        previous = self.records.get(agent_id)
+        if previous is None:
+            return
+        for capability in previous.capabilities:
+            holders = self._holders.get(capability.name)
+            if holders is not None:
+                holders.pop(agent_id, None)
+                if not holders:
+                    del self._holders[capability.name]
+
+    def owner(self, name: str, excluding: str | None = None) -> str | None:
+        """The service that owns a capability name: from live holders, then from pending claims."""
+        for agent_id in self._holders.get(name, ()):
+            if agent_id != excluding:
+                return self.records[agent_id].service
+        claim = self._claims.get(name)
+        return claim[0] if claim else None
+
+    def conflicts(self, record: InstanceRecord) -> list[tuple[str, str]]:
+        """(capability, owning service) for every name this record may not take."""
+        found = []
+        for capability in record.capabilities:
+            owner = self.owner(capability.name, excluding=record.agent_id)
+            if owner is not None and owner != record.service:
+                found.append((capability.name, owner))
+        return found
+
+    def claim(self, record: InstanceRecord) -> None:
+        for capability in record.capabilities:
+            _, count = self._claims.get(capability.name, (record.service, 0))
+            self._claims[capability.name] = (record.service, count + 1)
+
+    def release(self, record: InstanceRecord) -> None:
+        for capability in record.capabilities:
+            service, count = self._claims[capability.name]
+            if count == 1:
+                del self._claims[capability.name]
+            else:
+                self._claims[capability.name] = (service, count - 1)
+
+    def holders(self, name: str) -> Iterator[str]:
+        return iter(self._holders.get(name, ()))
+
+    def has_capability(self, name: str) -> bool:
+        return name in self._holders

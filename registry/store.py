@@ -1,0 +1,139 @@
+"""The registry's durable state behind one small interface: put / delete / snapshot / watch.
+
+The lifecycle logic and the HTTP layer only see :class:`Store`. :class:`WalStore` keeps the
+records in memory and makes every change durable in the local write-ahead log before it is
+visible; a later etcd-backed store implements the same four operations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+import msgspec
+
+from wal import ReplayReport, WriteAheadLog
+
+log = logging.getLogger("agentreach.registry.store")
+
+
+class Change(msgspec.Struct, array_like=True, frozen=True):
+    """One committed change: ``value`` None means the key was deleted."""
+
+    key: str
+    value: bytes | None
+    revision: int = 0
+
+
+Listener = Callable[[Change], None]
+
+
+class Store(Protocol):
+    revision: int
+
+    async def put(self, key: str, value: bytes) -> int: ...
+
+    async def delete(self, key: str) -> int: ...
+
+    def snapshot(self) -> dict[str, bytes]:
+        """Every record as of ``revision``."""
+        ...
+
+    def watch(self, listener: Listener) -> Callable[[], None]:
+        """Call ``listener`` with each committed change, in revision order; returns an unsubscribe."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+_encoder = msgspec.msgpack.Encoder()
+_change_decoder = msgspec.msgpack.Decoder(Change)
+_items_decoder = msgspec.msgpack.Decoder(dict[str, bytes])
+
+
+def encode_change(change: Change) -> bytes:
+    """A change as the WAL stores it."""
+    return _encoder.encode(change)
+
+
+class WalStore:
+    """Records in a dict, every change in the WAL first; snapshots bound the replay."""
+
+    def __init__(self, data_dir: Path, *, snapshot_every: int = 50_000, segment_bytes: int = 16 << 20,
+                 group_commit: bool = True):
+        self._items: dict[str, bytes] = {}
+        self._listeners: list[Listener] = []
+        self._snapshot_every = snapshot_every
+        self._since_snapshot = 0
+        self._snapshotting: asyncio.Task[None] | None = None
+        self.revision = 0
+        self._wal = WriteAheadLog(Path(data_dir) / "wal", segment_bytes=segment_bytes,
+                                  group_commit=group_commit, on_commit=self._commit)
+
+    def open(self) -> ReplayReport:
+        """Replay the snapshot and the log; blocking, for start-up only."""
+        report = self._wal.open(self._load_snapshot, self._replay)
+        log.info("wal replayed", extra={"snapshot_index": report.snapshot_index,
+                                        "records": report.records_replayed,
+                                        "last_index": report.last_index,
+                                        "seconds": round(report.seconds, 3)})
+        return report
+
+    @property
+    def wal(self) -> WriteAheadLog:
+        return self._wal
+
+    def _load_snapshot(self, index: int, data: bytes) -> None:
+        self._items = _items_decoder.decode(data)
+        self.revision = index
+
+    def _apply(self, index: int, change: Change) -> None:
+        if change.value is None:
+            self._items.pop(change.key, None)
+        else:
+            self._items[change.key] = change.value
+        self.revision = index
+
+    def _replay(self, index: int, payload: bytes) -> None:
+        self._apply(index, _change_decoder.decode(payload))
+
+    def _commit(self, index: int, payload: bytes) -> None:
+        change = msgspec.structs.replace(_change_decoder.decode(payload), revision=index)
+        self._apply(index, change)
+        for listener in self._listeners:
+            listener(change)
+        self._since_snapshot += 1
+        if self._since_snapshot >= self._snapshot_every and self._snapshotting is None:
+            self._snapshotting = asyncio.get_running_loop().create_task(self._take_snapshot())
+
+    async def _take_snapshot(self) -> None:
+        try:
+            index, data = self.revision, _encoder.encode(self._items)
+            self._since_snapshot = 0
+            await self._wal.snapshot(index, data)
+            log.info("snapshot written", extra={"index": index, "bytes": len(data)})
+        except Exception:
+            log.exception("snapshot failed; the log keeps every record, replay just takes longer")
+        finally:
+            self._snapshotting = None
+
+    async def put(self, key: str, value: bytes) -> int:
+        return await self._wal.append(encode_change(Change(key, value)))
+
+    async def delete(self, key: str) -> int:
+        return await self._wal.append(encode_change(Change(key, None)))
+
+    def snapshot(self) -> dict[str, bytes]:
+        return dict(self._items)
+
+    def watch(self, listener: Listener) -> Callable[[], None]:
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    async def close(self) -> None:
+        if self._snapshotting is not None:
+            await self._snapshotting
+        await self._wal.close()

@@ -1,0 +1,96 @@
+"""The Agent Touch Protocol: request, response and error frames, and the error-code table.
+
+This module is the single definition of the protocol; the registry, the router and the SDK
+all import it, so a frame means the same thing on every hop.
+"""
+
+from __future__ import annotations
+
+import uuid
+from enum import Enum
+from typing import Any, Literal
+
+import msgspec
+
+
+class RequestFrame(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What a caller sends: a capability (or, later, an intent) and its payload."""
+
+    capability: str | None = None
+    payload: Any = None
+    context: dict[str, Any] = msgspec.field(default_factory=dict)
+    request_id: str = msgspec.field(default_factory=lambda: uuid.uuid4().hex)
+    timeout_hint: int | None = None
+    intent: str | None = None
+
+
+class ResponseFrame(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What an agent answers when it handled the call."""
+
+    request_id: str
+    status: Literal["success", "error", "busy"] = "success"
+    result: Any = None
+    context_update: dict[str, Any] | None = None
+
+
+class ErrorFrame(msgspec.Struct, kw_only=True):
+    """What the mesh (or an agent) answers when the call did not succeed."""
+
+    request_id: str
+    error_code: str
+    error_message: str
+    can_retry: bool
+
+
+class ErrorCode(str, Enum):
+    """Every error the mesh can answer, with its HTTP status and whether a retry may help."""
+
+    INVALID_FRAME = "INVALID_FRAME"
+    PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
+    UNKNOWN_CAPABILITY = "UNKNOWN_CAPABILITY"
+    NO_ROUTABLE_INSTANCE = "NO_ROUTABLE_INSTANCE"
+    ROUTING_HINT_UNSATISFIABLE = "ROUTING_HINT_UNSATISFIABLE"
+    CONNECT_TIMEOUT = "CONNECT_TIMEOUT"
+    FIRST_BYTE_TIMEOUT = "FIRST_BYTE_TIMEOUT"
+    TOTAL_TIMEOUT = "TOTAL_TIMEOUT"
+    CIRCUIT_OPEN = "CIRCUIT_OPEN"
+    BUSY = "BUSY"
+    AGENT_ERROR = "AGENT_ERROR"
+    BUSINESS_ERROR = "BUSINESS_ERROR"
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+    FORBIDDEN = "FORBIDDEN"
+    TRUST_LEVEL_INSUFFICIENT = "TRUST_LEVEL_INSUFFICIENT"
+
+    @property
+    def http_status(self) -> int:
+        return _ERROR_TABLE[self][0]
+
+    @property
+    def can_retry(self) -> bool:
+        return _ERROR_TABLE[self][1]
+
+
+_ERROR_TABLE: dict[ErrorCode, tuple[int, bool]] = {
+    ErrorCode.INVALID_FRAME: (400, False),
+    ErrorCode.PAYLOAD_TOO_LARGE: (413, False),
+    ErrorCode.UNKNOWN_CAPABILITY: (404, False),
+    ErrorCode.NO_ROUTABLE_INSTANCE: (503, True),
+    ErrorCode.ROUTING_HINT_UNSATISFIABLE: (503, False),
+    ErrorCode.CONNECT_TIMEOUT: (504, True),
+    ErrorCode.FIRST_BYTE_TIMEOUT: (504, True),
+    ErrorCode.TOTAL_TIMEOUT: (504, True),
+    ErrorCode.CIRCUIT_OPEN: (503, True),
+    ErrorCode.BUSY: (429, True),
+    ErrorCode.AGENT_ERROR: (502, True),
+    ErrorCode.BUSINESS_ERROR: (422, False),
+    ErrorCode.UNAUTHENTICATED: (401, False),
+    ErrorCode.FORBIDDEN: (403, False),
+    ErrorCode.TRUST_LEVEL_INSUFFICIENT: (403, False),
+}
+
+
+def error_frame(request_id: str, code: ErrorCode, message: str) -> ErrorFrame:
+    """Build an error frame whose can_retry always agrees with the table."""
+    return ErrorFrame(
+        request_id=request_id, error_code=code.value, error_message=message, can_retry=code.can_retry
+    )

@@ -1,0 +1,87 @@
+"""What an agent sends the registry: its registration and its heartbeats.
+
+The SDK encodes these and the registry decodes them, so both sides share one schema.
+Decoding with msgspec validates types, ranges and unknown fields in one step.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
+
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=NAME_PATTERN)]
+Url = Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
+Label = Annotated[str, msgspec.Meta(max_length=256)]
+Protocol = Literal["atp", "rest"]
+RoutingPolicy = Literal["least_load", "hash", "affinity"]
+TrustLevel = Literal["internal", "user_authorized", "public"]
+
+MetadataValue = str | int | float | bool
+
+
+class Capability(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One thing an agent can do, and how to reach it."""
+
+    name: Name
+    endpoint: Url
+    version: Annotated[str, msgspec.Meta(min_length=1, max_length=64)] = "1.0"
+    protocol: Protocol = "atp"
+    timeout_sla_ms: Annotated[int, msgspec.Meta(gt=0, le=3_600_000)] = 30_000
+    max_payload_bytes: Annotated[int, msgspec.Meta(gt=0, le=64 * 1024 * 1024)] = 1024 * 1024
+    description: Annotated[str, msgspec.Meta(max_length=4096)] = ""
+    examples: Annotated[
+        list[Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]],
+        msgspec.Meta(max_length=64),
+    ] = []
+    idempotent: bool = False
+    trust_level: TrustLevel | None = None
+
+
+class KnownMetadata(msgspec.Struct, kw_only=True):
+    """The metadata keys the mesh itself reads; any other scalar key is a free label."""
+
+    zone: Label = ""
+    model: Label = ""
+    max_qps: Annotated[float, msgspec.Meta(ge=0)] = 0
+    semver: Label = ""
+    routing_policy: RoutingPolicy | None = None
+
+
+class RegisterRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    agent_id: Name
+    capabilities: Annotated[list[Capability], msgspec.Meta(min_length=1, max_length=256)]
+    service: Name | None = None
+    base_url: Url | None = None
+    health_url: Url | None = None
+    metadata: Annotated[dict[Annotated[str, msgspec.Meta(min_length=1, max_length=128)], MetadataValue],
+                        msgspec.Meta(max_length=64)] = {}
+    direct_fallback: bool = False
+
+
+class HeartbeatRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    agent_id: Name
+    load: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.0
+    inflight: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    health: Annotated[str, msgspec.Meta(max_length=256)] | None = None
+    metrics: Annotated[dict[Annotated[str, msgspec.Meta(max_length=128)], int | float],
+                       msgspec.Meta(max_length=64)] | None = None
+
+
+class AgentRef(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A request that names one agent instance (deregister)."""
+
+    agent_id: Name
+
+
+class CapabilityRef(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A request that names one capability (query)."""
+
+    capability: Name
+
+
+def known_metadata(metadata: dict[str, Any]) -> KnownMetadata:
+    """Validate the keys the mesh reads; raises msgspec.ValidationError with a `$.key` path."""
+    return msgspec.convert(metadata, KnownMetadata)

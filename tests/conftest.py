@@ -1,0 +1,121 @@
+"""Shared fixtures: real registries and real agents on 127.0.0.1, and waiting with a deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from registry.lifecycle import LifecycleConfig
+from registry.server import RegistryServer, RegistrySettings
+
+
+async def wait_for(condition: Callable[[], Awaitable[Any] | Any], timeout: float = 10.0,
+                   interval: float = 0.02, what: str = "condition") -> Any:
+    """Poll until ``condition`` returns something truthy; fail loudly at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+class FakeAgent:
+    """A plain aiohttp agent whose /healthz can be switched between passing and failing."""
+
+    def __init__(self) -> None:
+        self.healthy = True
+        self.health_checks = 0
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        async def healthz(request: web.Request) -> web.Response:
+            self.health_checks += 1
+            return web.json_response({"ok": self.healthy}, status=200 if self.healthy else 503)
+
+        app = web.Application()
+        app.router.add_get("/healthz", healthz)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        self.port = self._runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+@pytest.fixture
+async def start_registry(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[RegistryServer]]]:
+    """Start real registries on an ephemeral port; each stops at teardown."""
+    servers: list[RegistryServer] = []
+
+    async def start(data_dir: Path | None = None, **knobs: Any) -> RegistryServer:
+        snapshot_every = knobs.pop("snapshot_every", 50_000)
+        max_body = knobs.pop("max_body", 1024 * 1024)
+        settings = RegistrySettings(data_dir=data_dir or tmp_path / "data", port=0,
+                                    lifecycle=LifecycleConfig(**knobs), snapshot_every=snapshot_every,
+                                    max_body=max_body)
+        server = RegistryServer(settings)
+        await server.start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        await server.stop()
+
+
+@pytest.fixture
+async def registry(start_registry: Callable[..., Awaitable[RegistryServer]]) -> RegistryServer:
+    return await start_registry()
+
+
+@pytest.fixture
+async def agent() -> AsyncIterator[FakeAgent]:
+    fake = FakeAgent()
+    await fake.start()
+    yield fake
+    await fake.stop()
+
+
+def registration(agent_id: str, *capabilities: str, service: str | None = None, base_url: str = "http://127.0.0.1:9",
+                 **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "agent_id": agent_id,
+        "capabilities": [{"name": name, "version": "1.0", "protocol": "rest", "endpoint": f"/{name}",
+                          "timeout_sla_ms": 5000, "max_payload_bytes": 1048576} for name in capabilities],
+        "base_url": base_url,
+        "metadata": {"zone": "test", "model": "m", "max_qps": 10, "semver": "1.0.0"},
+    }
+    if service is not None:
+        body["service"] = service
+    body.update(extra)
+    return body
+
+
+async def post(http: aiohttp.ClientSession, url: str, body: Any) -> tuple[int, Any]:
+    async with http.post(url, json=body) as response:
+        return response.status, await response.json()

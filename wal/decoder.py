@@ -1,0 +1,145 @@
+"""Reading segment files back: decode, verify and report the first problem.
+
+Replay speed matters (a million records must come back in a few seconds), so
+segments are read in large chunks and records are decoded with
+struct.unpack_from and zlib.crc32 over memoryviews, without per-record reads.
+The decoder only describes what it finds; repair.py decides what to do.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import zlib
+from collections.abc import Callable
+
+import msgspec
+
+from .encoder import ALIGNMENT, HEADER, HEADER_SIZE
+
+CHUNK_BYTES = 8 * 1024 * 1024
+
+Apply = Callable[[int, bytes], None]
+
+
+class Problem(msgspec.Struct, frozen=True):
+    """The first undecodable record of a segment.
+
+    `torn` means the damage looks like an interrupted write: the record is
+    incomplete or fails its CRC and no valid record follows it in the file.
+    """
+
+    offset: int
+    reason: str
+    torn: bool
+
+
+class SegmentScan(msgspec.Struct, frozen=True):
+    """What one pass over a segment found; `valid_bytes` ends at the last good record."""
+
+    path: str
+    first_index: int
+    records: int
+    valid_bytes: int
+    size: int
+    problem: Problem | None
+
+    @property
+    def last_index(self) -> int:
+        """Index of the last good record, or first_index - 1 when there is none."""
+        return self.first_index + self.records - 1
+
+
+def scan_segment(path: str, first_index: int, apply: Apply) -> SegmentScan:
+    """Decode `path`, calling apply(index, payload) for each good record in order.
+
+    Records must carry consecutive indexes starting at `first_index`. Decoding
+    stops at the first record that is incomplete, fails its CRC or breaks the
+    index sequence; that record and everything after it are left uncalled.
+    """
+    with open(path, "rb", buffering=0) as file:
+        size = os.fstat(file.fileno()).st_size
+        unpack = HEADER.unpack_from
+        crc32 = zlib.crc32
+        align = ALIGNMENT - 1
+        expected = first_index
+        base = 0
+        buf = b""
+        pos = 0
+        found: tuple[int, str, bool] | None = None
+        while True:
+            n = len(buf)
+            need = HEADER_SIZE
+            view = memoryview(buf)
+            while pos + HEADER_SIZE <= n:
+                length, crc, index = unpack(buf, pos)
+                end = pos + HEADER_SIZE + length
+                following = (end + align) & ~align
+                if following > n:
+                    need = following - pos
+                    if base + following > size:
+                        found = (pos, f"record of {length} payload bytes runs past the end of the file", True)
+                    break
+                if crc32(view[pos + 8 : end]) != crc:
+                    found = (pos, f"CRC mismatch (header claims index {index})", True)
+                    break
+                if index != expected:
+                    found = (pos, f"record index {index} where {expected} was expected", False)
+                    break
+                apply(index, buf[pos + HEADER_SIZE : end])
+                expected += 1
+                pos = following
+            view.release()
+            if found is None and base + n == size and pos < n:
+                found = (pos, f"partial record header ({n - pos} of {HEADER_SIZE} bytes)", True)
+            if found is not None or base + n == size:
+                break
+            chunk = file.read(min(max(CHUNK_BYTES, need), size - base - n))
+            if not chunk:
+                size = base + n
+            buf = buf[pos:] + chunk
+            base += pos
+            pos = 0
+        problem = None
+        if found is not None:
+            offset, reason, damaged_write = found
+            offset += base
+            torn = False
+            if damaged_write:
+                valid_at = find_valid_record(file, offset + ALIGNMENT, size)
+                torn = valid_at is None
+                if not torn:
+                    reason += f"; a valid record follows at byte offset {valid_at}"
+            problem = Problem(offset=offset, reason=reason, torn=torn)
+        valid_bytes = base + pos
+    return SegmentScan(
+        path=path,
+        first_index=first_index,
+        records=expected - first_index,
+        valid_bytes=valid_bytes,
+        size=size,
+        problem=problem,
+    )
+
+
+def find_valid_record(file: io.FileIO, start: int, size: int) -> int | None:
+    """Offset of the first CRC-valid record at an aligned offset >= `start`, if any.
+
+    A damaged record with valid records after it is mid-log corruption, not a
+    torn tail; since its length field cannot be trusted, every aligned offset
+    is probed. This only runs on the failure path.
+    """
+    if start + HEADER_SIZE > size:
+        return None
+    file.seek(start)
+    data = file.read(size - start)
+    view = memoryview(data)
+    unpack = HEADER.unpack_from
+    crc32 = zlib.crc32
+    last = len(data) - HEADER_SIZE
+    for pos in range(0, last + 1, ALIGNMENT):
+        length, crc, _ = unpack(data, pos)
+        end = pos + HEADER_SIZE + length
+        if end <= len(data) and crc32(view[pos + 8 : end]) == crc:
+            return start + pos
+    return None
