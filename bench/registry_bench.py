@@ -96,7 +96,7 @@ class RegistryProcess:
 def wrk(url: str, script: str, connections: int, seconds: int) -> dict[str, float]:
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as handle:
         handle.write(script)
-    threads = 1 if connections == 1 else 2
+    threads = 1
     out = subprocess.run(["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{seconds}s", "--latency",
                           "-s", handle.name, url], capture_output=True, text=True, check=True).stdout
     os.unlink(handle.name)

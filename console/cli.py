@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import signal
 import sys
 from pathlib import Path
@@ -89,6 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _tune_gc() -> None:
+    """Collect young objects less often: a registry keeps ~10 containers per instance, and the
+    default threshold (700) walks them thousands of times a second under load (measured +10%)."""
+    gc.set_threshold(50_000, 50, 1000)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -100,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
     logs.configure(args.log_level)
+    _tune_gc()
     port = args.registry_port if args.command == "up" else args.port
     return _run_server(_registry_settings(args, port, parser))
 

@@ -7,21 +7,24 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
-from agent_reach.registration import AgentRef, CapabilityRef, HeartbeatRequest, RegisterRequest
+from agent_reach.registration import AgentRef, CapabilityRef, HeartbeatRequest, Name, RegisterRequest
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
+from router.policy import Policy
 
 from registry.errors import RegistryError, from_decode_error
 from registry.health import HealthChecker
 from registry.metrics import metrics_registry, render
 from registry.service import Registry
+from registry.watch import WatchHub
 
 log = logging.getLogger("agentreach.registry.api")
 
 DEFAULT_MAX_BODY = 1024 * 1024
 REGISTRY_KEY = web.AppKey("registry", Registry)
 
-_decoders = {t: msgspec.json.Decoder(t) for t in (RegisterRequest, HeartbeatRequest, AgentRef, CapabilityRef)}
+_decoders = {t: msgspec.json.Decoder(t)
+             for t in (RegisterRequest, HeartbeatRequest, AgentRef, CapabilityRef, Policy)}
 _encoder = msgspec.json.Encoder()
 
 
@@ -39,6 +42,23 @@ async def decode(request: web.Request, kind: type) -> Any:
         return _decoders[kind].decode(body)
     except msgspec.MsgspecError as exc:
         raise from_decode_error(exc) from None
+
+
+def path_name(request: web.Request, part: str) -> str:
+    """A capability name taken from the URL path, held to the same rules as in a body."""
+    try:
+        return msgspec.convert(request.match_info[part], Name)
+    except msgspec.ValidationError as exc:
+        raise from_decode_error(exc, prefix=part) from None
+
+
+def since_revision(request: web.Request) -> int | None:
+    raw = request.query.get("since")
+    if raw is None:
+        return None
+    if not raw.isdigit():
+        raise RegistryError(400, "invalid_field", f"since must be a revision number, got {raw!r}", "since")
+    return int(raw)
 
 
 @web.middleware
@@ -60,7 +80,7 @@ async def errors_as_json(request: web.Request, handler: Callable[[web.Request], 
         return error_response(RegistryError(500, "internal_error", "The registry failed to handle this request"))
 
 
-def create_app(registry: Registry, checker: HealthChecker | None = None, *,
+def create_app(registry: Registry, checker: HealthChecker | None = None, hub: WatchHub | None = None, *,
                max_body: int = DEFAULT_MAX_BODY) -> web.Application:
     prometheus = metrics_registry(registry, checker)
 
@@ -93,6 +113,31 @@ def create_app(registry: Registry, checker: HealthChecker | None = None, *,
         response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response
 
+    async def policies(request: web.Request) -> web.Response:
+        return json_response({"policies": list(registry.state.policies.values())})
+
+    async def get_policy(request: web.Request) -> web.Response:
+        return json_response(registry.policy(path_name(request, "capability")))
+
+    async def put_policy(request: web.Request) -> web.Response:
+        capability = path_name(request, "capability")
+        return json_response(await registry.put_policy(capability, await decode(request, Policy)))
+
+    async def delete_policy(request: web.Request) -> web.Response:
+        capability = path_name(request, "capability")
+        await registry.delete_policy(capability)
+        return json_response({"capability": capability, "deleted": True})
+
+    async def watch(request: web.Request) -> web.StreamResponse:
+        if hub is None:
+            raise RegistryError(404, "not_found", "This registry has no watch feed")
+        subscription = hub.subscribe(since_revision(request))
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await response.prepare(request)
+        async for event in subscription:
+            await response.write(_encoder.encode(event) + b"\n")
+        return response
+
     app = web.Application(middlewares=[errors_as_json], client_max_size=max_body)
     app[REGISTRY_KEY] = registry
     app.router.add_post("/register", register)
@@ -103,4 +148,9 @@ def create_app(registry: Registry, checker: HealthChecker | None = None, *,
     app.router.add_get("/agents/{agent_id}", agent)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/policies", policies)
+    app.router.add_get("/policies/{capability}", get_policy)
+    app.router.add_put("/policies/{capability}", put_policy)
+    app.router.add_delete("/policies/{capability}", delete_policy)
+    app.router.add_get("/watch", watch)
     return app

@@ -11,6 +11,7 @@ from yarl import URL
 from registry.errors import RegistryError, from_decode_error
 
 INSTANCE_PREFIX = "instances/"
+POLICY_PREFIX = "policies/"
 
 
 class InstanceRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -33,6 +34,10 @@ _decoder = msgspec.msgpack.Decoder(InstanceRecord)
 
 def instance_key(agent_id: str) -> str:
     return INSTANCE_PREFIX + agent_id
+
+
+def policy_key(capability: str) -> str:
+    return POLICY_PREFIX + capability
 
 
 def encode_record(record: InstanceRecord) -> bytes:

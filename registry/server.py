@@ -15,6 +15,7 @@ from registry.health import HealthChecker
 from registry.lifecycle import LifecycleConfig
 from registry.service import Registry
 from registry.store import WalStore
+from registry.watch import WatchHub
 from wal import ReplayReport
 
 log = logging.getLogger("agentreach.registry")
@@ -40,7 +41,8 @@ class RegistryServer:
         self.registry: Registry | None = None
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
-        self._checker_task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.hub: WatchHub | None = None
         self.port = settings.port
         self.replay: ReplayReport | None = None
         self._stopped = False
@@ -55,9 +57,10 @@ class RegistryServer:
         self.registry = Registry(self.store, self.settings.lifecycle)
         self._session = aiohttp.ClientSession()
         checker = HealthChecker(self.registry, self._session)
-        self._checker_task = asyncio.create_task(checker.run())
-        app = create_app(self.registry, checker, max_body=self.settings.max_body)
-        self._runner = web.AppRunner(app, access_log=None)
+        self.hub = WatchHub(self.registry)
+        self._tasks = [asyncio.create_task(checker.run()), asyncio.create_task(self.hub.run())]
+        app = create_app(self.registry, checker, self.hub, max_body=self.settings.max_body)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.settings.host, self.settings.port)
         await site.start()
@@ -69,8 +72,10 @@ class RegistryServer:
         if self._stopped:
             return
         self._stopped = True
-        if self._checker_task is not None:
-            self._checker_task.cancel()
+        for task in self._tasks:
+            task.cancel()
+        if self.hub is not None:
+            self.hub.close()
         if self._runner is not None:
             await self._runner.cleanup()
         if self._session is not None:

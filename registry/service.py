@@ -15,7 +15,9 @@ from agent_reach.registration import HeartbeatRequest, RegisterRequest
 
 from registry.errors import RegistryError
 from registry.lifecycle import QUERY_ORDER, LifecycleConfig, Status, record_heartbeat, status_of
-from registry.records import InstanceRecord, build_record, encode_record, instance_key
+from router.policy import Policy, PolicyError, encode_policy, validate_policy
+
+from registry.records import InstanceRecord, build_record, encode_record, instance_key, policy_key
 from registry.state import RegistryState
 from registry.store import Store
 from registry.views import AgentView, QueryResult, agent_view, query_instance
@@ -119,6 +121,27 @@ class Registry:
                                 "capability")
         found.sort(key=lambda instance: (QUERY_ORDER[instance.state], instance.load))
         return QueryResult(capability=name, service=self.state.owner(name) or "", instances=found)
+
+    async def put_policy(self, capability: str, policy: Policy) -> Policy:
+        try:
+            validate_policy(policy, capability)
+        except PolicyError as exc:
+            raise RegistryError(400, "invalid_policy", exc.message, exc.field) from None
+        stored = msgspec.structs.replace(policy, capability=capability)
+        await self.store.put(policy_key(capability), encode_policy(stored))
+        log.info("policy saved", extra={"capability": capability, "policy": stored.policy})
+        return stored
+
+    async def delete_policy(self, capability: str) -> None:
+        self.policy(capability)
+        await self.store.delete(policy_key(capability))
+        log.info("policy deleted", extra={"capability": capability})
+
+    def policy(self, capability: str) -> Policy:
+        policy = self.state.policies.get(capability)
+        if policy is None:
+            raise RegistryError(404, "policy_not_found", f"No policy stored for {capability!r}", "capability")
+        return policy
 
     def agent(self, agent_id: str) -> AgentView:
         record = self.state.records.get(agent_id)

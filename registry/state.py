@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+from router.policy import Policy, decode_policy
+
 from registry.lifecycle import Liveness
-from registry.records import INSTANCE_PREFIX, InstanceRecord, decode_record
+from registry.records import INSTANCE_PREFIX, POLICY_PREFIX, InstanceRecord, decode_record
 from registry.store import Change
 
 
@@ -19,6 +21,7 @@ class RegistryState:
         self._clock = clock
         self.records: dict[str, InstanceRecord] = {}
         self.liveness: dict[str, Liveness] = {}
+        self.policies: dict[str, Policy] = {}
         self._holders: dict[str, dict[str, None]] = {}
         self._claims: dict[str, tuple[str, int]] = {}
 
@@ -27,8 +30,19 @@ class RegistryState:
             self.apply(Change(key, value))
 
     def apply(self, change: Change) -> None:
-        if not change.key.startswith(INSTANCE_PREFIX):
-            return
+        if change.key.startswith(POLICY_PREFIX):
+            self._apply_policy(change)
+        elif change.key.startswith(INSTANCE_PREFIX):
+            self._apply_instance(change)
+
+    def _apply_policy(self, change: Change) -> None:
+        capability = change.key[len(POLICY_PREFIX):]
+        if change.value is None:
+            self.policies.pop(capability, None)
+        else:
+            self.policies[capability] = decode_policy(change.value)
+
+    def _apply_instance(self, change: Change) -> None:
         agent_id = change.key[len(INSTANCE_PREFIX):]
         self._unindex(agent_id)
         if change.value is None:

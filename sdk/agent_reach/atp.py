@@ -24,6 +24,27 @@ class RequestFrame(msgspec.Struct, kw_only=True, omit_defaults=True):
     intent: str | None = None
 
 
+class BusinessError(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """An answer that is well-formed but useless to the caller; counts as a failure everywhere."""
+
+    code: str
+    message: str = ""
+    details: Any = None
+
+
+class RouteFacts(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """How the mesh routed a call, so callers can calibrate their timeouts."""
+
+    instance: str | None = None
+    policy: str | None = None
+    attempts: int = 0
+    degraded: bool = False
+    timeout_sla_ms: int | None = None
+    overhead_ms: float | None = None
+    capability: str | None = None
+    reason: str | None = None
+
+
 class ResponseFrame(msgspec.Struct, kw_only=True, omit_defaults=True):
     """What an agent answers when it handled the call."""
 
@@ -31,15 +52,19 @@ class ResponseFrame(msgspec.Struct, kw_only=True, omit_defaults=True):
     status: Literal["success", "error", "busy"] = "success"
     result: Any = None
     context_update: dict[str, Any] | None = None
+    business_error: BusinessError | None = None
+    route: RouteFacts | None = None
 
 
-class ErrorFrame(msgspec.Struct, kw_only=True):
+class ErrorFrame(msgspec.Struct, kw_only=True, omit_defaults=True):
     """What the mesh (or an agent) answers when the call did not succeed."""
 
     request_id: str
     error_code: str
     error_message: str
     can_retry: bool
+    business_error: BusinessError | None = None
+    route: RouteFacts | None = None
 
 
 class ErrorCode(str, Enum):

@@ -1,0 +1,171 @@
+"""The registry's change feed: full state, then ordered changes with a revision, resumable.
+
+One hub serves every follower: the router in the same process reads events straight from a
+subscription, a router elsewhere reads the same events as JSON lines from `GET /watch`.
+Durable changes carry the store revision; soft state (status, load) travels as `states` events
+sent only for instances whose values changed since the last tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+
+from registry.records import INSTANCE_PREFIX, POLICY_PREFIX, decode_record
+from registry.service import Registry
+from registry.store import Change
+from router.policy import decode_policy
+
+log = logging.getLogger("agentreach.registry.watch")
+
+
+class InstanceState(msgspec.Struct, array_like=True, frozen=True):
+    state: str
+    load: float
+    inflight: int | None
+
+
+class Reset(msgspec.Struct, tag="reset", tag_field="type"):
+    revision: int
+    records: dict[str, Any]
+    states: dict[str, InstanceState]
+
+
+class Put(msgspec.Struct, tag="put", tag_field="type"):
+    revision: int
+    key: str
+    value: Any
+
+
+class Delete(msgspec.Struct, tag="delete", tag_field="type"):
+    revision: int
+    key: str
+
+
+class States(msgspec.Struct, tag="states", tag_field="type"):
+    states: dict[str, InstanceState]
+
+
+class Ping(msgspec.Struct, tag="ping", tag_field="type"):
+    revision: int
+
+
+WatchEvent = Reset | Put | Delete | States | Ping
+
+
+def decode_value(key: str, data: bytes) -> Any:
+    """A stored record as the object it holds, chosen by its key's prefix."""
+    if key.startswith(INSTANCE_PREFIX):
+        return decode_record(data)
+    if key.startswith(POLICY_PREFIX):
+        return decode_policy(data)
+    return None
+
+
+class Subscription:
+    """One follower's queue; overflowing it ends the stream (the follower resumes by revision)."""
+
+    def __init__(self, hub: WatchHub, limit: int):
+        self._hub = hub
+        self._queue: asyncio.Queue[WatchEvent | None] = asyncio.Queue(limit)
+
+    def offer(self, event: WatchEvent) -> None:
+        try:
+            self._queue.put_nowait(event)
+        except asyncio.QueueFull:
+            log.warning("watch follower too slow; closing its stream so it resumes from its revision")
+            self.end()
+
+    def end(self) -> None:
+        self._hub.unsubscribe(self)
+        if self._queue.full():
+            self._queue.get_nowait()
+        self._queue.put_nowait(None)
+
+    async def __aiter__(self) -> AsyncIterator[WatchEvent]:
+        try:
+            while (event := await self._queue.get()) is not None:
+                yield event
+        finally:
+            self._hub.unsubscribe(self)
+
+
+class WatchHub:
+    def __init__(self, registry: Registry, *, history: int = 10_000, tick: float = 0.5,
+                 queue_limit: int = 100_000):
+        self._registry = registry
+        self._history: deque[Change] = deque(maxlen=history)
+        self._subscribers: list[Subscription] = []
+        self._tick = tick
+        self._queue_limit = queue_limit
+        self._states: dict[str, InstanceState] = {}
+        self._unwatch = registry.store.watch(self._on_change)
+
+    def close(self) -> None:
+        self._unwatch()
+        for subscription in list(self._subscribers):
+            subscription.end()
+
+    def current_states(self) -> dict[str, InstanceState]:
+        registry = self._registry
+        now = registry.clock()
+        return {
+            agent_id: InstanceState(registry.status(agent_id, now).value, liveness.load, liveness.inflight)
+            for agent_id, liveness in registry.state.liveness.items()
+        }
+
+    def subscribe(self, since: int | None = None) -> Subscription:
+        """Start a follower: the changes after ``since`` if the hub still has them, else a full reset."""
+        subscription = Subscription(self, self._queue_limit)
+        revision = self._registry.store.revision
+        oldest = self._history[0].revision if self._history else revision + 1
+        if since is not None and since <= revision and since >= oldest - 1:
+            for change in self._history:
+                if change.revision > since:
+                    subscription.offer(self._event(change))
+            subscription.offer(States(states=self.current_states()))
+        else:
+            records = {key: decode_value(key, value) for key, value in self._registry.store.snapshot().items()}
+            subscription.offer(Reset(revision=revision, records=records, states=self.current_states()))
+        self._subscribers.append(subscription)
+        return subscription
+
+    def unsubscribe(self, subscription: Subscription) -> None:
+        if subscription in self._subscribers:
+            self._subscribers.remove(subscription)
+
+    def _event(self, change: Change) -> Put | Delete:
+        if change.value is None:
+            return Delete(revision=change.revision, key=change.key)
+        return Put(revision=change.revision, key=change.key, value=decode_value(change.key, change.value))
+
+    def _publish(self, event: WatchEvent) -> None:
+        for subscription in list(self._subscribers):
+            subscription.offer(event)
+
+    def _on_change(self, change: Change) -> None:
+        self._history.append(change)
+        if self._subscribers:
+            self._publish(self._event(change))
+
+    async def run(self) -> None:
+        """Every tick, publish the soft state that changed; a quiet feed still pings."""
+        quiet_ticks = 0
+        while True:
+            await asyncio.sleep(self._tick)
+            current = self.current_states()
+            changed = {agent_id: state for agent_id, state in current.items() if self._states.get(agent_id) != state}
+            self._states = current
+            if changed:
+                self._publish(States(states=changed))
+                quiet_ticks = 0
+            else:
+                quiet_ticks += 1
+                if quiet_ticks * self._tick >= 5:
+                    self._publish(Ping(revision=self._registry.store.revision))
+                    quiet_ticks = 0
