@@ -7,12 +7,16 @@ import asyncio
 import gc
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from agent_reach import logs
 
 from registry.lifecycle import LifecycleConfig
 from registry.server import RegistryServer, RegistrySettings
+from router.core import RouterSettings
+from router.server import RouterServer, RouterServerSettings
 from wal import WalError, format_inspection, inspect_wal
 
 
@@ -46,25 +50,57 @@ def _registry_settings(args: argparse.Namespace, port: int, parser: argparse.Arg
                             group_commit=args.group_commit)
 
 
-async def _serve(server: RegistryServer) -> None:
+def _add_router_knobs(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--default-policy", choices=["least_load", "hash", "affinity"], default="least_load",
+                        help="routing policy for capabilities without one (default: least_load)")
+
+
+def _router_settings(args: argparse.Namespace, port: int, registry_url: str | None) -> RouterServerSettings:
+    return RouterServerSettings(host=args.host, port=port, registry_url=registry_url,
+                                routing=RouterSettings(default_policy=args.default_policy))
+
+
+async def _serve(*parts: Callable[[], Awaitable[Any]]) -> None:
+    """Start the parts in order, run until SIGINT/SIGTERM, stop them in reverse order."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await server.start()
+    started = []
     try:
+        for make in parts:
+            server = await make()
+            started.append(server)
         await stop.wait()
     finally:
-        await server.stop()
+        for server in reversed(started):
+            await server.stop()
 
 
-def _run_server(settings: RegistrySettings) -> int:
+def _run(*parts: Callable[[], Awaitable[Any]]) -> int:
     try:
-        asyncio.run(_serve(RegistryServer(settings)))
+        asyncio.run(_serve(*parts))
     except WalError as exc:
         print(f"agentreach: refusing to start: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _up(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    registry = RegistryServer(_registry_settings(args, args.registry_port, parser))
+
+    async def start_router() -> RouterServer:
+        # The router follows the registry's hub, which exists once the registry has started.
+        return await _started(RouterServer(_router_settings(args, args.router_port, None), hub=registry.hub))()
+
+    return _run(_started(registry), start_router)
+
+
+def _started(server: Any) -> Callable[[], Awaitable[Any]]:
+    async def start() -> Any:
+        await server.start()
+        return server
+    return start
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,11 +111,22 @@ def build_parser() -> argparse.ArgumentParser:
                              description="Run the registry (and, as they land, router and console) in one process.")
     _add_registry_knobs(up)
     up.add_argument("--registry-port", type=int, default=8081, help="registry port (default: 8081)")
+    up.add_argument("--router-port", type=int, default=8080, help="router port (default: 8080)")
+    _add_router_knobs(up)
 
     registry = commands.add_parser("registry", help="run the registry alone",
                                    description="Run the capability registry backed by its write-ahead log.")
     _add_registry_knobs(registry)
     registry.add_argument("--port", type=int, default=8081, help="port to listen on (default: 8081)")
+
+    router = commands.add_parser("router", help="run the router alone, following a registry",
+                                 description="Run the ATP router; it follows the registry's watch feed.")
+    router.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080)")
+    router.add_argument("--registry", default="http://127.0.0.1:8081", metavar="URL",
+                        help="the registry to follow (default: http://127.0.0.1:8081)")
+    router.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    router.add_argument("--log-level", default="info", help="debug, info, warning or error (default: info)")
+    _add_router_knobs(router)
 
     wal = commands.add_parser("wal", help="inspect the write-ahead log", description="Write-ahead log tools.")
     wal_commands = wal.add_subparsers(dest="wal_command", required=True, metavar="WAL_COMMAND")
@@ -108,8 +155,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     logs.configure(args.log_level)
     _tune_gc()
-    port = args.registry_port if args.command == "up" else args.port
-    return _run_server(_registry_settings(args, port, parser))
+    if args.command == "up":
+        return _up(args, parser)
+    if args.command == "router":
+        return _run(_started(RouterServer(_router_settings(args, args.port, args.registry))))
+    return _run(_started(RegistryServer(_registry_settings(args, args.port, parser))))
 
 
 if __name__ == "__main__":

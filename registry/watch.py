@@ -16,10 +16,10 @@ from typing import Any
 
 import msgspec
 
-from registry.records import INSTANCE_PREFIX, POLICY_PREFIX, decode_record
+from registry.records import INSTANCE_PREFIX, POLICY_PREFIX, InstanceRecord, decode_record
 from registry.service import Registry
 from registry.store import Change
-from router.policy import decode_policy
+from router.policy import Policy, decode_policy
 
 log = logging.getLogger("agentreach.registry.watch")
 
@@ -65,6 +65,40 @@ def decode_value(key: str, data: bytes) -> Any:
     if key.startswith(POLICY_PREFIX):
         return decode_policy(data)
     return None
+
+
+class _WireReset(msgspec.Struct, tag="reset", tag_field="type"):
+    revision: int
+    records: dict[str, msgspec.Raw]
+    states: dict[str, InstanceState]
+
+
+class _WirePut(msgspec.Struct, tag="put", tag_field="type"):
+    revision: int
+    key: str
+    value: msgspec.Raw
+
+
+_wire_decoder = msgspec.json.Decoder(_WireReset | _WirePut | Delete | States | Ping)
+_json_decoders = {INSTANCE_PREFIX: msgspec.json.Decoder(InstanceRecord), POLICY_PREFIX: msgspec.json.Decoder(Policy)}
+
+
+def _json_value(key: str, raw: msgspec.Raw) -> Any:
+    for prefix, decoder in _json_decoders.items():
+        if key.startswith(prefix):
+            return decoder.decode(raw)
+    return None
+
+
+def decode_event(line: bytes) -> WatchEvent:
+    """One line of `GET /watch` back into the event the hub published."""
+    event = _wire_decoder.decode(line)
+    if isinstance(event, _WireReset):
+        records = {key: _json_value(key, raw) for key, raw in event.records.items()}
+        return Reset(revision=event.revision, records=records, states=event.states)
+    if isinstance(event, _WirePut):
+        return Put(revision=event.revision, key=event.key, value=_json_value(event.key, event.value))
+    return event
 
 
 class Subscription:

@@ -1,0 +1,166 @@
+"""The router's HTTP API: POST /atp (a frame, or JSON-RPC 2.0), reach, alerts, metrics, completions."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import msgspec
+from agent_reach import logs
+from agent_reach.atp import ErrorCode, ErrorFrame, RequestFrame, RouteFacts, error_frame
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from registry.api import errors_as_json
+from router import jsonrpc
+from router.core import CallResult, Router
+from router.metrics import RouterCollector
+from router.reach import health_rate
+
+log = logging.getLogger("agentreach.router.api")
+
+DEFAULT_MAX_BODY = 16 * 1024 * 1024
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder()
+
+
+class Completion(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    request_id: str
+    agent_id: str = ""
+    finished_ms: float = 0.0
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=_encoder.encode(body), status=status, content_type="application/json",
+                        headers=headers)
+
+
+def route_headers(request_id: str, route: RouteFacts) -> dict[str, str]:
+    """The routing facts again as X-Reach-* headers, for callers that only read headers."""
+    headers = {"X-Request-Id": request_id, "X-Reach-Attempts": str(route.attempts),
+               "X-Reach-Degraded": "true" if route.degraded else "false"}
+    for name, value in (("Instance", route.instance), ("Policy", route.policy),
+                        ("Timeout-Sla-Ms", route.timeout_sla_ms), ("Overhead-Ms", route.overhead_ms),
+                        ("Capability", route.capability), ("Reason", route.reason)):
+        if value is not None:
+            headers[f"X-Reach-{name}"] = str(value)
+    return headers
+
+
+def invalid_frame(request_id: str, message: str) -> CallResult:
+    route = RouteFacts()
+    frame = error_frame(request_id, ErrorCode.INVALID_FRAME, message)
+    return CallResult(frame=frame, route=route)
+
+
+def to_frame(body: Any) -> RequestFrame | CallResult:
+    """A request frame from a decoded body, or the INVALID_FRAME answer saying what is wrong."""
+    request_id = body.get("request_id") if isinstance(body, dict) else None
+    request_id = request_id if isinstance(request_id, str) and request_id else RequestFrame().request_id
+    try:
+        frame = msgspec.convert(body, RequestFrame)
+    except msgspec.ValidationError as exc:
+        return invalid_frame(request_id, f"Not an ATP request frame: {exc}")
+    if not frame.capability:
+        return invalid_frame(frame.request_id, "capability is required")
+    if frame.timeout_hint is not None and frame.timeout_hint <= 0:
+        return invalid_frame(frame.request_id, "timeout_hint must be a positive number of milliseconds")
+    return frame
+
+
+def create_app(router: Router, *, max_body: int = DEFAULT_MAX_BODY) -> web.Application:
+    prometheus = CollectorRegistry(auto_describe=False)
+    prometheus.register(RouterCollector(router))
+
+    async def run(frame: RequestFrame | CallResult) -> CallResult:
+        if isinstance(frame, CallResult):
+            return frame
+        with logs.bind(request_id=frame.request_id, capability=frame.capability):
+            return await router.call(frame)
+
+    async def atp(request: web.Request) -> web.StreamResponse:
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            frame = error_frame(RequestFrame().request_id, ErrorCode.PAYLOAD_TOO_LARGE,
+                                f"Request body exceeds the router's limit of {max_body} bytes")
+            return json_response(frame, 413)
+        try:
+            body = _decoder.decode(raw)
+        except msgspec.DecodeError as exc:
+            if raw.lstrip()[:1] in (b"[", b"{") and b'"jsonrpc"' in raw:
+                return json_response(jsonrpc.error_answer(None, jsonrpc.PARSE_ERROR, f"Parse error: {exc}"))
+            result = invalid_frame(RequestFrame().request_id, f"Body is not valid JSON: {exc}")
+            return json_response(result.frame, 400)
+        if jsonrpc.is_envelope(body):
+            return await rpc(body)
+        result = await run(to_frame(body))
+        return json_response(result.frame, result.http_status, route_headers(result.frame.request_id, result.route))
+
+    async def rpc_one(item: Any) -> dict[str, Any] | None:
+        try:
+            envelope = jsonrpc.parse_envelope(item)
+        except jsonrpc.RpcError as exc:
+            return jsonrpc.error_answer(exc.request_id, exc.code, exc.message)
+        frame = to_frame(jsonrpc.frame_params(envelope))
+        if isinstance(frame, CallResult):
+            error = frame.frame
+            assert isinstance(error, ErrorFrame)
+            answer = jsonrpc.error_answer(envelope.id, jsonrpc.INVALID_PARAMS, error.error_message,
+                                          msgspec.to_builtins(error))
+        else:
+            answer = jsonrpc.answer(envelope.id, (await run(frame)).frame)
+        return answer if envelope.has_id else None
+
+    async def rpc(body: Any) -> web.Response:
+        if isinstance(body, list):
+            if not body:
+                return json_response(jsonrpc.error_answer(None, jsonrpc.INVALID_REQUEST, "Empty batch"))
+            answers = [a for a in await asyncio.gather(*(rpc_one(item) for item in body)) if a is not None]
+            return json_response(answers) if answers else web.Response(status=204)
+        answer = await rpc_one(body)
+        return json_response(answer) if answer is not None else web.Response(status=204)
+
+    async def reach(request: web.Request) -> web.Response:
+        capability = request.query.get("capability")
+        now = time.time()
+        states = [state.state for state in router.mirror.states.values()]
+        return json_response({
+            "period_seconds": router.ledger.period_seconds,
+            "periods": router.ledger.periods(capability, now=now),
+            "instance_health_rate": health_rate(states.count("healthy"), len(router.mirror.instances)),
+            "route_decisions": dict(router.decisions),
+        })
+
+    async def alerts(request: web.Request) -> web.Response:
+        return json_response({"alerts": router.ledger.alerts(time.time()), "config": router.ledger.alert_config})
+
+    async def completions(request: web.Request) -> web.Response:
+        try:
+            note = msgspec.json.decode(await request.read(), type=Completion)
+        except msgspec.MsgspecError as exc:
+            return json_response({"error": "invalid_completion", "message": str(exc), "field": None}, 400)
+        with logs.bind(request_id=note.request_id):
+            known = router.late_completion(note.request_id, note.agent_id, note.finished_ms)
+        return json_response({"request_id": note.request_id, "known": known})
+
+    async def healthz(request: web.Request) -> web.Response:
+        mirror = router.mirror
+        return json_response({"status": "ok", "registry_synced": mirror.synced, "revision": mirror.revision,
+                              "capabilities": len(mirror.capability_names())})
+
+    async def metrics(request: web.Request) -> web.Response:
+        response = web.Response(body=generate_latest(prometheus))
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return response
+
+    app = web.Application(middlewares=[errors_as_json], client_max_size=max_body)
+    app.router.add_post("/atp", atp)
+    app.router.add_post("/completions", completions)
+    app.router.add_get("/reach", reach)
+    app.router.add_get("/alerts", alerts)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics)
+    return app

@@ -1,0 +1,281 @@
+"""One routed call, start to finish: find the capability, plan, attempt, fail over, account.
+
+Decisions come from the pure modules (selection, breaker, policy); the only I/O here is the
+forward itself. Everything the caller needs to calibrate is returned in RouteFacts.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import Counter, OrderedDict
+from typing import Any
+
+import msgspec
+from agent_reach.atp import ErrorCode, ErrorFrame, RequestFrame, ResponseFrame, RouteFacts, error_frame
+
+from router.forward import AgentAnswer, Forwarder
+from router.instances import InstanceBook
+from router.mirror import Offer, RegistryMirror
+from router.policy import DEFAULT_POLICY, Policy, resolve_timeouts
+from router.reach import Outcome, ReachLedger
+from router.selection import Candidate, RouteRefusal, choose_policy, plan_route, session_hash_key
+from router.sticky import StickyTable, sticky_key
+
+log = logging.getLogger("agentreach.router")
+
+_payload_encoder = msgspec.json.Encoder()
+# Codes a caller caused: they say nothing about an instance's or capability's health.
+CALLER_ERRORS = {ErrorCode.INVALID_FRAME, ErrorCode.PAYLOAD_TOO_LARGE, ErrorCode.UNKNOWN_CAPABILITY,
+                 ErrorCode.ROUTING_HINT_UNSATISFIABLE, ErrorCode.UNAUTHENTICATED, ErrorCode.FORBIDDEN,
+                 ErrorCode.TRUST_LEVEL_INSUFFICIENT}
+TIMEOUTS = {ErrorCode.CONNECT_TIMEOUT, ErrorCode.FIRST_BYTE_TIMEOUT, ErrorCode.TOTAL_TIMEOUT}
+TIMED_OUT_REMEMBERED = 10_000
+
+
+class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):
+    default_policy: str = "least_load"
+    panic_threshold: float = 0.5
+    period_seconds: float = 60.0
+
+
+class CallResult(msgspec.Struct, kw_only=True):
+    frame: ResponseFrame | ErrorFrame
+    route: RouteFacts
+
+    @property
+    def http_status(self) -> int:
+        if isinstance(self.frame, ErrorFrame):
+            return ErrorCode(self.frame.error_code).http_status
+        return 200
+
+
+class _Attempts(msgspec.Struct, kw_only=True):
+    answer: AgentAnswer | None = None
+    refusal: RouteRefusal | None = None
+    instance: str | None = None
+    policy: str | None = None
+    attempts: int = 0
+    degraded: bool = False
+    reason: str | None = None
+    agent_ms: float = 0.0
+
+
+class Router:
+    def __init__(self, mirror: RegistryMirror, forwarder: Forwarder, settings: RouterSettings = RouterSettings(),
+                 *, rng: random.Random | None = None):
+        self.mirror = mirror
+        self.forwarder = forwarder
+        self.settings = settings
+        self.book = InstanceBook()
+        self.sticky = StickyTable()
+        self.ledger = ReachLedger(period_seconds=settings.period_seconds)
+        self.decisions: Counter[str] = Counter()
+        self._timed_out: OrderedDict[str, tuple[str, str, str]] = OrderedDict()
+        self._rng = rng or random.Random()
+
+    async def call(self, frame: RequestFrame) -> CallResult:
+        started = time.monotonic()
+        capability = frame.capability or ""
+        result = await self._call_capability(frame, capability, started)
+        code = result.frame.error_code if isinstance(result.frame, ErrorFrame) else None
+        if code == ErrorCode.UNKNOWN_CAPABILITY:
+            # Not a capability's call: counting it would let any caller invent metric labels.
+            self.decisions["unknown_capability"] += 1
+        else:
+            self.ledger.record(capability, self._outcome(result), code, (time.monotonic() - started) * 1000,
+                               time.time())
+        return result
+
+    async def _call_capability(self, frame: RequestFrame, capability: str, started: float) -> CallResult:
+        offers = self.mirror.offers(capability)
+        if offers is None:
+            return self._error(frame, ErrorCode.UNKNOWN_CAPABILITY, f"No instance offers capability {capability!r}",
+                               RouteFacts(capability=capability), started)
+        declared = offers[0].capability
+        size = len(_payload_encoder.encode(frame.payload))
+        if size > declared.max_payload_bytes:
+            return self._error(frame, ErrorCode.PAYLOAD_TOO_LARGE,
+                               f"Payload is {size} bytes; {capability!r} accepts at most {declared.max_payload_bytes}",
+                               RouteFacts(capability=capability, timeout_sla_ms=declared.timeout_sla_ms), started)
+        policy = self.mirror.policy(capability) or DEFAULT_POLICY
+        now = time.monotonic()
+        capability_breaker = self.book.breaker("", capability, policy.circuit_breaker)
+        if capability_breaker.allow(now):
+            attempts = await self._attempt(frame, capability, offers, policy, started)
+            if attempts.answer is not None:
+                capability_breaker.record(attempts.answer.ok, time.monotonic())
+        else:
+            attempts = _Attempts(answer=AgentAnswer(error_code=ErrorCode.CIRCUIT_OPEN, sent=False,
+                                                    message=f"circuit open for capability {capability!r}"),
+                                 reason="capability_circuit_open")
+        failed = attempts.refusal is not None or (attempts.answer is not None and not attempts.answer.ok)
+        if failed and policy.fallback_capability and not self._caller_error(attempts):
+            fallback = await self._call_fallback(frame, policy.fallback_capability, started)
+            if fallback is not None:
+                return fallback
+        return self._finish(frame, capability, declared.timeout_sla_ms, attempts, started)
+
+    async def _call_fallback(self, frame: RequestFrame, fallback: str, started: float) -> CallResult | None:
+        offers = self.mirror.offers(fallback)
+        if offers is None:
+            return None
+        policy = self.mirror.policy(fallback) or DEFAULT_POLICY
+        attempts = await self._attempt(msgspec.structs.replace(frame, capability=fallback), fallback, offers,
+                                       policy, started)
+        if attempts.answer is None or not attempts.answer.ok:
+            return None
+        attempts.degraded, attempts.reason = True, "fallback"
+        self.decisions["fallback"] += 1
+        return self._finish(frame, fallback, offers[0].capability.timeout_sla_ms, attempts, started)
+
+    async def _attempt(self, frame: RequestFrame, capability: str, offers: list[Offer], policy: Policy,
+                       started: float) -> _Attempts:
+        now = time.monotonic()
+        by_id = {offer.record.agent_id: offer for offer in offers}
+        candidates = [self._candidate(offer, capability, policy, now) for offer in offers]
+        policy_name = choose_policy(policy.policy, [o.record.metadata.get("routing_policy") for o in offers],
+                                    self.settings.default_policy)
+        sticky = sticky_key(capability, frame.context, policy.affinity.key) if policy.affinity.enabled else None
+        hint = frame.context.get("routing_hint")
+        plan = plan_route(candidates, policy_name=policy_name, hash_key=session_hash_key(frame.context, frame.request_id),
+                          routing_hint=hint if isinstance(hint, dict) else None,
+                          sticky_agent=self.sticky.get(sticky, now) if sticky else None,
+                          rng=self._rng, panic_threshold=self.settings.panic_threshold)
+        if isinstance(plan, RouteRefusal):
+            return _Attempts(refusal=plan, policy=policy_name)
+        timeouts = resolve_timeouts(policy.timeout, by_id[plan.order[0].agent_id].capability.timeout_sla_ms,
+                                    frame.timeout_hint)
+        idempotent = by_id[plan.order[0].agent_id].capability.idempotent
+        tries_allowed = policy.retry.max_attempts if policy.retry.enabled and idempotent else 1
+        state = _Attempts(policy=policy_name, degraded=plan.degraded, reason="demoted" if plan.degraded else None)
+        self.decisions[policy_name] += 1
+        if plan.degraded:
+            self.decisions["demoted"] += 1
+        tries = 0
+        broken = 0
+        for candidate in plan.order:
+            now = time.monotonic()
+            remaining = timeouts.total_s - (now - started)
+            if remaining <= 0:
+                state.answer = state.answer or AgentAnswer(error_code=ErrorCode.TOTAL_TIMEOUT, message="budget spent")
+                break
+            breaker = self.book.breaker(capability, candidate.agent_id, policy.circuit_breaker)
+            if not self.book.bucket(candidate.agent_id, candidate.max_qps).try_take(now):
+                continue
+            if not plan.panic and not breaker.allow(now):
+                broken += 1
+                continue
+            if state.attempts:
+                state.degraded, state.reason = True, "failover"
+                self.decisions["failover"] += 1
+            answer = await self._send(frame, capability, by_id[candidate.agent_id], timeouts, remaining)
+            state.attempts += 1
+            state.instance = candidate.agent_id
+            state.answer = answer
+            state.agent_ms += answer.elapsed_ms
+            if answer.error_code is not ErrorCode.BUSY:
+                # Business errors count as failures even though the agent answered HTTP 200.
+                breaker.record(answer.ok, time.monotonic())
+            if answer.ok:
+                self.book.reinstate(candidate.agent_id)
+                if sticky:
+                    self.sticky.put(sticky, candidate.agent_id, policy.affinity.ttl_seconds, time.monotonic())
+                break
+            if not answer.sent:
+                seconds = self.book.eject(candidate.agent_id, time.monotonic())
+                log.warning("instance ejected: connection failed", extra={
+                    "instance": candidate.agent_id, "eject_seconds": seconds, "error": answer.message})
+            elif answer.error_code is not ErrorCode.BUSY:
+                tries += 1
+                if tries >= tries_allowed or answer.error_code is ErrorCode.BUSINESS_ERROR:
+                    break
+        if state.answer is None:
+            refusal = RouteRefusal(code=ErrorCode.CIRCUIT_OPEN, reason="every instance's circuit is open") if broken \
+                else RouteRefusal(code=ErrorCode.BUSY, reason="every instance is at its max_qps")
+            return _Attempts(refusal=refusal, policy=policy_name)
+        return state
+
+    def _candidate(self, offer: Offer, capability: str, policy: Policy, now: float) -> Candidate:
+        agent_id = offer.record.agent_id
+        max_qps = float(offer.record.metadata.get("max_qps") or 0)
+        return Candidate(
+            agent_id=agent_id, endpoint=offer.capability.endpoint, protocol=offer.capability.protocol,
+            state=offer.state.state, load=offer.state.load, inflight=self.book.inflight.get(agent_id, 0),
+            metadata=offer.record.metadata, max_qps=max_qps,
+            available=self.book.available(capability, agent_id, policy.circuit_breaker, now),
+            has_capacity=self.book.bucket(agent_id, max_qps).available(now) >= 1,
+        )
+
+    async def _send(self, frame: RequestFrame, capability: str, offer: Offer, timeouts: Any,
+                    remaining: float) -> AgentAnswer:
+        agent_id = offer.record.agent_id
+        attempt_timeouts = msgspec.structs.replace(
+            timeouts, total_s=remaining, first_byte_s=min(timeouts.first_byte_s, remaining),
+            connect_s=min(timeouts.connect_s, remaining))
+        self.book.inflight[agent_id] = self.book.inflight.get(agent_id, 0) + 1
+        try:
+            answer = await self.forwarder.send(offer.capability.endpoint, offer.capability.protocol,
+                                               msgspec.structs.replace(frame, capability=capability), attempt_timeouts)
+        finally:
+            self.book.inflight[agent_id] -= 1
+        if answer.error_code in TIMEOUTS:
+            self._remember_timeout(frame.request_id, agent_id, capability, answer.error_code.value)
+            log.warning("call timed out", extra={"instance": agent_id, "timeout": answer.error_code.value,
+                                                 "elapsed_ms": round(answer.elapsed_ms, 1)})
+        elif not answer.ok:
+            log.info("attempt failed", extra={"instance": agent_id, "error_code": answer.error_code.value,
+                                              "error": answer.message})
+        return answer
+
+    def _remember_timeout(self, request_id: str, agent_id: str, capability: str, which: str) -> None:
+        self._timed_out[request_id] = (agent_id, capability, which)
+        while len(self._timed_out) > TIMED_OUT_REMEMBERED:
+            self._timed_out.popitem(last=False)
+
+    def late_completion(self, request_id: str, agent_id: str, finished_ms: float) -> bool:
+        """An SDK agent says it finished a call the router had given up on."""
+        known = self._timed_out.pop(request_id, None)
+        if known is None:
+            return False
+        instance, capability, which = known
+        log.warning("execution_success_but_response_timeout", extra={
+            "request_id": request_id, "capability": capability, "instance": instance, "reporter": agent_id,
+            "timeout": which, "finished_ms": finished_ms})
+        return True
+
+    def _caller_error(self, attempts: _Attempts) -> bool:
+        code = attempts.refusal.code if attempts.refusal else attempts.answer.error_code if attempts.answer else None
+        return code in CALLER_ERRORS or code is ErrorCode.BUSINESS_ERROR
+
+    def _finish(self, frame: RequestFrame, capability: str, sla_ms: int, attempts: _Attempts,
+                started: float) -> CallResult:
+        elapsed_ms = (time.monotonic() - started) * 1000
+        route = RouteFacts(instance=attempts.instance, policy=attempts.policy, attempts=attempts.attempts,
+                           degraded=attempts.degraded, timeout_sla_ms=sla_ms, capability=capability,
+                           overhead_ms=round(max(0.0, elapsed_ms - attempts.agent_ms), 3), reason=attempts.reason)
+        if attempts.refusal is not None:
+            return self._error(frame, attempts.refusal.code, attempts.refusal.reason, route, started)
+        answer = attempts.answer
+        assert answer is not None
+        if answer.ok:
+            return CallResult(frame=ResponseFrame(request_id=frame.request_id, result=answer.result,
+                                                  context_update=answer.context_update, route=route), route=route)
+        error = error_frame(frame.request_id, answer.error_code, answer.message)
+        error.business_error, error.route = answer.business_error, route
+        return CallResult(frame=error, route=route)
+
+    def _error(self, frame: RequestFrame, code: ErrorCode, message: str, route: RouteFacts,
+               started: float) -> CallResult:
+        route.overhead_ms = round((time.monotonic() - started) * 1000, 3)
+        error = error_frame(frame.request_id, code, message)
+        error.route = route
+        return CallResult(frame=error, route=route)
+
+    @staticmethod
+    def _outcome(result: CallResult) -> Outcome:
+        if isinstance(result.frame, ErrorFrame):
+            return "failed"
+        return "degraded" if result.route.degraded else "success"
+

@@ -1,0 +1,75 @@
+"""Router-side facts about instances that the registry does not know: in-flight calls, rate
+buckets, breakers and passive ejections. Only the router's own traffic changes them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from router.breaker import BreakerState, CircuitBreaker
+from router.policy import BreakerConfig
+from router.ratelimit import TokenBucket
+
+EJECT_BASE_SECONDS = 2.0
+EJECT_MAX_SECONDS = 60.0
+
+
+class Ejection:
+    """An instance that refused connections: out of rotation for a while, longer each time in a row."""
+
+    def __init__(self) -> None:
+        self.until = 0.0
+        self.strikes = 0
+
+    def eject(self, now: float) -> float:
+        self.strikes += 1
+        seconds = min(EJECT_MAX_SECONDS, EJECT_BASE_SECONDS * 2 ** (self.strikes - 1))
+        self.until = now + seconds
+        return seconds
+
+
+class InstanceBook:
+    def __init__(self) -> None:
+        self.inflight: dict[str, int] = {}
+        self._buckets: dict[str, TokenBucket] = {}
+        self._breakers: dict[tuple[str, str], CircuitBreaker] = {}
+        self._ejections: dict[str, Ejection] = {}
+
+    def bucket(self, agent_id: str, max_qps: float) -> TokenBucket:
+        bucket = self._buckets.get(agent_id)
+        if bucket is None or bucket.rate != max_qps:
+            bucket = self._buckets[agent_id] = TokenBucket(max_qps)
+        return bucket
+
+    def breaker(self, scope: str, name: str, config: BreakerConfig) -> CircuitBreaker:
+        """The breaker of an instance (scope = capability) or of a capability (scope = "")."""
+        breaker = self._breakers.get((scope, name))
+        if breaker is None or breaker.config != config:
+            breaker = self._breakers[(scope, name)] = CircuitBreaker(config)
+        return breaker
+
+    def breakers(self) -> Iterator[tuple[tuple[str, str], CircuitBreaker]]:
+        return iter(self._breakers.items())
+
+    def ejected(self, agent_id: str, now: float) -> bool:
+        ejection = self._ejections.get(agent_id)
+        return ejection is not None and now < ejection.until
+
+    def eject(self, agent_id: str, now: float) -> float:
+        return self._ejections.setdefault(agent_id, Ejection()).eject(now)
+
+    def reinstate(self, agent_id: str) -> None:
+        self._ejections.pop(agent_id, None)
+
+    def available(self, capability: str, agent_id: str, config: BreakerConfig, now: float) -> bool:
+        if self.ejected(agent_id, now):
+            return False
+        return self.breaker(capability, agent_id, config).state(now) is not BreakerState.OPEN
+
+    def forget(self, live: set[str]) -> None:
+        """Drop what belongs to instances that left the registry."""
+        for agent_id in [a for a in self._buckets if a not in live]:
+            del self._buckets[agent_id]
+        for key in [k for k in self._breakers if k[0] and k[1] not in live]:
+            del self._breakers[key]
+        for agent_id in [a for a in self._ejections if a not in live]:
+            del self._ejections[agent_id]

@@ -1,0 +1,124 @@
+"""The routing policy of one capability: the schema the registry stores and the console edits.
+
+Decoding with msgspec checks types, ranges and unknown fields and names the offending path;
+``validate_policy`` checks what a schema cannot (fields that must agree with each other or with
+the capability the policy is stored under).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+from agent_reach.registration import Name, RoutingPolicy
+
+Milliseconds = Annotated[int, msgspec.Meta(gt=0, le=3_600_000)]
+
+
+class StickyConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Sticky sessions: calls carrying the same ``context[key]`` return to the same instance."""
+
+    enabled: bool = False
+    key: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] = "session_id"
+    ttl_seconds: Annotated[int, msgspec.Meta(gt=0, le=86_400)] = 300
+
+
+class TimeoutConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Per-call timeouts; ``None`` derives the value from the capability's ``timeout_sla_ms``."""
+
+    connect_ms: Milliseconds = 1000
+    first_byte_ms: Milliseconds | None = None
+    total_ms: Milliseconds | None = None
+
+
+class RetryConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Retries apply only to capabilities declared idempotent; off unless asked for."""
+
+    enabled: bool = False
+    max_attempts: Annotated[int, msgspec.Meta(ge=1, le=5)] = 2
+
+
+class BreakerConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """When a circuit breaker opens, how long it stays open and how it tests recovery."""
+
+    error_threshold_percent: Annotated[float, msgspec.Meta(gt=0, le=100)] = 50
+    min_requests: Annotated[int, msgspec.Meta(ge=1)] = 20
+    reset_seconds: Annotated[float, msgspec.Meta(gt=0, le=86_400)] = 30
+    # Whole seconds: the breaker counts in 1 s buckets.
+    window_seconds: Annotated[int, msgspec.Meta(ge=1, le=3600)] = 60
+    half_open_probes: Annotated[int, msgspec.Meta(ge=1, le=100)] = 1
+
+
+class Policy(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """One capability's routing policy; ``policy=None`` defers to instance preference, then the default."""
+
+    capability: Name | None = None
+    policy: RoutingPolicy | None = None
+    affinity: StickyConfig = StickyConfig()
+    timeout: TimeoutConfig = TimeoutConfig()
+    retry: RetryConfig = RetryConfig()
+    circuit_breaker: BreakerConfig = BreakerConfig()
+    fallback_capability: Name | None = None
+
+
+DEFAULT_POLICY = Policy()
+
+
+class PolicyError(ValueError):
+    """A policy that decodes but contradicts itself; ``field`` is the dotted path to blame."""
+
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+def validate_policy(policy: Policy, capability_name: str) -> None:
+    """Check the rules that span fields; raise PolicyError naming the first field that breaks one."""
+    if policy.capability is not None and policy.capability != capability_name:
+        raise PolicyError(
+            f"Body names capability {policy.capability!r} but the path names {capability_name!r}", "capability"
+        )
+    if policy.fallback_capability == capability_name:
+        raise PolicyError(f"Capability {capability_name!r} cannot be its own fallback", "fallback_capability")
+    timeout = policy.timeout
+    ordered = [("connect_ms", timeout.connect_ms), ("first_byte_ms", timeout.first_byte_ms),
+               ("total_ms", timeout.total_ms)]
+    given = [(name, value) for name, value in ordered if value is not None]
+    for (shorter, short_ms), (longer, long_ms) in zip(given, given[1:]):
+        if short_ms > long_ms:
+            raise PolicyError(f"timeout.{shorter} ({short_ms}) exceeds timeout.{longer} ({long_ms})",
+                              f"timeout.{shorter}")
+
+
+class ResolvedTimeouts(msgspec.Struct, kw_only=True, frozen=True):
+    """The three timeouts of one call, in seconds, ready for the HTTP client."""
+
+    connect_s: float
+    first_byte_s: float
+    total_s: float
+
+
+def resolve_timeouts(config: TimeoutConfig, timeout_sla_ms: int, timeout_hint_ms: int | None) -> ResolvedTimeouts:
+    """Fill the gaps from the capability's SLA; the caller's hint may shorten the total, never lengthen it.
+
+    A hint that is not positive is ignored (it cannot describe a call anyone waits for).
+    """
+    total_ms = config.total_ms if config.total_ms is not None else timeout_sla_ms
+    if timeout_hint_ms is not None and timeout_hint_ms > 0:
+        total_ms = min(total_ms, timeout_hint_ms)
+    first_byte_ms = min(config.first_byte_ms if config.first_byte_ms is not None else total_ms, total_ms)
+    connect_ms = min(config.connect_ms, total_ms)
+    return ResolvedTimeouts(connect_s=connect_ms / 1000, first_byte_s=first_byte_ms / 1000, total_s=total_ms / 1000)
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Policy)
+
+
+def encode_policy(policy: Policy) -> bytes:
+    return _encoder.encode(policy)
+
+
+def decode_policy(data: bytes) -> Policy:
+    return _decoder.decode(data)

@@ -1,0 +1,240 @@
+"""Reach-rate accounting: did the mesh deliver each call, per capability per period, and when to alert.
+
+raw success rate = success / total; reach rate = (success + degraded) / total, where degraded means
+the call succeeded only after failover, through a fallback capability or on a demoted instance.
+Instance health (healthy / registered) is a different question, answered by ``health_rate``.
+
+The ledger has no timer of its own: a period is judged when a later ``now`` first reaches the
+ledger (``record``, ``evaluate``, ``periods`` or ``alerts``), so the I/O side should call
+``evaluate`` about once a second for alerts to fire on an idle capability. Any clock in seconds
+works; ``time.time()`` aligns periods to wall-clock minutes and makes start/end epoch seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections import deque
+from typing import Annotated, Literal
+
+import msgspec
+
+Outcome = Literal["success", "degraded", "failed"]
+
+# Upper bounds of the latency histogram's buckets (Prometheus ``le``); one more bucket holds +Inf.
+LATENCY_BOUNDS_MS: tuple[float, ...] = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
+UNKNOWN_ERROR = "UNKNOWN"
+RESOLVED_ALERTS_KEPT = 100
+
+
+class Tally(msgspec.Struct, kw_only=True):
+    """One capability's calls over a span of time: a period, or the router's lifetime."""
+
+    total: int = 0
+    success: int = 0
+    degraded: int = 0
+    failed: int = 0
+    failed_by_code: dict[str, int] = {}
+    latency_buckets: list[int] = msgspec.field(default_factory=lambda: [0] * (len(LATENCY_BOUNDS_MS) + 1))
+    latency_sum_ms: float = 0.0
+
+    def add(self, outcome: Outcome, error_code: str | None, latency_ms: float) -> None:
+        """Count one call; ``error_code`` is read only for failed calls (None counts as UNKNOWN)."""
+        if outcome == "success":
+            self.success += 1
+        elif outcome == "degraded":
+            self.degraded += 1
+        elif outcome == "failed":
+            self.failed += 1
+            code = error_code or UNKNOWN_ERROR
+            self.failed_by_code[code] = self.failed_by_code.get(code, 0) + 1
+        else:
+            raise ValueError(f"Unknown outcome {outcome!r}")
+        self.total += 1
+        self.latency_buckets[bisect_left(LATENCY_BOUNDS_MS, latency_ms)] += 1
+        self.latency_sum_ms += latency_ms
+
+
+def latency_quantile(buckets: list[int], q: float) -> float | None:
+    """Estimate a quantile from histogram counts as Prometheus does: linear inside the bucket.
+
+    A quantile that falls in the +Inf bucket answers the highest finite bound.
+    """
+    count = sum(buckets)
+    if not count:
+        return None
+    rank = q * count
+    below = 0
+    for position, upper in enumerate(LATENCY_BOUNDS_MS):
+        in_bucket = buckets[position]
+        if in_bucket and below + in_bucket >= rank:
+            lower = LATENCY_BOUNDS_MS[position - 1] if position else 0.0
+            return lower + (upper - lower) * (rank - below) / in_bucket
+        below += in_bucket
+    return float(LATENCY_BOUNDS_MS[-1])
+
+
+class PeriodSummary(msgspec.Struct, kw_only=True):
+    """One capability's period as ``GET /reach`` shows it; only periods with calls exist."""
+
+    capability: str
+    start: float
+    end: float
+    closed: bool
+    total: int
+    success: int
+    degraded: int
+    failed: int
+    failed_by_code: dict[str, int]
+    raw_success_rate: float
+    reach_rate: float
+    latency_p50_ms: float | None
+    latency_p95_ms: float | None
+    latency_p99_ms: float | None
+    latency_buckets: list[int]
+    latency_sum_ms: float
+
+
+class AlertConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    reach_threshold: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.98
+    consecutive_periods: Annotated[int, msgspec.Meta(ge=1)] = 2
+    min_failures: Annotated[int, msgspec.Meta(ge=0)] = 50
+
+
+class Alert(msgspec.Struct, kw_only=True):
+    """A capability whose reach rate stayed below the threshold; figures cover the firing streak."""
+
+    capability: str
+    state: Literal["active", "resolved"]
+    reach_rate: float
+    threshold: float
+    failures: int
+    total: int
+    periods: int
+    fired_at: float  # end of the streak's last period
+    resolved_at: float | None = None  # end of the first period back at or above the threshold
+
+
+def reach_rate(tally: Tally) -> float:
+    return (tally.success + tally.degraded) / tally.total
+
+
+def health_rate(healthy: int, registered: int) -> float | None:
+    """Share of registered instances that are healthy; None when nothing is registered."""
+    return healthy / registered if registered else None
+
+
+class ReachLedger:
+    """Per-capability tallies per period, the last ``keep_periods`` of them, and the alerts they raise.
+
+    An alert fires when ``consecutive_periods`` consecutive closed periods each have a reach rate
+    below the threshold and together at least ``min_failures`` failures; it resolves at the first
+    closed period at or above the threshold, or without calls. One alert per capability at a time.
+    """
+
+    def __init__(self, period_seconds: float = 60, keep_periods: int = 60, alert: AlertConfig = AlertConfig()):
+        self.period_seconds = float(period_seconds)
+        self.keep_periods = keep_periods
+        self.alert_config = alert
+        self._periods: dict[str, dict[int, Tally]] = {}
+        self._lifetime: dict[str, Tally] = {}
+        self._current: int | None = None
+        self._active: dict[str, Alert] = {}
+        self._resolved: deque[Alert] = deque(maxlen=RESOLVED_ALERTS_KEPT)
+        self._new: list[Alert] = []
+
+    def record(self, capability: str, outcome: Outcome, error_code: str | None, latency_ms: float, now: float) -> None:
+        """Count one finished call; a clock older than the open period counts in the open period."""
+        current = self.evaluate(now)
+        self._periods.setdefault(capability, {}).setdefault(current, Tally()).add(outcome, error_code, latency_ms)
+        self._lifetime.setdefault(capability, Tally()).add(outcome, error_code, latency_ms)
+
+    def evaluate(self, now: float) -> int:
+        """Close the periods ``now`` has moved past and judge alerts on them; returns the open period."""
+        index = math.floor(now / self.period_seconds)
+        if self._current is None:
+            self._current = index
+        elif index > self._current:
+            self._current = index
+            self._forget_old_periods()
+            for capability in sorted(self._periods.keys() | self._active.keys()):
+                self._judge(capability)
+        return self._current
+
+    def periods(self, capability: str | None = None, *, now: float) -> list[PeriodSummary]:
+        """The open period and the recent closed ones with calls, newest first (then by capability)."""
+        current = self.evaluate(now)
+        names = [capability] if capability is not None else list(self._periods)
+        rows = [(index, name, tally) for name in names for index, tally in self._periods.get(name, {}).items()]
+        rows.sort(key=lambda row: (-row[0], row[1]))
+        return [self._summary(name, index, tally, closed=index < current) for index, name, tally in rows]
+
+    def capabilities(self) -> list[str]:
+        """Every capability that has had a call since the router started."""
+        return sorted(self._lifetime)
+
+    def lifetime(self) -> dict[str, Tally]:
+        """Counters since start, for Prometheus (whose counters and histograms never reset); read only."""
+        return self._lifetime
+
+    def alerts(self, now: float) -> list[Alert]:
+        """Active alerts (newest first), then recently resolved ones (newest first)."""
+        self.evaluate(now)
+        active = sorted(self._active.values(), key=lambda alert: (-alert.fired_at, alert.capability))
+        return [*active, *self._resolved]
+
+    def drain_new_alerts(self) -> list[Alert]:
+        """Each alert transition since the last drain, once: a copy with state "active" when it fired,
+        another with state "resolved" when it resolved, so the I/O side logs each as one event."""
+        new, self._new = self._new, []
+        return new
+
+    def _forget_old_periods(self) -> None:
+        oldest_kept = self._current - self.keep_periods + 1
+        for name in list(self._periods):
+            kept = {index: tally for index, tally in self._periods[name].items() if index >= oldest_kept}
+            if kept:
+                self._periods[name] = kept
+            else:
+                del self._periods[name]
+
+    def _judge(self, capability: str) -> None:
+        """Fire or resolve this capability's alert on the periods closed so far."""
+        config = self.alert_config
+        last_closed = self._current - 1
+        periods = self._periods.get(capability, {})
+        streak = [periods.get(index) for index in range(last_closed - config.consecutive_periods + 1, last_closed + 1)]
+        below = [tally is not None and reach_rate(tally) < config.reach_threshold for tally in streak]
+        period_end = (last_closed + 1) * self.period_seconds
+        active = self._active.get(capability)
+        if active is not None:
+            if not below[-1]:
+                active.state, active.resolved_at = "resolved", period_end
+                del self._active[capability]
+                self._resolved.appendleft(active)
+                self._new.append(msgspec.structs.replace(active))
+            return
+        if not all(below):
+            return
+        failures = sum(tally.failed for tally in streak)
+        if failures < config.min_failures:
+            return
+        total = sum(tally.total for tally in streak)
+        delivered = sum(tally.success + tally.degraded for tally in streak)
+        alert = Alert(capability=capability, state="active", reach_rate=delivered / total,
+                      threshold=config.reach_threshold, failures=failures, total=total,
+                      periods=config.consecutive_periods, fired_at=period_end)
+        self._active[capability] = alert
+        self._new.append(msgspec.structs.replace(alert))
+
+    def _summary(self, capability: str, index: int, tally: Tally, closed: bool) -> PeriodSummary:
+        start = index * self.period_seconds
+        buckets = list(tally.latency_buckets)
+        return PeriodSummary(
+            capability=capability, start=start, end=start + self.period_seconds, closed=closed,
+            total=tally.total, success=tally.success, degraded=tally.degraded, failed=tally.failed,
+            failed_by_code=dict(tally.failed_by_code), raw_success_rate=tally.success / tally.total,
+            reach_rate=reach_rate(tally), latency_p50_ms=latency_quantile(buckets, 0.5),
+            latency_p95_ms=latency_quantile(buckets, 0.95), latency_p99_ms=latency_quantile(buckets, 0.99),
+            latency_buckets=buckets, latency_sum_ms=tally.latency_sum_ms,
+        )

@@ -1,0 +1,163 @@
+"""Which instances to try for one call, in order: filters first, then the capability's policy.
+
+hint filter (hard; never route elsewhere) -> state tier (healthy, else pending and demoted, degraded)
+-> availability (breakers, ejections; ignored in panic) -> capacity (max_qps; none left is BUSY)
+-> policy order -> sticky instance first.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Any
+
+import msgspec
+from agent_reach.atp import ErrorCode
+
+from router.hashring import HashRing
+
+HEALTHY = "healthy"
+DEGRADED_STATES = frozenset({"pending", "demoted"})
+
+
+class Candidate(msgspec.Struct, kw_only=True):
+    """One instance of the capability as the router sees it at the moment of the call."""
+
+    agent_id: str
+    endpoint: str
+    protocol: str  # "atp" | "rest"
+    state: str  # "healthy" | "pending" | "demoted"
+    load: float = 0.0  # reported by the agent, 0..1
+    inflight: int = 0  # router-side in-flight calls right now
+    metadata: dict[str, Any] = {}  # zone, env, team, model, max_qps, routing_policy, ...
+    max_qps: float = 0.0  # 0 = unlimited
+    available: bool = True  # False: breaker open or passively ejected (the I/O side decides)
+    has_capacity: bool = True  # False: its max_qps token bucket is empty right now
+
+
+class RoutePlan(msgspec.Struct, kw_only=True):
+    """The instances to try, first choice first; the rest are the failover order.
+
+    ``panic``: too few instances were available, so availability was ignored; the caller must
+    not filter the order by breakers again.
+    """
+
+    order: list[Candidate]
+    policy: str
+    degraded: bool
+    panic: bool
+
+
+class RouteRefusal(msgspec.Struct, kw_only=True):
+    """Why no call may be sent; ``code`` selects the error frame."""
+
+    code: ErrorCode
+    reason: str
+
+
+def session_hash_key(context: dict[str, Any], request_id: str) -> str:
+    """What the ``hash`` policy hashes: the session, or the request when there is no session."""
+    session = context.get("session_id")
+    return str(session) if session is not None and session != "" else request_id
+
+
+def choose_policy(capability_policy: str | None, instance_preferences: list[str | None], default: str) -> str:
+    """The capability's policy wins; else the instances' most common preference (ties: by name); else default."""
+    if capability_policy is not None:
+        return capability_policy
+    votes = Counter(preference for preference in instance_preferences if preference is not None)
+    if not votes:
+        return default
+    return min(votes, key=lambda preference: (-votes[preference], preference))
+
+
+def plan_route(
+    candidates: list[Candidate],
+    *,
+    policy_name: str,
+    hash_key: str,
+    routing_hint: dict[str, Any] | None,
+    sticky_agent: str | None,
+    rng: random.Random,
+    panic_threshold: float = 0.5,
+    p2c_above: int = 8,
+) -> RoutePlan | RouteRefusal:
+    """Order the candidates to try for one call, or say why none may be tried."""
+    if not candidates:
+        return RouteRefusal(code=ErrorCode.NO_ROUTABLE_INSTANCE, reason="the capability has no registered instance")
+    matching = _matching_hint(candidates, routing_hint) if routing_hint else candidates
+    if not matching:
+        labels = ", ".join(f"{label}={value!r}" for label, value in routing_hint.items())
+        return RouteRefusal(code=ErrorCode.ROUTING_HINT_UNSATISFIABLE,
+                            reason=f"no instance has metadata matching routing_hint {labels}")
+    tier = [candidate for candidate in matching if candidate.state == HEALTHY]
+    degraded = not tier
+    if degraded:
+        tier = [candidate for candidate in matching if candidate.state in DEGRADED_STATES]
+    if not tier:
+        return RouteRefusal(code=ErrorCode.NO_ROUTABLE_INSTANCE, reason="no instance is healthy, pending or demoted")
+    available = [candidate for candidate in tier if candidate.available]
+    panic = len(available) < panic_threshold * len(tier)
+    pool = [candidate for candidate in (tier if panic else available) if candidate.has_capacity]
+    if not pool:
+        return RouteRefusal(code=ErrorCode.BUSY, reason="every eligible instance is at its max_qps")
+    order = _ORDERS[policy_name](pool, candidates, hash_key, rng, p2c_above)
+    if sticky_agent is not None:
+        order.sort(key=lambda candidate: candidate.agent_id != sticky_agent)
+    return RoutePlan(order=order, policy=policy_name, degraded=degraded, panic=panic)
+
+
+def _matching_hint(candidates: list[Candidate], routing_hint: dict[str, Any]) -> list[Candidate]:
+    """Instances whose metadata has every hinted label with exactly the hinted value."""
+    missing = object()
+    return [candidate for candidate in candidates
+            if all(candidate.metadata.get(label, missing) == value for label, value in routing_hint.items())]
+
+
+def _by_load(pool: list[Candidate], candidates: list[Candidate], hash_key: str, rng: random.Random,
+             p2c_above: int) -> list[Candidate]:
+    """Ascending in-flight + load, ties in random order so idle instances share the calls.
+
+    On pools larger than ``p2c_above`` the first choice is the better of two random picks (power of
+    two choices): nearly as good as the minimum, without every router herding onto the same
+    instance between load reports. The rest follow ascending as the failover order.
+    """
+    shuffled = rng.sample(pool, len(pool))
+    order = sorted(shuffled, key=_score)
+    if len(pool) <= p2c_above:
+        return order
+    first = min(shuffled[:2], key=_score)
+    order.remove(first)
+    return [first, *order]
+
+
+def _by_hash(pool: list[Candidate], candidates: list[Candidate], hash_key: str, rng: random.Random,
+             p2c_above: int) -> list[Candidate]:
+    """The ring's preference order for ``hash_key``, over every instance of the capability.
+
+    The ring spans all candidates, not just the eligible ones, so it is rebuilt only when the
+    capability's membership changes; leaving out ineligible nodes gives the same order a ring of
+    the eligible ones would.
+    """
+    by_id = {candidate.agent_id: candidate for candidate in pool}
+    ring = _ring_of(frozenset(candidate.agent_id for candidate in candidates))
+    return [by_id[agent_id] for agent_id in ring.preference(hash_key) if agent_id in by_id]
+
+
+def _score(candidate: Candidate) -> float:
+    return candidate.inflight + candidate.load
+
+
+@lru_cache(maxsize=256)
+def _ring_of(members: frozenset[str]) -> HashRing:
+    return HashRing(members)
+
+
+_ORDERS: dict[str, Callable[[list[Candidate], list[Candidate], str, random.Random, int], list[Candidate]]] = {
+    "least_load": _by_load,
+    # Affinity's hard part is the hint filter, applied under every policy; among matches, least load.
+    "affinity": _by_load,
+    "hash": _by_hash,
+}

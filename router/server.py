@@ -1,0 +1,93 @@
+"""Assemble and run a router: follow the registry, serve /atp, evaluate reach alerts."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import aiohttp
+import msgspec
+from aiohttp import web
+
+from registry.watch import WatchHub
+from router.api import DEFAULT_MAX_BODY, create_app
+from router.core import Router, RouterSettings
+from router.feed import follow_hub, follow_http
+from router.forward import Forwarder
+from router.mirror import RegistryMirror
+
+log = logging.getLogger("agentreach.router")
+
+
+class RouterServerSettings(msgspec.Struct, kw_only=True):
+    host: str = "127.0.0.1"
+    port: int = 8080
+    registry_url: str | None = None
+    routing: RouterSettings = RouterSettings()
+    max_body: int = DEFAULT_MAX_BODY
+
+
+class RouterServer:
+    """A router following a registry: in process through its hub, or over HTTP."""
+
+    def __init__(self, settings: RouterServerSettings, hub: WatchHub | None = None):
+        if hub is None and settings.registry_url is None:
+            raise ValueError("a router needs a registry: a WatchHub in process or a registry URL")
+        self.settings = settings
+        self._hub = hub
+        self.mirror = RegistryMirror()
+        self.router: Router | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopped = False
+        self.port = settings.port
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.settings.host}:{self.port}"
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+        self._session = aiohttp.ClientSession(connector=connector)
+        forwarder = Forwarder(self._session)
+        self.router = Router(self.mirror, forwarder, self.settings.routing)
+        if self._hub is not None:
+            feed = follow_hub(self._hub, self.mirror)
+        else:
+            assert self.settings.registry_url is not None
+            feed = follow_http(self._session, self.settings.registry_url.rstrip("/"), self.mirror)
+        self._tasks = [asyncio.create_task(feed), asyncio.create_task(self._housekeeping())]
+        self._runner = web.AppRunner(create_app(self.router, max_body=self.settings.max_body), access_log=None,
+                                     shutdown_timeout=1.0)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.settings.host, self.settings.port).start()
+        self.port = self._runner.addresses[0][1]
+        forwarder.completion_url = f"{self.url}/completions"
+        log.info("router listening", extra={"url": self.url, "registry": self.settings.registry_url or "in-process"})
+
+    async def _housekeeping(self) -> None:
+        """Once a second: close reach periods, log new alerts, forget instances that left."""
+        assert self.router is not None
+        ledger = self.router.ledger
+        while True:
+            await asyncio.sleep(1.0)
+            ledger.evaluate(time.time())
+            for alert in ledger.drain_new_alerts():
+                logger = log.error if alert.state == "active" else log.warning
+                logger("reach_alert", extra={"capability": alert.capability, "state": alert.state,
+                                             "reach_rate": alert.reach_rate, "threshold": alert.threshold,
+                                             "failures": alert.failures, "periods": alert.periods})
+            self.router.book.forget(set(self.mirror.instances))
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        for task in self._tasks:
+            task.cancel()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
