@@ -53,6 +53,7 @@ class HealthChecker:
             if liveness is None:
                 continue
             record_check(liveness, passed, now)
+            registry.touched.add(record.agent_id)
             self.checks["pass" if passed else "fail"] += 1
         failing = [
             agent_id for agent_id, liveness in registry.state.liveness.items()

@@ -17,9 +17,16 @@ from registry.errors import RegistryError
 from registry.lifecycle import QUERY_ORDER, LifecycleConfig, Status, record_heartbeat, status_of
 from router.policy import Policy, PolicyError, encode_policy, validate_policy
 
-from registry.records import InstanceRecord, build_record, encode_record, instance_key, policy_key
+from registry.records import (
+    INSTANCE_PREFIX,
+    InstanceRecord,
+    build_record,
+    encode_record,
+    instance_key,
+    policy_key,
+)
 from registry.state import RegistryState
-from registry.store import Store
+from registry.store import Change, Store
 from registry.views import AgentView, QueryResult, agent_view, query_instance
 
 log = logging.getLogger("agentreach.registry")
@@ -41,8 +48,15 @@ class Registry:
         self._wall_clock = wall_clock
         self.state = RegistryState(clock)
         self.counters = Counters()
+        # Instances whose soft state changed since the watch hub last looked: it publishes only those.
+        self.touched: set[str] = set()
         self.state.load(store.snapshot())
-        self._unwatch = store.watch(self.state.apply)
+        self._unwatch = store.watch(self._apply)
+
+    def _apply(self, change: Change) -> None:
+        self.state.apply(change)
+        if change.key.startswith(INSTANCE_PREFIX):
+            self.touched.add(change.key[len(INSTANCE_PREFIX):])
 
     def close(self) -> None:
         self._unwatch()
@@ -82,6 +96,7 @@ class Registry:
                                 "agent_id")
         now = self.clock()
         record_heartbeat(liveness, now)
+        self.touched.add(request.agent_id)
         liveness.load = request.load
         if request.inflight is not None:
             liveness.inflight = request.inflight

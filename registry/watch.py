@@ -9,6 +9,7 @@ sent only for instances whose values changed since the last tick.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 from collections import deque
 from collections.abc import AsyncIterator
@@ -138,6 +139,8 @@ class WatchHub:
         self._tick = tick
         self._queue_limit = queue_limit
         self._states: dict[str, InstanceState] = {}
+        # (moment an instance's silence timeout runs out, agent_id): when to look at it again.
+        self._deadlines: list[tuple[float, str]] = []
         self._unwatch = registry.store.watch(self._on_change)
 
     def close(self) -> None:
@@ -145,13 +148,39 @@ class WatchHub:
         for subscription in list(self._subscribers):
             subscription.end()
 
+    def _state_of(self, agent_id: str, now: float) -> InstanceState | None:
+        liveness = self._registry.state.liveness.get(agent_id)
+        if liveness is None:
+            return None
+        return InstanceState(self._registry.status(agent_id, now).value, liveness.load, liveness.inflight)
+
     def current_states(self) -> dict[str, InstanceState]:
+        now = self._registry.clock()
+        return {agent_id: state for agent_id in self._registry.state.liveness
+                if (state := self._state_of(agent_id, now)) is not None}
+
+    def changed_states(self) -> dict[str, InstanceState]:
+        """Soft state that changed since the last call: instances touched by heartbeats, checks or
+        registrations, and those whose silence timeout has just run out. Never a scan of all."""
         registry = self._registry
         now = registry.clock()
-        return {
-            agent_id: InstanceState(registry.status(agent_id, now).value, liveness.load, liveness.inflight)
-            for agent_id, liveness in registry.state.liveness.items()
-        }
+        touched, registry.touched = registry.touched, set()
+        silence = registry.config.silence_timeout
+        for agent_id in touched:
+            liveness = registry.state.liveness.get(agent_id)
+            if liveness is not None:
+                seen = liveness.last_seen if liveness.last_seen is not None else liveness.registered
+                heapq.heappush(self._deadlines, (seen + silence + 0.001, agent_id))
+        while self._deadlines and self._deadlines[0][0] <= now:
+            touched.add(heapq.heappop(self._deadlines)[1])
+        changed = {}
+        for agent_id in touched:
+            state = self._state_of(agent_id, now)
+            if state is None:
+                self._states.pop(agent_id, None)
+            elif self._states.get(agent_id) != state:
+                changed[agent_id] = self._states[agent_id] = state
+        return changed
 
     def subscribe(self, since: int | None = None) -> Subscription:
         """Start a follower: the changes after ``since`` if the hub still has them, else a full reset."""
@@ -192,9 +221,7 @@ class WatchHub:
         quiet_ticks = 0
         while True:
             await asyncio.sleep(self._tick)
-            current = self.current_states()
-            changed = {agent_id: state for agent_id, state in current.items() if self._states.get(agent_id) != state}
-            self._states = current
+            changed = self.changed_states()
             if changed:
                 self._publish(States(states=changed))
                 quiet_ticks = 0

@@ -48,3 +48,22 @@ async def test_watch_sends_state_then_changes_and_resumes(start_registry, http, 
 async def test_watch_rejects_a_bad_revision(registry, http):
     async with http.get(f"{registry.url}/watch?since=abc") as response:
         assert response.status == 400 and (await response.json())["field"] == "since"
+
+
+async def test_watch_publishes_demotion_when_the_silence_timeout_runs_out(start_registry, http, agent):
+    registry = await start_registry(silence_timeout=0.4, health_interval=60)
+    await post(http, f"{registry.url}/register", registration("quiet", "w.q", base_url=agent.url))
+    await post(http, f"{registry.url}/register", registration("chatty", "w.c", base_url=agent.url))
+    await post(http, f"{registry.url}/heartbeat", {"agent_id": "quiet", "load": 0.1})
+    async with http.get(f"{registry.url}/watch") as response:
+        (reset,) = await read_events(response, 1)
+        assert reset["states"]["quiet"][0] == "healthy"
+        # Each instance is published when its silence runs out (pending and healthy both demote).
+        published: dict[str, list[str]] = {}
+        while published.get("quiet", [None])[0] != "demoted":
+            (event,) = await read_events(response, 1)
+            assert event["type"] == "states"
+            for agent_id, state in event["states"].items():
+                published.setdefault(agent_id, []).append(state[0])
+        assert published["quiet"] == ["demoted"]
+        assert set(published) <= {"quiet", "chatty"} and published.get("chatty", ["demoted"]) == ["demoted"]
