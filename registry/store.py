@@ -111,8 +111,10 @@ class WalStore:
 
     async def _take_snapshot(self) -> None:
         try:
-            index, data = self.revision, _encoder.encode(self._items)
+            index, items = self.revision, dict(self._items)
             self._since_snapshot = 0
+            # Encoding tens of megabytes off the loop keeps requests flowing meanwhile.
+            data = await asyncio.get_running_loop().run_in_executor(None, msgspec.msgpack.encode, items)
             await self._wal.snapshot(index, data)
             log.info("snapshot written", extra={"index": index, "bytes": len(data)})
         except Exception:
