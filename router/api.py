@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 from agent_reach import logs
-from agent_reach.atp import ErrorCode, ErrorFrame, RequestFrame, RouteFacts, error_frame
+from agent_reach.atp import BusinessError, ErrorCode, ErrorFrame, RequestFrame, ResponseFrame, RouteFacts, error_frame
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -30,6 +30,25 @@ class Completion(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     request_id: str
     agent_id: str = ""
     finished_ms: float = 0.0
+
+
+class WireResponse(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A response frame as the router sends it. ResponseFrame omits fields at their default, which
+    would drop ``"status": "success"``; the protocol promises callers ``status`` on every response."""
+
+    request_id: str
+    status: str
+    result: Any = None
+    context_update: dict[str, Any] | None = None
+    business_error: BusinessError | None = None
+    route: RouteFacts | None = None
+
+
+def wire(frame: ResponseFrame | ErrorFrame) -> WireResponse | ErrorFrame:
+    if isinstance(frame, ErrorFrame):
+        return frame
+    return WireResponse(request_id=frame.request_id, status=frame.status, result=frame.result,
+                        context_update=frame.context_update, business_error=frame.business_error, route=frame.route)
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -86,18 +105,19 @@ def create_app(router: Router, *, max_body: int = DEFAULT_MAX_BODY) -> web.Appli
         except web.HTTPRequestEntityTooLarge:
             frame = error_frame(RequestFrame().request_id, ErrorCode.PAYLOAD_TOO_LARGE,
                                 f"Request body exceeds the router's limit of {max_body} bytes")
-            return json_response(frame, 413)
+            return json_response(frame, 413, {"X-Request-Id": frame.request_id})
         try:
             body = _decoder.decode(raw)
         except msgspec.DecodeError as exc:
             if raw.lstrip()[:1] in (b"[", b"{") and b'"jsonrpc"' in raw:
                 return json_response(jsonrpc.error_answer(None, jsonrpc.PARSE_ERROR, f"Parse error: {exc}"))
             result = invalid_frame(RequestFrame().request_id, f"Body is not valid JSON: {exc}")
-            return json_response(result.frame, 400)
+            return json_response(result.frame, 400, {"X-Request-Id": result.frame.request_id})
         if jsonrpc.is_envelope(body):
             return await rpc(body)
         result = await run(to_frame(body))
-        return json_response(result.frame, result.http_status, route_headers(result.frame.request_id, result.route))
+        return json_response(wire(result.frame), result.http_status,
+                             route_headers(result.frame.request_id, result.route))
 
     async def rpc_one(item: Any) -> dict[str, Any] | None:
         try:
@@ -111,7 +131,7 @@ def create_app(router: Router, *, max_body: int = DEFAULT_MAX_BODY) -> web.Appli
             answer = jsonrpc.error_answer(envelope.id, jsonrpc.INVALID_PARAMS, error.error_message,
                                           msgspec.to_builtins(error))
         else:
-            answer = jsonrpc.answer(envelope.id, (await run(frame)).frame)
+            answer = jsonrpc.answer(envelope.id, wire((await run(frame)).frame))
         return answer if envelope.has_id else None
 
     async def rpc(body: Any) -> web.Response:

@@ -19,7 +19,7 @@ from router.forward import AgentAnswer, Forwarder
 from router.instances import InstanceBook
 from router.mirror import Offer, RegistryMirror
 from router.policy import DEFAULT_POLICY, Policy, resolve_timeouts
-from router.reach import Outcome, ReachLedger
+from router.reach import AlertConfig, Outcome, ReachLedger
 from router.selection import Candidate, RouteRefusal, choose_policy, plan_route, session_hash_key
 from router.sticky import StickyTable, sticky_key
 
@@ -38,6 +38,7 @@ class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):
     default_policy: str = "least_load"
     panic_threshold: float = 0.5
     period_seconds: float = 60.0
+    alert: AlertConfig = AlertConfig()
 
 
 class CallResult(msgspec.Struct, kw_only=True):
@@ -70,7 +71,7 @@ class Router:
         self.settings = settings
         self.book = InstanceBook()
         self.sticky = StickyTable()
-        self.ledger = ReachLedger(period_seconds=settings.period_seconds)
+        self.ledger = ReachLedger(period_seconds=settings.period_seconds, alert=settings.alert)
         self.decisions: Counter[str] = Counter()
         self._timed_out: OrderedDict[str, tuple[str, str, str]] = OrderedDict()
         self._rng = rng or random.Random()
@@ -91,8 +92,15 @@ class Router:
     async def _call_capability(self, frame: RequestFrame, capability: str, started: float) -> CallResult:
         offers = self.mirror.offers(capability)
         if offers is None:
-            return self._error(frame, ErrorCode.UNKNOWN_CAPABILITY, f"No instance offers capability {capability!r}",
-                               RouteFacts(capability=capability), started)
+            policy = self.mirror.policy(capability)
+            if policy is None:
+                return self._error(frame, ErrorCode.UNKNOWN_CAPABILITY,
+                                   f"No instance offers capability {capability!r}",
+                                   RouteFacts(capability=capability), started)
+            # The registry holds a policy for it, so the capability is known: its pool is empty.
+            empty = _Attempts(refusal=RouteRefusal(code=ErrorCode.NO_ROUTABLE_INSTANCE,
+                                                   reason=f"no instance of {capability!r} is registered"))
+            return await self._conclude(frame, capability, None, policy, empty, started)
         declared = offers[0].capability
         size = len(_payload_encoder.encode(frame.payload))
         if size > declared.max_payload_bytes:
@@ -104,18 +112,24 @@ class Router:
         capability_breaker = self.book.breaker("", capability, policy.circuit_breaker)
         if capability_breaker.allow(now):
             attempts = await self._attempt(frame, capability, offers, policy, started)
-            if attempts.answer is not None:
+            # An agent's 429 says it is full, not broken: like the instance breakers, don't count it.
+            if attempts.answer is not None and attempts.answer.error_code is not ErrorCode.BUSY:
                 capability_breaker.record(attempts.answer.ok, time.monotonic())
         else:
             attempts = _Attempts(answer=AgentAnswer(error_code=ErrorCode.CIRCUIT_OPEN, sent=False,
                                                     message=f"circuit open for capability {capability!r}"),
                                  reason="capability_circuit_open")
+        return await self._conclude(frame, capability, declared.timeout_sla_ms, policy, attempts, started)
+
+    async def _conclude(self, frame: RequestFrame, capability: str, sla_ms: int | None, policy: Policy,
+                        attempts: _Attempts, started: float) -> CallResult:
+        """The call's answer: its own, or on failure the fallback capability's success (degraded)."""
         failed = attempts.refusal is not None or (attempts.answer is not None and not attempts.answer.ok)
         if failed and policy.fallback_capability and not self._caller_error(attempts):
             fallback = await self._call_fallback(frame, policy.fallback_capability, started)
             if fallback is not None:
                 return fallback
-        return self._finish(frame, capability, declared.timeout_sla_ms, attempts, started)
+        return self._finish(frame, capability, sla_ms, attempts, started)
 
     async def _call_fallback(self, frame: RequestFrame, fallback: str, started: float) -> CallResult | None:
         offers = self.mirror.offers(fallback)
@@ -249,7 +263,7 @@ class Router:
         code = attempts.refusal.code if attempts.refusal else attempts.answer.error_code if attempts.answer else None
         return code in CALLER_ERRORS or code is ErrorCode.BUSINESS_ERROR
 
-    def _finish(self, frame: RequestFrame, capability: str, sla_ms: int, attempts: _Attempts,
+    def _finish(self, frame: RequestFrame, capability: str, sla_ms: int | None, attempts: _Attempts,
                 started: float) -> CallResult:
         elapsed_ms = (time.monotonic() - started) * 1000
         route = RouteFacts(instance=attempts.instance, policy=attempts.policy, attempts=attempts.attempts,

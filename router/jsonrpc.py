@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from agent_reach.atp import ErrorFrame, RequestFrame, ResponseFrame
+from agent_reach.atp import ErrorFrame, RequestFrame
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -62,7 +62,8 @@ def frame_params(envelope: Envelope) -> dict[str, Any]:
     return params
 
 
-def answer(request_id: Any, frame: ResponseFrame | ErrorFrame) -> dict[str, Any]:
+def answer(request_id: Any, frame: msgspec.Struct) -> dict[str, Any]:
+    """The JSON-RPC answer carrying a response frame (as ``result``) or an error frame (in ``error``)."""
     if isinstance(frame, ErrorFrame):
         return error_answer(request_id, ATP_ERROR, frame.error_message, msgspec.to_builtins(frame))
     return {"jsonrpc": "2.0", "id": request_id, "result": msgspec.to_builtins(frame)}

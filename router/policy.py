@@ -13,6 +13,7 @@ import msgspec
 from agent_reach.registration import Name, RoutingPolicy
 
 Milliseconds = Annotated[int, msgspec.Meta(gt=0, le=3_600_000)]
+DEFAULT_CONNECT_MS = 1000
 
 
 class StickyConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -26,7 +27,7 @@ class StickyConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fie
 class TimeoutConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """Per-call timeouts; ``None`` derives the value from the capability's ``timeout_sla_ms``."""
 
-    connect_ms: Milliseconds = 1000
+    connect_ms: Milliseconds = DEFAULT_CONNECT_MS
     first_byte_ms: Milliseconds | None = None
     total_ms: Milliseconds | None = None
 
@@ -82,7 +83,9 @@ def validate_policy(policy: Policy, capability_name: str) -> None:
     if policy.fallback_capability == capability_name:
         raise PolicyError(f"Capability {capability_name!r} cannot be its own fallback", "fallback_capability")
     timeout = policy.timeout
-    ordered = [("connect_ms", timeout.connect_ms), ("first_byte_ms", timeout.first_byte_ms),
+    # The default connect_ms is not the user's word: it is capped by the others, never a conflict.
+    connect_ms = None if timeout.connect_ms == DEFAULT_CONNECT_MS else timeout.connect_ms
+    ordered = [("connect_ms", connect_ms), ("first_byte_ms", timeout.first_byte_ms),
                ("total_ms", timeout.total_ms)]
     given = [(name, value) for name, value in ordered if value is not None]
     for (shorter, short_ms), (longer, long_ms) in zip(given, given[1:]):
@@ -108,7 +111,7 @@ def resolve_timeouts(config: TimeoutConfig, timeout_sla_ms: int, timeout_hint_ms
     if timeout_hint_ms is not None and timeout_hint_ms > 0:
         total_ms = min(total_ms, timeout_hint_ms)
     first_byte_ms = min(config.first_byte_ms if config.first_byte_ms is not None else total_ms, total_ms)
-    connect_ms = min(config.connect_ms, total_ms)
+    connect_ms = min(config.connect_ms, first_byte_ms)
     return ResolvedTimeouts(connect_s=connect_ms / 1000, first_byte_s=first_byte_ms / 1000, total_s=total_ms / 1000)
 
 

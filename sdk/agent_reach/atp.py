@@ -45,8 +45,8 @@ class RouteFacts(msgspec.Struct, kw_only=True, omit_defaults=True):
     reason: str | None = None
 
 
-class ResponseFrame(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """What an agent answers when it handled the call."""
+class ResponseFrame(msgspec.Struct, kw_only=True):
+    """What an agent answers when it handled the call; every field is always on the wire."""
 
     request_id: str
     status: Literal["success", "error", "busy"] = "success"
@@ -85,6 +85,8 @@ class ErrorCode(str, Enum):
     UNAUTHENTICATED = "UNAUTHENTICATED"
     FORBIDDEN = "FORBIDDEN"
     TRUST_LEVEL_INSUFFICIENT = "TRUST_LEVEL_INSUFFICIENT"
+    INTENT_AMBIGUOUS = "INTENT_AMBIGUOUS"
+    INTENT_UNMATCHED = "INTENT_UNMATCHED"
 
     @property
     def http_status(self) -> int:
@@ -111,6 +113,10 @@ _ERROR_TABLE: dict[ErrorCode, tuple[int, bool]] = {
     ErrorCode.UNAUTHENTICATED: (401, False),
     ErrorCode.FORBIDDEN: (403, False),
     ErrorCode.TRUST_LEVEL_INSUFFICIENT: (403, False),
+    # The frame is valid but its intent cannot be acted on safely; the same words get the same
+    # answer, so a retry cannot help: the caller names the capability or rephrases.
+    ErrorCode.INTENT_AMBIGUOUS: (422, False),
+    ErrorCode.INTENT_UNMATCHED: (422, False),
 }
 
 

@@ -1,0 +1,314 @@
+"""AgentReachSDK: an agent's membership in the mesh, from declaration to leaving cleanly.
+
+Declare capabilities (native ATP handlers with ``@sdk.capability``, or existing routes with
+``register_capability``), then ``start``/``serve`` (the SDK's own aiohttp endpoint) or
+``attach(app)`` (an existing service). From then on the SDK registers, heartbeats with load and
+health, serves ATP frames, warns about a blocked event loop, and on ``stop`` or SIGTERM
+deregisters, answers new calls ``BUSY`` and drains the ones in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import signal
+import socket
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import aiohttp
+import msgspec
+from aiohttp import web
+
+from agent_reach.dispatch import BusinessFailure, Dispatcher, Handler, LateCompletion, Native
+from agent_reach.heartbeat import RegistryLink, RegistryUnavailable
+from agent_reach.inflight import Inflight
+from agent_reach.registration import Capability, HeartbeatRequest, RegisterRequest
+from agent_reach.watchdog import watch_loop
+from agent_reach.wrap import HEALTH_PATH, AiohttpHost, Host, host_for
+
+__all__ = ["AgentReachSDK", "BusinessFailure", "atp_handler"]
+
+log = logging.getLogger("agentreach.sdk")
+
+# Room for the frame around the payload when sizing the largest body the SDK's server reads.
+FRAME_ENVELOPE_BYTES = 64 * 1024
+HEALTH_TIMEOUT = 2.0
+# After the drain deadline, how long abandoned calls get to send their BUSY answers.
+ABANDON_GRACE = 2.0
+DEFAULT_MAX_PAYLOAD = 1024 * 1024
+
+_encoder = msgspec.json.Encoder()
+
+
+class Routed(NamedTuple):
+    """A capability served by an existing route; its endpoint is that route's path, found at start."""
+
+    capability: Capability
+    handler: Any
+    path: str | None
+
+
+def _declare(name: str, **fields: Any) -> Capability:
+    """A capability checked against the registry's schema now, so a bad name fails at import time."""
+    return msgspec.convert({"name": name, **fields}, Capability)
+
+
+def _advertised(host: str) -> str:
+    return socket.getfqdn() if host in ("", "0.0.0.0", "::") else host
+
+
+class AgentReachSDK:
+    def __init__(self, agent_id: str, registry_url: str, zone: str, service: str | None = None,
+                 metadata: dict[str, Any] | None = None, registration_token: str | None = None,
+                 heartbeat_interval: float = 3.0, direct_fallback: bool = False, max_inflight: int = 64,
+                 base_url: str | None = None, drain_timeout: float = 30.0):
+        self.agent_id = agent_id
+        self.registry_url = registry_url
+        self.zone = zone
+        self.service = service
+        self.metadata = dict(metadata or {})
+        self.registration_token = registration_token
+        self.heartbeat_interval = heartbeat_interval
+        self.direct_fallback = direct_fallback
+        self.base_url = base_url
+        self.drain_timeout = drain_timeout
+        self.inflight = Inflight(max_inflight)
+        self.last_health = "ok"
+        self.link: RegistryLink | None = None
+        self._natives: dict[str, Native] = {}
+        self._routed: dict[str, Routed] = {}
+        self._paths: dict[str, str] = {}
+        self._health: Callable[[], Any] | None = None
+        self._host: Host | None = None
+        self._dispatcher = Dispatcher(agent_id, self.inflight, self._report_late)
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._heartbeats: asyncio.Task[None] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+        self._notices: set[asyncio.Task[None]] = set()
+
+    # Declaring what this agent can do.
+
+    def capability(self, name: str, *, version: str = "1.0", description: str = "", examples: Sequence[str] = (),
+                   timeout_sla_ms: int = 30_000, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
+                   idempotent: bool = False, trust_level: str | None = None) -> Callable[[Handler], Handler]:
+        """Serve ``async def handler(payload, ctx)`` as capability ``name`` over ATP."""
+        capability = _declare(name, endpoint=f"/atp/{name}", protocol="atp", version=version,
+                              description=description, examples=list(examples), timeout_sla_ms=timeout_sla_ms,
+                              max_payload_bytes=max_payload_bytes, idempotent=idempotent, trust_level=trust_level)
+
+        def decorate(handler: Handler) -> Handler:
+            if not inspect.iscoroutinefunction(handler):
+                raise TypeError(f"{handler.__qualname__} must be `async def handler(payload, ctx)`; "
+                                "sync work would block every other call and the heartbeats")
+            self._claim(name)
+            self._natives[name] = Native(capability, handler)
+            return handler
+
+        return decorate
+
+    def add_route(self, name: str, handler: Any, *, protocol: str = "rest", version: str = "1.0",
+                  path: str | None = None, **options: Any) -> None:
+        """Declare an existing route as capability ``name`` (what ``register_capability`` calls)."""
+        self._claim(name)
+        # The endpoint is the route's path, known only once the app has registered it (see start).
+        capability = _declare(name, endpoint=path or "/", protocol=protocol, version=version, **options)
+        self._routed[name] = Routed(capability, handler, path)
+
+    def _claim(self, name: str) -> None:
+        if name in self._natives or name in self._routed:
+            raise ValueError(f"Capability {name!r} is declared twice on agent {self.agent_id!r}")
+
+    def route_name(self, handler: Any) -> str | None:
+        return next((name for name, routed in self._routed.items() if routed.handler is handler), None)
+
+    def health_check(self, check: Callable[[], Any]) -> Callable[[], Any]:
+        """Use ``check`` (sync or async; False or an exception means unhealthy) for /healthz and heartbeats."""
+        self._health = check
+        return check
+
+    async def check_health(self) -> tuple[bool, str]:
+        """Run the user's check (if any); the result also goes out with the next heartbeat."""
+        try:
+            outcome = self._health() if self._health is not None else True
+            if inspect.isawaitable(outcome):
+                outcome = await asyncio.wait_for(outcome, HEALTH_TIMEOUT)
+            detail = "fail" if outcome is False else "ok"
+        except Exception as exc:
+            detail = f"fail: {exc!r}"[:256]
+        self.last_health = detail
+        return detail == "ok", detail
+
+    # Serving.
+
+    def attach(self, app: Any, base_url: str | None = None) -> Any:
+        """Join the mesh alongside an existing aiohttp or FastAPI app (or a base URL served elsewhere)."""
+        if base_url is not None or isinstance(app, str):
+            self.base_url = base_url or app
+        self._host = host_for(self, app)
+        return app
+
+    def mount(self, app: web.Application) -> None:
+        """Add the ATP endpoint (POST /atp/{capability}) and /healthz, unless the app has its own."""
+        app.router.add_post("/atp/{capability}", self._atp_endpoint)
+        if not any(resource.canonical == HEALTH_PATH for resource in app.router.resources()):
+            app.router.add_get(HEALTH_PATH, self._healthz_endpoint)
+
+    async def _atp_endpoint(self, request: web.Request) -> web.Response:
+        try:
+            body: bytes | None = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            body = None
+        name = request.match_info["capability"]
+        reply = await self._dispatcher.handle(self._natives.get(name), name, body, request.headers,
+                                              caller_gone=lambda: _hung_up(request))
+        return web.Response(body=reply.body, status=reply.status, content_type="application/json")
+
+    async def _healthz_endpoint(self, request: web.Request) -> web.Response:
+        healthy, detail = await self.check_health()
+        return web.json_response({"status": detail, "agent_id": self.agent_id}, status=200 if healthy else 503)
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        """Serve native capabilities on host:port (unless attached to an app), then join the registry."""
+        if self._session is not None:
+            raise RuntimeError(f"Agent {self.agent_id!r} is already started")
+        if not (self._natives or self._routed):
+            raise ValueError(f"Agent {self.agent_id!r} declares no capability; nothing to register")
+        if self._host is None:
+            await self._listen(host, port)
+        elif self._natives and not isinstance(self._host, AiohttpHost):
+            raise ValueError("Native capabilities need an aiohttp server: use sdk.start() or attach an aiohttp app")
+        try:
+            await self._join()
+        except BaseException:
+            await self._close()
+            raise
+
+    async def _listen(self, host: str, port: int) -> None:
+        limit = max(native.capability.max_payload_bytes for native in self._natives.values())
+        app = web.Application(client_max_size=limit + FRAME_ENVELOPE_BYTES)
+        self.mount(app)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, host, port).start()
+        bound = self._runner.addresses[0][1]
+        self.base_url = self.base_url or f"http://{_advertised(host)}:{bound}"
+        log.info("agent listening", extra={"agent_id": self.agent_id, "base_url": self.base_url,
+                                           "capabilities": sorted(self._natives)})
+
+    def _resolve_paths(self) -> None:
+        for name, routed in self._routed.items():
+            path = routed.path or (self._host.path_of(routed.handler) if self._host is not None else None)
+            if path is None:
+                raise LookupError(f"No route found for capability {name!r} ({routed.handler.__qualname__}): "
+                                  "declare the route on the app given to sdk.attach(app), or pass path=")
+            self._paths[name] = path
+        if self._host is not None:
+            self._host.prepare(self._paths)
+
+    def registration(self) -> RegisterRequest:
+        capabilities = [native.capability for native in self._natives.values()]
+        capabilities += [msgspec.structs.replace(routed.capability, endpoint=self._paths[name])
+                         for name, routed in self._routed.items()]
+        health_url = HEALTH_PATH if self._host is None else self._host.health_path
+        return RegisterRequest(agent_id=self.agent_id, capabilities=capabilities, service=self.service,
+                               base_url=self.base_url, health_url=health_url,
+                               metadata={"zone": self.zone, **self.metadata}, direct_fallback=self.direct_fallback)
+
+    async def heartbeat(self) -> HeartbeatRequest:
+        _, health = await self.check_health()
+        return HeartbeatRequest(agent_id=self.agent_id, load=self.inflight.load, inflight=self.inflight.count,
+                                health=health, metrics=dict(self.inflight.counters))
+
+    async def _join(self) -> None:
+        if self.base_url is None:
+            raise ValueError("The agent's base URL is unknown: pass base_url= to AgentReachSDK or to attach()")
+        self._resolve_paths()
+        self._session = aiohttp.ClientSession()
+        self.link = RegistryLink(self._session, self.registry_url, interval=self.heartbeat_interval,
+                                 registration=self.registration, heartbeat=self.heartbeat,
+                                 token=self.registration_token)
+        try:
+            await self.link.register()
+        except RegistryUnavailable as exc:
+            log.warning("registry unreachable at start; serving anyway and registering when it is back",
+                        extra={"error": str(exc)})
+        self.inflight.draining = False
+        self._heartbeats = asyncio.create_task(self.link.run())
+        self._watchdog = asyncio.create_task(watch_loop(self.inflight))
+
+    async def stop(self) -> None:
+        """Deregister, answer new calls BUSY, drain in-flight calls (up to drain_timeout), then close."""
+        if self._session is None or self.inflight.draining:
+            return
+        self.inflight.draining = True
+        log.info("stopping: deregistering and draining", extra={"inflight": self.inflight.count})
+        await _cancel(self._heartbeats)
+        assert self.link is not None
+        await self.link.deregister(self.agent_id)
+        if not await self.inflight.wait_idle(self.drain_timeout):
+            log.warning("drain deadline passed; abandoning calls still running",
+                        extra={"abandoned": self._dispatcher.abandon(), "drain_timeout_s": self.drain_timeout})
+            await self.inflight.wait_idle(ABANDON_GRACE)
+        await self._close()
+        log.info("stopped", extra={"agent_id": self.agent_id})
+
+    async def _close(self) -> None:
+        await _cancel(self._heartbeats, self._watchdog, *self._notices)
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def serve(self, host: str = "127.0.0.1", port: int = 9000) -> None:
+        """Run until SIGTERM or SIGINT, then stop cleanly (blocking; for an agent's ``__main__``)."""
+        asyncio.run(self._serve_until_signalled(host, port))
+
+    async def _serve_until_signalled(self, host: str, port: int) -> None:
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stopping.set)
+        await self.start(host, port)
+        try:
+            await stopping.wait()
+        finally:
+            await self.stop()
+
+    # Telling the router about a result it stopped waiting for.
+
+    def _report_late(self, url: str, notice: LateCompletion) -> None:
+        log.warning("handler finished after its deadline; telling the router", extra={"completion_url": url})
+        task = asyncio.create_task(self._post_notice(url, notice))
+        self._notices.add(task)
+        task.add_done_callback(self._notices.discard)
+
+    async def _post_notice(self, url: str, notice: LateCompletion) -> None:
+        assert self._session is not None
+        try:
+            async with self._session.post(url, data=_encoder.encode(notice), timeout=aiohttp.ClientTimeout(total=2),
+                                          headers={"Content-Type": "application/json"}) as response:
+                if response.status >= 400:
+                    log.warning("router refused the late-completion notice", extra={"status": response.status})
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            log.warning("could not send the late-completion notice", extra={"error": repr(exc)})
+
+
+def _hung_up(request: web.Request) -> bool:
+    return request.transport is None or request.transport.is_closing()
+
+
+async def _cancel(*tasks: asyncio.Task[None] | None) -> None:
+    running = [task for task in tasks if task is not None]
+    for task in running:
+        task.cancel()
+    await asyncio.gather(*running, return_exceptions=True)
+
+
+def atp_handler(sdk: AgentReachSDK, name: str, **options: Any) -> Callable[[Handler], Handler]:
+    """``@atp_handler(sdk, name=...)``: the same as ``@sdk.capability(name, ...)``."""
+    return sdk.capability(name, **options)

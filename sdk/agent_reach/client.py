@@ -1,0 +1,159 @@
+"""Calling a capability through the router: one call, a result or a ReachError.
+
+Inside an SDK handler, calls inherit the incoming context (see :mod:`agent_reach.context`) and
+the remaining deadline. When the router cannot be reached and ``direct_fallback`` is on, the
+call goes straight to an agent found through the registry, and the route says so (degraded).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+
+from agent_reach.atp import BusinessError, ErrorCode, ErrorFrame, RequestFrame, ResponseFrame, RouteFacts, error_frame
+from agent_reach.context import current, outgoing_context, remaining_budget
+from agent_reach.credentials import ClientCredentials, TokenRefused
+from agent_reach.direct import DirectRoute
+from agent_reach.transport import Answer, Unreachable, post
+
+# Extra seconds to wait past a call's timeout, so the router's own TOTAL_TIMEOUT frame arrives first.
+ANSWER_GRACE = 1.0
+
+
+class ReachError(Exception):
+    """A call that did not succeed: an error frame, a business error, or a busy answer."""
+
+    def __init__(self, frame: Answer):
+        self.frame = frame
+        if isinstance(frame, ErrorFrame):
+            self.error_code, self.can_retry, message = frame.error_code, frame.can_retry, frame.error_message
+        elif frame.business_error is not None:
+            self.error_code, self.can_retry = ErrorCode.BUSINESS_ERROR.value, False
+            message = f"{frame.business_error.code}: {frame.business_error.message}"
+        else:
+            self.error_code, self.can_retry, message = ErrorCode.BUSY.value, True, f"status {frame.status}"
+        super().__init__(f"{self.error_code}: {message}")
+
+    @property
+    def business_error(self) -> BusinessError | None:
+        return self.frame.business_error
+
+    @property
+    def route(self) -> RouteFacts | None:
+        return self.frame.route
+
+
+def result_of(answer: Answer) -> Any:
+    if isinstance(answer, ResponseFrame) and answer.status == "success":
+        return answer.result
+    raise ReachError(answer)
+
+
+class ReachClient:
+    """One aiohttp session per client; use ``async with`` or call ``close()``.
+
+    ``last_route`` describes the latest call's route; concurrent callers that need each call's
+    route should read ``frame.route`` from ``send()`` (or ``ReachError.route``) instead.
+    """
+
+    def __init__(self, router_url: str, api_key: str | None = None, client_id: str | None = None,
+                 client_secret: str | None = None, direct_fallback: bool = False, registry_url: str | None = None,
+                 connect_timeout: float = 1.0):
+        if direct_fallback and not registry_url:
+            raise ValueError("direct_fallback needs registry_url: that is where agents are found without the router")
+        if (client_id is None) != (client_secret is None):
+            raise ValueError("client_id and client_secret go together")
+        self.router_url = router_url.rstrip("/")
+        self._api_key = api_key
+        self._credentials = (ClientCredentials(f"{self.router_url}/oauth/token", client_id, client_secret)
+                             if client_id is not None and client_secret is not None else None)
+        self._direct = DirectRoute(registry_url) if direct_fallback and registry_url else None
+        self.connect_timeout = connect_timeout
+        self._session: aiohttp.ClientSession | None = None
+        self.last_route: RouteFacts | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def __aenter__(self) -> ReachClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def call(self, capability: str, payload: Any, context: Mapping[str, Any] | None = None,
+                   timeout: float | None = None) -> Any:
+        """The capability's result; raises ReachError when the call did not succeed."""
+        timeout = remaining_budget(timeout)
+        frame = RequestFrame(capability=capability, payload=payload, context=outgoing_context(context),
+                             timeout_hint=None if timeout is None else int(timeout * 1000))
+        answer = await self.send(frame)
+        self.last_route = answer.route
+        caller = current()
+        if caller is not None and isinstance(answer, ResponseFrame) and answer.context_update:
+            caller.spent_by_callee(int(answer.context_update.get("tokens_used", 0)))
+        return result_of(answer)
+
+    async def send(self, frame: RequestFrame) -> Answer:
+        """The raw answer to ``frame``; never raises for a failed call, only returns its frame."""
+        total = None if frame.timeout_hint is None else frame.timeout_hint / 1000 + ANSWER_GRACE
+        timeout = aiohttp.ClientTimeout(total=total, sock_connect=self.connect_timeout)
+        try:
+            return await post(self.session, f"{self.router_url}/atp", frame,
+                              headers=await self._auth_headers(timeout), timeout=timeout)
+        except TokenRefused as exc:
+            return error_frame(frame.request_id, ErrorCode.UNAUTHENTICATED, str(exc))
+        except Unreachable as exc:
+            if self._direct is None:
+                return error_frame(frame.request_id, ErrorCode.CONNECT_TIMEOUT, f"Router unreachable: {exc}")
+            return await self._direct.send(self.session, frame, timeout, reason=str(exc))
+
+    async def _auth_headers(self, timeout: aiohttp.ClientTimeout) -> dict[str, str]:
+        headers = {}
+        if self._api_key is not None:
+            headers["X-API-Key"] = self._api_key
+        if self._credentials is not None:
+            try:
+                headers["Authorization"] = await self._credentials.authorization(self.session, timeout)
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+                raise Unreachable(f"{self._credentials.token_url}: {exc}") from exc
+        return headers
+
+
+class SyncReachClient:
+    """ReachClient for scripts without an event loop: the same calls, blocking, on a private loop."""
+
+    def __init__(self, router_url: str, **options: Any):
+        self._loop = asyncio.new_event_loop()
+        self._client = ReachClient(router_url, **options)
+
+    @property
+    def last_route(self) -> RouteFacts | None:
+        return self._client.last_route
+
+    def call(self, capability: str, payload: Any, context: Mapping[str, Any] | None = None,
+             timeout: float | None = None) -> Any:
+        return self._loop.run_until_complete(self._client.call(capability, payload, context, timeout))
+
+    def send(self, frame: RequestFrame) -> Answer:
+        return self._loop.run_until_complete(self._client.send(frame))
+
+    def close(self) -> None:
+        self._loop.run_until_complete(self._client.close())
+        self._loop.close()
+
+    def __enter__(self) -> SyncReachClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,153 @@
+"""The call being served, kept in a contextvar so nested calls inherit its context.
+
+A handler's outgoing calls carry the incoming session_id, user_id and trace_id, the token budget
+minus what was already spent, the remaining deadline, and ``parent_request_id`` so the calls of one
+user request form a tree. Nobody threads these through function arguments.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import re
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import msgspec
+
+_current: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar("agentreach_call", default=None)
+
+_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-(?P<trace>[0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
+_TRACE_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+class CallContext:
+    """What a handler knows about the call it serves (its ``ctx``); the SDK reads it back to answer."""
+
+    __slots__ = ("request_id", "capability", "context", "deadline", "tokens_reported", "tokens_spent",
+                 "context_update")
+
+    def __init__(self, request_id: str, capability: str, context: dict[str, Any], deadline: float | None = None):
+        self.request_id = request_id
+        self.capability = capability
+        self.context = context
+        self.deadline = deadline
+        self.tokens_reported = 0
+        self.tokens_spent = 0
+        self.context_update: dict[str, Any] = {}
+
+    @property
+    def session_id(self) -> str | None:
+        return self.context.get("session_id")
+
+    @property
+    def user_id(self) -> str | None:
+        return self.context.get("user_id")
+
+    @property
+    def trace_id(self) -> str | None:
+        return self.context.get("trace_id")
+
+    @property
+    def parent_request_id(self) -> str | None:
+        return self.context.get("parent_request_id")
+
+    @property
+    def token_budget(self) -> int | None:
+        """The budget left for this call: what the caller granted minus what was spent so far."""
+        budget = self.context.get("token_budget")
+        return None if budget is None else budget - self.tokens_spent
+
+    def remaining(self) -> float | None:
+        """Seconds until the caller stops waiting, or None without a deadline."""
+        return None if self.deadline is None else self.deadline - time.monotonic()
+
+    def report_tokens(self, n: int) -> None:
+        """Count tokens this handler consumed (model calls); heartbeats and budgets see them."""
+        self.tokens_reported += n
+        self.tokens_spent += n
+
+    def spent_by_callee(self, n: int) -> None:
+        """Tokens a nested call reported; they use up this call's budget but are not this agent's."""
+        self.tokens_spent += n
+
+    def update_context(self, **fields: Any) -> None:
+        """Fields to hand back as the response's context_update (and to pass on to nested calls)."""
+        self.context_update.update(fields)
+
+
+def current() -> CallContext | None:
+    """The call being served in this task, if any."""
+    return _current.get()
+
+
+@contextmanager
+def serving(call: CallContext) -> Iterator[CallContext]:
+    token = _current.set(call)
+    try:
+        yield call
+    finally:
+        _current.reset(token)
+
+
+def new_trace_id() -> str:
+    return uuid.uuid4().hex
+
+
+def outgoing_context(explicit: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The context for a call made now: inherited from the call being served, then ``explicit``."""
+    context: dict[str, Any] = {}
+    call = current()
+    if call is not None:
+        context.update(call.context)
+        context.update(call.context_update)
+        context["parent_request_id"] = call.request_id
+        if call.token_budget is not None:
+            context["token_budget"] = call.token_budget
+    context.update(explicit or {})
+    context.setdefault("trace_id", new_trace_id())
+    return context
+
+
+def remaining_budget(timeout: float | None) -> float | None:
+    """The timeout for a call made now: never longer than the deadline of the call being served."""
+    call = current()
+    left = call.remaining() if call is not None else None
+    if left is None:
+        return timeout
+    return max(left, 0.0) if timeout is None else max(min(timeout, left), 0.0)
+
+
+def traceparent(trace_id: Any) -> str | None:
+    """A W3C traceparent for a fresh span of ``trace_id``, when it is a W3C trace id."""
+    if not isinstance(trace_id, str) or not _TRACE_ID.match(trace_id):
+        return None
+    return f"00-{trace_id}-{uuid.uuid4().hex[:16]}-01"
+
+
+def incoming_context(context: dict[str, Any], headers: Mapping[str, str]) -> dict[str, Any]:
+    """The frame's context, with the trace id taken from ``traceparent`` when the frame lacks one."""
+    if context.get("trace_id") is None:
+        match = _TRACEPARENT.match(headers.get("traceparent", ""))
+        if match:
+            context = {**context, "trace_id": match.group("trace")}
+    return context
+
+
+def rest_deadline(headers: Mapping[str, str]) -> float | None:
+    """When the router stops waiting for a REST call (``X-Reach-Timeout-Ms``), on the monotonic clock."""
+    try:
+        return time.monotonic() + int(headers["X-Reach-Timeout-Ms"]) / 1000
+    except (KeyError, ValueError):
+        return None
+
+
+def rest_context(headers: Mapping[str, str]) -> dict[str, Any]:
+    """The context a router sends a REST endpoint in ``X-Reach-Context``; empty if absent or bad."""
+    try:
+        context = msgspec.json.decode(headers.get("X-Reach-Context", "{}"))
+    except msgspec.DecodeError:
+        context = {}
+    return incoming_context(context if isinstance(context, dict) else {}, headers)

@@ -1,0 +1,55 @@
+"""OAuth2 client credentials for callers: one token, fetched when needed, reused until near expiry."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import msgspec
+
+# Refresh this long before the token expires, so a call never leaves with a token about to lapse.
+EXPIRY_MARGIN = 30.0
+
+
+class TokenAnswer(msgspec.Struct):
+    access_token: str
+    expires_in: float = 3600.0
+
+
+class TokenRefused(Exception):
+    """No token: the endpoint refused, answered nonsense, or broke off (connect failures propagate as is)."""
+
+
+class ClientCredentials:
+    def __init__(self, token_url: str, client_id: str, client_secret: str):
+        self.token_url = token_url
+        self._auth = aiohttp.BasicAuth(client_id, client_secret)
+        self._token: str | None = None
+        self._expires = 0.0
+        self._lock = asyncio.Lock()
+
+    async def authorization(self, session: aiohttp.ClientSession, timeout: aiohttp.ClientTimeout) -> str:
+        """The ``Authorization`` header value; connection errors propagate so callers can fall back."""
+        async with self._lock:
+            if self._token is None or time.monotonic() >= self._expires:
+                answer = await self._fetch(session, timeout)
+                self._token = answer.access_token
+                self._expires = time.monotonic() + max(0.0, answer.expires_in - EXPIRY_MARGIN)
+            return f"Bearer {self._token}"
+
+    async def _fetch(self, session: aiohttp.ClientSession, timeout: aiohttp.ClientTimeout) -> TokenAnswer:
+        try:
+            async with session.post(self.token_url, data={"grant_type": "client_credentials"},
+                                    auth=self._auth, timeout=timeout) as response:
+                body = await response.read()
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError):
+            raise
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise TokenRefused(f"{self.token_url}: {exc!r}") from exc
+        if response.status != 200:
+            raise TokenRefused(f"{self.token_url} answered {response.status}: {body[:200]!r}")
+        try:
+            return msgspec.json.decode(body, type=TokenAnswer)
+        except msgspec.DecodeError as exc:
+            raise TokenRefused(f"{self.token_url} answered without a token: {exc}") from exc

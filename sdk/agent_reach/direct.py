@@ -1,0 +1,79 @@
+"""Direct fallback: reaching an agent without the router, when the router cannot be reached.
+
+Only instances that registered with ``direct_fallback`` are called, in the order the registry
+offers them (healthy first, least loaded first). The registry's last answer per capability is
+kept, so a caller still finds agents when the registry is down as well. Every answer is marked
+degraded: it skipped the router's policies, breakers and accounting.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import aiohttp
+import msgspec
+
+from agent_reach.atp import ErrorCode, RequestFrame, RouteFacts, error_frame
+from agent_reach.transport import Answer, Unreachable, post
+
+log = logging.getLogger("agentreach.sdk")
+
+
+class Instance(msgspec.Struct, kw_only=True):
+    """The part of the registry's /query answer a direct call needs."""
+
+    agent_id: str
+    endpoint: str
+    protocol: str
+    timeout_sla_ms: int
+    direct_fallback: bool = False
+
+
+class QueryAnswer(msgspec.Struct):
+    instances: list[Instance]
+
+
+class DirectRoute:
+    def __init__(self, registry_url: str):
+        self._url = registry_url.rstrip("/")
+        self._known: dict[str, list[Instance]] = {}
+
+    async def _instances(self, session: aiohttp.ClientSession, capability: str) -> list[Instance] | None:
+        """Fresh from the registry when it answers; its last answer when it does not; None if unknown."""
+        try:
+            async with session.post(f"{self._url}/query", json={"capability": capability},
+                                    timeout=aiohttp.ClientTimeout(total=2.0)) as response:
+                body = await response.read()
+            if response.status == 404:
+                self._known.pop(capability, None)
+                return None
+            if response.status == 200:
+                self._known[capability] = msgspec.json.decode(body, type=QueryAnswer).instances
+        except (aiohttp.ClientError, TimeoutError, msgspec.DecodeError) as exc:
+            log.warning("registry unreachable too; using its last answer", extra={"error": repr(exc)})
+        return self._known.get(capability)
+
+    async def send(self, session: aiohttp.ClientSession, frame: RequestFrame,
+                   timeout: aiohttp.ClientTimeout, reason: str) -> Answer:
+        capability = frame.capability or ""
+        found = await self._instances(session, capability) if capability else None
+        if found is None:
+            return error_frame(frame.request_id, ErrorCode.UNKNOWN_CAPABILITY,
+                               f"Router unreachable ({reason}) and the registry knows no capability {capability!r}")
+        direct = [instance for instance in found if instance.direct_fallback]
+        for attempt, instance in enumerate(direct, start=1):
+            try:
+                answer = await post(session, instance.endpoint, frame, protocol=instance.protocol, timeout=timeout)
+            except Unreachable:
+                continue
+            answer.route = RouteFacts(instance=instance.agent_id, policy="direct", attempts=attempt, degraded=True,
+                                      timeout_sla_ms=instance.timeout_sla_ms, capability=capability,
+                                      reason="direct_fallback")
+            log.warning("router unreachable; called an instance directly (degraded)",
+                        extra={"request_id": frame.request_id, "capability": capability,
+                               "instance": instance.agent_id, "router_error": reason})
+            return answer
+        why = (f"none of the {len(direct)} instances that accept direct calls answered" if direct
+               else "no instance registered with direct_fallback")
+        return error_frame(frame.request_id, ErrorCode.NO_ROUTABLE_INSTANCE,
+                           f"Router unreachable ({reason}) and, for {capability!r}, {why}")

@@ -1,0 +1,185 @@
+"""Serving one ATP frame: exactly one answer per call, whatever the handler does.
+
+The handler runs as its own task under the call's deadline (``timeout_hint``, else the declared
+``timeout_sla_ms``). It may return (a result), raise :class:`BusinessFailure` (a declared business
+error, HTTP 200), raise anything else (``AGENT_ERROR``) or overrun (``TOTAL_TIMEOUT``, task
+cancelled). Frames that are malformed or too big never reach the handler, and while the agent
+is stopping or full every new call gets a ``BUSY`` answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, NamedTuple
+
+import msgspec
+
+from agent_reach import logs
+from agent_reach.atp import BusinessError, ErrorCode, RequestFrame, ResponseFrame, error_frame
+from agent_reach.context import CallContext, incoming_context, serving
+from agent_reach.inflight import Inflight
+from agent_reach.registration import Capability
+
+log = logging.getLogger("agentreach.sdk")
+
+Handler = Callable[[Any, CallContext], Awaitable[Any]]
+
+_encoder = msgspec.json.Encoder()
+_frames = msgspec.json.Decoder(RequestFrame)
+
+
+class BusinessFailure(Exception):
+    """Raise from a handler for a well-formed answer the caller cannot use (counts as a failure)."""
+
+    def __init__(self, code: str, message: str = "", details: Any = None):
+        super().__init__(f"{code}: {message}" if message else code)
+        self.code = code
+        self.message = message
+        self.details = details
+
+
+class LateCompletion(msgspec.Struct, kw_only=True):
+    """Sent to the router's completion URL: the handler succeeded, but after the caller stopped waiting."""
+
+    request_id: str
+    agent_id: str
+    # How long after the call arrived the handler finished.
+    finished_ms: float
+
+
+LateNotice = Callable[[str, LateCompletion], None]
+
+
+class Native(NamedTuple):
+    """A capability the SDK serves itself: what is registered, and the function that does the work."""
+
+    capability: Capability
+    handler: Handler
+
+
+class Reply(NamedTuple):
+    status: int
+    body: bytes
+
+
+def _error(request_id: str, code: ErrorCode, message: str) -> Reply:
+    return Reply(code.http_status, _encoder.encode(error_frame(request_id, code, message)))
+
+
+def _payload_size(frame: RequestFrame, body: bytes, limit: int) -> int:
+    """The payload's encoded size; re-encoded only when the whole body is over the limit."""
+    return len(body) if len(body) <= limit else len(_encoder.encode(frame.payload))
+
+
+class Dispatcher:
+    def __init__(self, agent_id: str, inflight: Inflight, report_late: LateNotice):
+        self.agent_id = agent_id
+        self.inflight = inflight
+        self._report_late = report_late
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def handle(self, native: Native | None, name: str, body: bytes | None, headers: Mapping[str, str],
+                     caller_gone: Callable[[], bool] = lambda: False) -> Reply:
+        """Answer one POST to /atp/{name}; ``body`` is None when it exceeded the size the server reads.
+
+        ``caller_gone`` tells whether the caller hung up (e.g. the router's first-byte timeout fired
+        before our deadline): a result it will never read is reported as a late completion too.
+        """
+        request_id = headers.get("X-Request-Id", "")
+        if native is None:
+            return _error(request_id, ErrorCode.UNKNOWN_CAPABILITY, f"This agent has no capability {name!r}")
+        limit = native.capability.max_payload_bytes
+        if body is None:
+            return _error(request_id, ErrorCode.PAYLOAD_TOO_LARGE, f"Payload over {limit} bytes")
+        try:
+            frame = _frames.decode(body)
+        except msgspec.DecodeError as exc:
+            return _error(request_id, ErrorCode.INVALID_FRAME, f"Not a request frame: {exc}")
+        if frame.capability not in (None, name):
+            return _error(frame.request_id, ErrorCode.INVALID_FRAME,
+                          f"Frame names capability {frame.capability!r} but was sent to {name!r}")
+        if _payload_size(frame, body, limit) > limit:
+            return _error(frame.request_id, ErrorCode.PAYLOAD_TOO_LARGE, f"Payload over {limit} bytes")
+        if self.inflight.refuses():
+            why = "stopping" if self.inflight.draining else f"at its limit of {self.inflight.limit} calls"
+            return _error(frame.request_id, ErrorCode.BUSY, f"Agent {self.agent_id} is {why}")
+        slot = self.inflight.enter(frame.request_id, name)
+        try:
+            with logs.bind(request_id=frame.request_id, capability=name):
+                return await self._run(native, frame, headers, caller_gone)
+        finally:
+            self.inflight.leave(slot)
+
+    async def _run(self, native: Native, frame: RequestFrame, headers: Mapping[str, str],
+                   caller_gone: Callable[[], bool]) -> Reply:
+        budget_ms = frame.timeout_hint if frame.timeout_hint is not None else native.capability.timeout_sla_ms
+        started = time.monotonic()
+        call = CallContext(frame.request_id, native.capability.name, incoming_context(frame.context, headers),
+                           deadline=started + budget_ms / 1000)
+        task = asyncio.create_task(self._invoke(native.handler, frame.payload, call))
+        self._tasks.add(task)
+        task.add_done_callback(self._forget)
+        try:
+            await asyncio.wait({task}, timeout=max(budget_ms / 1000, 0))
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if not task.done():
+            task.cancel()
+            self.inflight.count_outcome("timeout", call.tokens_reported)
+            log.warning("handler overran its deadline; cancelled", extra={"budget_ms": budget_ms})
+            return _error(frame.request_id, ErrorCode.TOTAL_TIMEOUT, f"Handler did not finish within {budget_ms} ms")
+        finished = time.monotonic()
+        reply = self._reply(task, call)
+        completion_url = headers.get("X-Reach-Completion-Url")
+        if completion_url and reply.status == 200 and (finished > call.deadline or caller_gone()):
+            self._report_late(completion_url, LateCompletion(request_id=frame.request_id, agent_id=self.agent_id,
+                                                             finished_ms=round((finished - started) * 1000, 3)))
+        log.debug("call handled", extra={"status": reply.status, "elapsed_ms": round((finished - started) * 1000, 3)})
+        return reply
+
+    def _forget(self, task: asyncio.Task[Any]) -> None:
+        """Drop a finished handler task, retrieving its outcome so an abandoned one is never reported unread."""
+        self._tasks.discard(task)
+        if not task.cancelled():
+            task.exception()
+
+    @staticmethod
+    async def _invoke(handler: Handler, payload: Any, call: CallContext) -> Any:
+        with serving(call):
+            return await handler(payload, call)
+
+    def _reply(self, task: asyncio.Task[Any], call: CallContext) -> Reply:
+        outcome, reply = self._outcome(task, call)
+        self.inflight.count_outcome(outcome, call.tokens_reported)
+        return reply
+
+    def _outcome(self, task: asyncio.Task[Any], call: CallContext) -> tuple[str, Reply]:
+        if task.cancelled():
+            return "error", _error(call.request_id, ErrorCode.BUSY, "Agent stopped before the call finished")
+        failure = task.exception()
+        if failure is not None and not isinstance(failure, BusinessFailure):
+            log.error("handler raised", exc_info=failure)
+            return "error", _error(call.request_id, ErrorCode.AGENT_ERROR, f"{type(failure).__name__}: {failure}")
+        update = {**call.context_update, "tokens_used": call.tokens_spent} if call.tokens_spent else call.context_update
+        if failure is None:
+            outcome, frame = "ok", ResponseFrame(request_id=call.request_id, result=task.result(),
+                                                 context_update=update or None)
+        else:
+            business = BusinessError(code=failure.code, message=failure.message, details=failure.details)
+            outcome, frame = "business_error", ResponseFrame(request_id=call.request_id, status="error",
+                                                             business_error=business, context_update=update or None)
+        try:
+            return outcome, Reply(200, _encoder.encode(frame))
+        except (TypeError, msgspec.EncodeError) as exc:
+            log.error("handler answered something that is not JSON", extra={"error": str(exc)})
+            return "error", _error(call.request_id, ErrorCode.AGENT_ERROR, f"Answer is not JSON-encodable: {exc}")
+
+    def abandon(self) -> int:
+        """Cancel every handler still running (the drain deadline passed); each caller gets BUSY."""
+        for task in self._tasks:
+            task.cancel()
+        return len(self._tasks)

@@ -1,0 +1,89 @@
+"""Moving one request frame over HTTP and turning whatever comes back into a frame.
+
+Two wire forms: ``atp`` (the frame is the body; the router's /atp and SDK agents speak it) and
+``rest`` (the payload is the body, the context travels in headers). Callers always get a
+ResponseFrame or an ErrorFrame back; only a connection that never opened raises
+:class:`Unreachable`, because that is the one case where trying elsewhere is always safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from agent_reach.atp import BusinessError, ErrorCode, ErrorFrame, RequestFrame, ResponseFrame, error_frame
+from agent_reach.context import traceparent
+
+Answer = ResponseFrame | ErrorFrame
+
+_encoder = msgspec.json.Encoder()
+_response = msgspec.json.Decoder(ResponseFrame)
+_error = msgspec.json.Decoder(ErrorFrame)
+_STATUS_CODES = {
+    400: ErrorCode.INVALID_FRAME, 413: ErrorCode.PAYLOAD_TOO_LARGE, 429: ErrorCode.BUSY,
+    504: ErrorCode.TOTAL_TIMEOUT,
+}
+
+
+class Unreachable(Exception):
+    """The connection could not be opened (refused, unresolvable, connect timeout): nothing was sent."""
+
+
+def call_headers(frame: RequestFrame) -> dict[str, str]:
+    headers = {"Content-Type": "application/json", "X-Request-Id": frame.request_id}
+    parent = traceparent(frame.context.get("trace_id"))
+    if parent is not None:
+        headers["traceparent"] = parent
+    return headers
+
+
+def status_error(request_id: str, status: int, body: bytes) -> ErrorFrame:
+    """An error frame for an HTTP answer that carried no frame of its own."""
+    code = _STATUS_CODES.get(status, ErrorCode.AGENT_ERROR)
+    return error_frame(request_id, code, f"HTTP {status}: {body[:200].decode(errors='replace')}")
+
+
+def decode_atp(request_id: str, status: int, body: bytes) -> Answer:
+    try:
+        return _response.decode(body) if status == 200 else _error.decode(body)
+    except msgspec.DecodeError:
+        return status_error(request_id, status, body)
+
+
+def decode_rest(request_id: str, status: int, body: bytes) -> Answer:
+    """A REST answer as a frame: its JSON is the result; a top-level ``business_error`` is a failure."""
+    if not 200 <= status < 300:
+        return status_error(request_id, status, body)
+    try:
+        result = msgspec.json.decode(body) if body else None
+        if isinstance(result, dict) and result.get("business_error") is not None:
+            failure = msgspec.convert(result["business_error"], BusinessError)
+            return ResponseFrame(request_id=request_id, status="error", business_error=failure)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        return error_frame(request_id, ErrorCode.AGENT_ERROR, f"answer is not usable JSON: {exc}")
+    return ResponseFrame(request_id=request_id, result=result)
+
+
+async def post(session: aiohttp.ClientSession, url: str, frame: RequestFrame, *, protocol: str = "atp",
+               headers: dict[str, str] | None = None, timeout: aiohttp.ClientTimeout | None = None) -> Answer:
+    """POST ``frame`` to ``url`` in ``protocol`` form; raises Unreachable only if nothing was sent."""
+    sent = {**call_headers(frame), **(headers or {})}
+    if protocol == "rest":
+        sent["X-Reach-Context"] = _encoder.encode(frame.context).decode()
+        body: Any = _encoder.encode(frame.payload)
+        decode = decode_rest
+    else:
+        body = _encoder.encode(frame)
+        decode = decode_atp
+    try:
+        async with session.post(url, data=body, headers=sent, timeout=timeout) as response:
+            return decode(frame.request_id, response.status, await response.read())
+    except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+        raise Unreachable(f"{url}: {exc}") from exc
+    except asyncio.TimeoutError:
+        return error_frame(frame.request_id, ErrorCode.TOTAL_TIMEOUT, f"no answer from {url} in time")
+    except aiohttp.ClientError as exc:
+        return error_frame(frame.request_id, ErrorCode.AGENT_ERROR, f"connection to {url} failed: {exc}")

@@ -1,0 +1,199 @@
+"""Joining the mesh with an existing web service: its routes become capabilities (protocol ``rest``).
+
+``@register_capability`` records a route handler and returns it unchanged, so the service behaves
+exactly as before. ``sdk.attach(app)`` adds what the mesh needs around the app, not inside the
+handlers: the SDK's lifecycle in the app's startup/shutdown, a middleware that counts in-flight
+calls and carries the router's context (``X-Reach-Context``) into handlers, and ``/healthz`` when
+the app has none. A route's path is looked up in the app when the SDK starts, because a FastAPI
+decorator placed below ours registers the route only after ours has run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from aiohttp import web
+from multidict import CIMultiDict
+
+from agent_reach import logs
+from agent_reach.context import CallContext, rest_context, rest_deadline, serving
+
+if TYPE_CHECKING:
+    from agent_reach.agent import AgentReachSDK
+
+HEALTH_PATH = "/healthz"
+
+_encoder = msgspec.json.Encoder()
+
+
+def register_capability(sdk: AgentReachSDK, name: str, protocol: str = "rest", version: str = "1.0",
+                        path: str | None = None, **options: Any) -> Callable[[Any], Any]:
+    """Declare an existing route handler as capability ``name``; returns the handler itself.
+
+    ``path`` is needed only when the route cannot be found in the attached app.
+    ``options`` are the other registration fields (description, timeout_sla_ms, ...).
+    """
+
+    def decorate(handler: Any) -> Any:
+        sdk.add_route(name, handler, protocol=protocol, version=version, path=path, **options)
+        return handler
+
+    return decorate
+
+
+class RouteCall(contextlib.ExitStack):
+    """One call to a wrapped route: counted in flight, its context visible to nested calls, logs bound."""
+
+    def __init__(self, sdk: AgentReachSDK, capability: str, headers: Mapping[str, str]):
+        super().__init__()
+        self._sdk = sdk
+        self.call = CallContext(headers.get("X-Request-Id") or uuid.uuid4().hex, capability, rest_context(headers),
+                                deadline=rest_deadline(headers))
+        self.status = 200
+
+    def __enter__(self) -> RouteCall:
+        self._slot = self._sdk.inflight.enter(self.call.request_id, self.call.capability)
+        self.enter_context(logs.bind(request_id=self.call.request_id, capability=self.call.capability))
+        self.enter_context(serving(self.call))
+        return self
+
+    def __exit__(self, *exc_info: Any) -> bool:
+        failed = exc_info[0] is not None or self.status >= 500
+        self._sdk.inflight.leave(self._slot)
+        self._sdk.inflight.count_outcome("error" if failed else "ok", self.call.tokens_reported)
+        return super().__exit__(*exc_info)
+
+
+class AiohttpHost:
+    """An aiohttp Application the SDK joins: ATP routes mounted, lifecycle in its signals."""
+
+    health_path = HEALTH_PATH
+
+    def __init__(self, sdk: AgentReachSDK, app: web.Application):
+        self._sdk = sdk
+        self.app = app
+        sdk.mount(app)
+        app.middlewares.append(self._middleware)
+        app.on_startup.append(self._start)
+        app.on_shutdown.append(self._stop)
+
+    async def _start(self, app: web.Application) -> None:
+        await self._sdk.start()
+
+    async def _stop(self, app: web.Application) -> None:
+        await self._sdk.stop()
+
+    @web.middleware
+    async def _middleware(self, request: web.Request,
+                          handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        name = self._sdk.route_name(request.match_info.handler)
+        if name is None:
+            return await handler(request)
+        with RouteCall(self._sdk, name, request.headers) as call:
+            response = await handler(request)
+            call.status = response.status
+            return response
+
+    def path_of(self, handler: Any) -> str | None:
+        for route in self.app.router.routes():
+            if route.handler is handler and route.resource is not None:
+                return route.resource.canonical
+        return None
+
+    def prepare(self, paths: Mapping[str, str]) -> None:
+        """Nothing to do: the middleware recognises routes by handler, not by path."""
+
+
+class AsgiHost:
+    """A FastAPI/Starlette app the SDK joins: lifecycle inside its lifespan, a raw ASGI middleware."""
+
+    health_path = HEALTH_PATH
+
+    def __init__(self, sdk: AgentReachSDK, app: Any):
+        self.sdk = sdk
+        self.app = app
+        self.serves_health = False
+        self._names: dict[str, str] = {}
+        app.add_middleware(_AsgiMiddleware, host=self)
+        original = app.router.lifespan_context
+
+        @contextlib.asynccontextmanager
+        async def lifespan(instance: Any) -> AsyncIterator[Any]:
+            async with original(instance) as state:
+                await sdk.start()
+                try:
+                    yield state
+                finally:
+                    await sdk.stop()
+
+        app.router.lifespan_context = lifespan
+
+    def path_of(self, handler: Any) -> str | None:
+        return next((route.path for route in self.app.routes if getattr(route, "endpoint", None) is handler), None)
+
+    def prepare(self, paths: Mapping[str, str]) -> None:
+        """Index capabilities by path (raw ASGI sees paths, not handlers) and decide who serves /healthz."""
+        self._names = {path: name for name, path in paths.items()}
+        self.serves_health = not any(getattr(route, "path", None) == HEALTH_PATH for route in self.app.routes)
+
+    def capability_at(self, path: str) -> str | None:
+        return self._names.get(path)
+
+    async def health(self, send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+        healthy, detail = await self.sdk.check_health()
+        await send({"type": "http.response.start", "status": 200 if healthy else 503,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": _encoder.encode({"status": detail})})
+
+
+class _AsgiMiddleware:
+    def __init__(self, app: Any, host: AsgiHost):
+        self.app = app
+        self.host = host
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        if scope["path"] == HEALTH_PATH and self.host.serves_health:
+            return await self.host.health(send)
+        name = self.host.capability_at(scope["path"])
+        if name is None:
+            return await self.app(scope, receive, send)
+        headers = CIMultiDict((key.decode("latin-1"), value.decode("latin-1")) for key, value in scope["headers"])
+        with RouteCall(self.host.sdk, name, headers) as call:
+            async def send_noting_status(message: dict[str, Any]) -> None:
+                if message["type"] == "http.response.start":
+                    call.status = message["status"]
+                await send(message)
+
+            await self.app(scope, receive, send_noting_status)
+
+
+class ExternalHost:
+    """Routes served by something the SDK cannot look into; every wrapped route needs ``path=``."""
+
+    health_path = None
+
+    def path_of(self, handler: Any) -> str | None:
+        return None
+
+    def prepare(self, paths: Mapping[str, str]) -> None:
+        """Nothing to prepare: the SDK does not see these requests."""
+
+
+Host = AiohttpHost | AsgiHost | ExternalHost
+
+
+def host_for(sdk: AgentReachSDK, app: Any) -> Host:
+    if isinstance(app, str):
+        return ExternalHost()
+    if isinstance(app, web.Application):
+        return AiohttpHost(sdk, app)
+    if hasattr(app, "add_middleware") and hasattr(getattr(app, "router", None), "lifespan_context"):
+        return AsgiHost(sdk, app)
+    raise TypeError(f"Cannot attach to {type(app).__name__}: expected an aiohttp Application, "
+                    "a FastAPI/Starlette app, or the base URL of a service the SDK does not run")

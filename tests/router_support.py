@@ -1,0 +1,454 @@
+"""Real agents, a slow-connect target and a registry+router mesh for the router's tests.
+
+Everything listens on 127.0.0.1 and speaks real HTTP: the registry is the real RegistryServer,
+the router the real RouterServer (following the registry in process through its WatchHub, or
+over HTTP `GET /watch`), and the agents plain aiohttp servers with no SDK. Tests wait for
+conditions with a deadline (``wait_for``), never for a fixed time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
+
+import aiohttp
+import msgspec
+import pytest
+from multidict import CIMultiDict
+from agent_reach import logs
+from aiohttp import web
+
+from conftest import wait_for
+from registry.server import RegistryServer
+from router.api import DEFAULT_MAX_BODY
+from router.core import Router, RouterSettings
+from router.policy import Policy
+from router.server import RouterServer, RouterServerSettings
+
+
+class Received(msgspec.Struct):
+    """One request an agent received: its headers and its decoded JSON body."""
+
+    headers: CIMultiDict[str]
+    body: Any
+
+
+class Agent:
+    """A plain aiohttp agent on 127.0.0.1 whose behaviour can be changed while it runs.
+
+    ``protocol`` "rest": the body is the payload, the answer ``{"echo": payload, "agent": name}``.
+    ``protocol`` "atp": the body is a request frame, the answer a response frame whose result is
+    the same echo. Knobs: ``status`` (answer this HTTP status with an error body), ``business_error``
+    (answer HTTP 200 carrying it), ``first_byte_delay`` (seconds before the status line),
+    ``body_delay`` (status line at once, the rest of the body that much later), ``gate`` (hold every
+    call until the event is set), ``report_completion`` (POST the router's completion URL once done).
+    """
+
+    def __init__(self, name: str, protocol: str = "rest"):
+        self.name = name
+        self.protocol = protocol
+        self.status = 200
+        self.business_error: dict[str, Any] | None = None
+        self.first_byte_delay = 0.0
+        self.body_delay = 0.0
+        self.gate: asyncio.Event | None = None
+        self.report_completion = False
+        self.healthy = True
+        self.received: list[Received] = []
+        self.inflight = 0
+        self.completions: list[dict[str, Any]] = []
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def calls(self) -> int:
+        return len(self.received)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.url}/call"
+
+    async def start(self, port: int = 0) -> Agent:
+        app = web.Application()
+        app.router.add_post("/call", self._call)
+        app.router.add_get("/healthz", self._healthz)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", port).start()
+        self.port = self._runner.addresses[0][1]
+        self._session = aiohttp.ClientSession()
+        return self
+
+    async def stop(self) -> None:
+        """Stop listening (new connections are refused), finish the calls in flight, close."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def kill(self) -> None:
+        """Die abruptly, as a killed process does: stop listening and reset every open connection,
+        calls in flight included."""
+        assert self._runner is not None and self._runner.server is not None
+        for site in list(self._runner.sites):
+            await site.stop()
+        for handler in self._runner.server.connections:
+            if handler.transport is not None:
+                handler.transport.abort()
+        await self.stop()
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"ok": self.healthy}, status=200 if self.healthy else 503)
+
+    async def _call(self, request: web.Request) -> web.StreamResponse:
+        started = time.monotonic()
+        raw = await request.read()
+        body = json.loads(raw) if raw else None
+        self.received.append(Received(headers=CIMultiDict(request.headers), body=body))
+        self.inflight += 1
+        try:
+            if self.gate is not None:
+                await self.gate.wait()
+            if self.first_byte_delay:
+                await asyncio.sleep(self.first_byte_delay)
+            status, answer = self._answer(body)
+            if self.report_completion:
+                await self._report(request, (time.monotonic() - started) * 1000)
+        finally:
+            self.inflight -= 1
+        data = json.dumps(answer).encode()
+        if not self.body_delay:
+            return web.Response(body=data, status=status, content_type="application/json")
+        response = web.StreamResponse(status=status, headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        await response.write(data[:1])
+        await asyncio.sleep(self.body_delay)
+        await response.write(data[1:])
+        await response.write_eof()
+        return response
+
+    def _answer(self, body: Any) -> tuple[int, Any]:
+        if self.protocol == "rest":
+            if self.status != 200:
+                return self.status, {"error": f"{self.name} answers {self.status}"}
+            if self.business_error is not None:
+                return 200, {"business_error": self.business_error}
+            return 200, {"echo": body, "agent": self.name}
+        request_id = body.get("request_id") if isinstance(body, dict) else None
+        if self.status != 200:
+            return self.status, {"request_id": request_id, "error_code": "AGENT_ERROR",
+                                 "error_message": f"{self.name} answers {self.status}", "can_retry": True}
+        frame: dict[str, Any] = {"request_id": request_id, "status": "success",
+                                 "result": {"echo": body.get("payload"), "agent": self.name},
+                                 "context_update": {"served_by": self.name}}
+        if self.business_error is not None:
+            frame["business_error"] = self.business_error
+        return 200, frame
+
+    async def _report(self, request: web.Request, finished_ms: float) -> None:
+        url = request.headers.get("X-Reach-Completion-Url")
+        if url is None or self._session is None:
+            return
+        note = {"request_id": request.headers["X-Request-Id"], "agent_id": self.name, "finished_ms": finished_ms}
+        async with self._session.post(url, json=note) as answer:
+            self.completions.append({"status": answer.status, **await answer.json()})
+
+
+class SlowConnectTarget:
+    """A port whose TCP handshake never completes: a listening socket with backlog 0 that never
+    accepts, its accept queue filled by our own connections, so the kernel drops new SYNs."""
+
+    def __init__(self) -> None:
+        self._listener = socket.socket()
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(0)
+        self.port = self._listener.getsockname()[1]
+        self._fillers: list[socket.socket] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.url}/call"
+
+    async def start(self) -> SlowConnectTarget:
+        for _ in range(4):
+            filler = socket.socket()
+            filler.setblocking(False)
+            filler.connect_ex(("127.0.0.1", self.port))
+            self._fillers.append(filler)
+        # Prove the trick works here: a fresh connect must hang rather than complete or be refused.
+        try:
+            await asyncio.wait_for(asyncio.open_connection("127.0.0.1", self.port), 0.2)
+        except TimeoutError:
+            return self
+        raise AssertionError("the filled backlog did not make connects hang")
+
+    def close(self) -> None:
+        for filler in self._fillers:
+            filler.close()
+        self._listener.close()
+
+
+class Answer(msgspec.Struct):
+    status: int
+    body: Any
+    headers: CIMultiDict[str]
+
+    @property
+    def route(self) -> dict[str, Any]:
+        return self.body.get("route", {})
+
+
+def capability(name: str, endpoint: str, protocol: str = "rest", **fields: Any) -> dict[str, Any]:
+    return {"name": name, "endpoint": endpoint, "protocol": protocol, "timeout_sla_ms": 5000, **fields}
+
+
+class Mesh:
+    """A real registry and a real router following it, plus a client for both."""
+
+    def __init__(self, registry: RegistryServer, router: RouterServer, http: aiohttp.ClientSession):
+        self.registry = registry
+        self.router_server = router
+        self.http = http
+        self._beating: dict[str, asyncio.Task[None]] = {}
+
+    @property
+    def router(self) -> Router:
+        assert self.router_server.router is not None
+        return self.router_server.router
+
+    @property
+    def url(self) -> str:
+        return self.router_server.url
+
+    async def register(self, agent_id: str, capabilities: list[dict[str, Any]],
+                       metadata: dict[str, Any] | None = None, service: str | None = None) -> None:
+        """Register an instance; its service defaults to its first capability's name (one service
+        owns a capability, so every instance of it must belong to the same service)."""
+        body = {"agent_id": agent_id, "capabilities": capabilities, "metadata": metadata or {},
+                "service": service or capabilities[0]["name"]}
+        async with self.http.post(f"{self.registry.url}/register", json=body) as response:
+            assert response.status == 200, await response.text()
+
+    async def add(self, agent: Agent | SlowConnectTarget, name: str = "echo", *, agent_id: str | None = None,
+                  metadata: dict[str, Any] | None = None, healthy: bool = True, **fields: Any) -> str:
+        """Register ``agent`` as an instance of capability ``name``; by default heartbeat it and
+        wait until the router sees it healthy."""
+        agent_id = agent_id or getattr(agent, "name", f"slow-{agent.port}")
+        protocol = getattr(agent, "protocol", "rest")
+        await self.register(agent_id, [capability(name, agent.endpoint, protocol, **fields)], metadata)
+        if healthy:
+            await self.heartbeat(agent_id)
+            await self.until_state(agent_id)
+        return agent_id
+
+    async def add_all(self, agents: list[Agent], name: str = "echo", **fields: Any) -> None:
+        """Register every agent, then make them all healthy at once (one wait, not one per agent)."""
+        for agent in agents:
+            await self.add(agent, name, healthy=False, **fields)
+        await self.ready(*(agent.name for agent in agents))
+
+    async def ready(self, *agent_ids: str) -> None:
+        """Heartbeat the instances and wait until the router sees every one of them healthy."""
+        await self.heartbeat(*agent_ids)
+        for agent_id in agent_ids:
+            await self.until_state(agent_id)
+
+    async def deregister(self, agent_id: str) -> None:
+        async with self.http.post(f"{self.registry.url}/deregister", json={"agent_id": agent_id}) as response:
+            assert response.status == 200, await response.text()
+
+    async def heartbeat(self, *agent_ids: str, load: float = 0.0) -> None:
+        for agent_id in agent_ids:
+            async with self.http.post(f"{self.registry.url}/heartbeat",
+                                      json={"agent_id": agent_id, "load": load}) as response:
+                assert response.status == 200, await response.text()
+
+    def keep_beating(self, agent_id: str, every: float = 0.1) -> None:
+        """Heartbeat ``agent_id`` in the background until ``stop_beating``."""
+        async def beat() -> None:
+            while True:
+                await self.heartbeat(agent_id)
+                await asyncio.sleep(every)
+        self._beating[agent_id] = asyncio.create_task(beat())
+
+    def stop_beating(self, agent_id: str) -> None:
+        self._beating.pop(agent_id).cancel()
+
+    async def until_state(self, agent_id: str, state: str = "healthy", timeout: float = 5.0) -> None:
+        def seen() -> bool:
+            current = self.router.mirror.states.get(agent_id)
+            return agent_id in self.router.mirror.instances and current is not None and current.state == state
+        await wait_for(seen, timeout=timeout, what=f"the router to see {agent_id} {state}")
+
+    async def put_policy(self, name: str, body: dict[str, Any]) -> Policy:
+        async with self.http.put(f"{self.registry.url}/policies/{name}", json=body) as response:
+            assert response.status == 200, await response.text()
+            stored = msgspec.convert(await response.json(), Policy)
+        await wait_for(lambda: self.router.mirror.policy(name) == stored, timeout=5,
+                       what=f"the router to apply the policy of {name}")
+        return stored
+
+    async def post(self, body: Any, *, raw: bytes | None = None) -> Answer:
+        data = raw if raw is not None else json.dumps(body).encode()
+        async with self.http.post(f"{self.url}/atp", data=data,
+                                  headers={"Content-Type": "application/json"}) as response:
+            text = await response.read()
+            decoded = json.loads(text) if text else None
+            return Answer(response.status, decoded, CIMultiDict(response.headers))
+
+    async def call(self, name: str = "echo", payload: Any = None, **frame: Any) -> Answer:
+        return await self.post({"capability": name, "payload": payload, **frame})
+
+    async def get(self, path: str) -> Any:
+        async with self.http.get(f"{self.url}{path}") as response:
+            assert response.status == 200, await response.text()
+            if response.content_type == "application/json":
+                return await response.json()
+            return await response.text()
+
+    async def reach_totals(self, name: str = "echo") -> dict[str, Any]:
+        """The capability's counts from GET /reach summed over its periods (a test may straddle a
+        period boundary), with the rates recomputed from the sums."""
+        periods = (await self.get(f"/reach?capability={name}"))["periods"]
+        totals: dict[str, Any] = {key: sum(p[key] for p in periods)
+                                  for key in ("total", "success", "degraded", "failed")}
+        by_code: Counter[str] = Counter()
+        for period in periods:
+            by_code.update(period["failed_by_code"])
+        totals["failed_by_code"] = dict(by_code)
+        if totals["total"]:
+            totals["raw_success_rate"] = totals["success"] / totals["total"]
+            totals["reach_rate"] = (totals["success"] + totals["degraded"]) / totals["total"]
+        return totals
+
+    async def close(self) -> None:
+        for task in self._beating.values():
+            task.cancel()
+        await self.router_server.stop()
+
+
+StartMesh = Callable[..., Awaitable[Mesh]]
+
+# Lifecycle knobs for tests: nobody goes silent or gets probed unless a test asks for it.
+QUIET_LIFECYCLE = {"silence_timeout": 30.0, "health_interval": 30.0, "evict_after": 3}
+
+
+@pytest.fixture
+async def start_mesh(start_registry: Callable[..., Awaitable[RegistryServer]],
+                     http: aiohttp.ClientSession) -> AsyncIterator[StartMesh]:
+    """Start a registry and a router following it: ``follow="hub"`` (in process, as `agentreach up`)
+    or ``follow="http"`` (over `GET /watch`, as `agentreach router --registry URL`)."""
+    meshes: list[Mesh] = []
+
+    async def start(follow: str = "hub", routing: RouterSettings = RouterSettings(),
+                    registry: RegistryServer | None = None, max_body: int = DEFAULT_MAX_BODY,
+                    **lifecycle: Any) -> Mesh:
+        if registry is None:
+            registry = await start_registry(**{**QUIET_LIFECYCLE, **lifecycle})
+        settings = RouterServerSettings(port=0, routing=routing, max_body=max_body,
+                                        registry_url=registry.url if follow == "http" else None)
+        router = RouterServer(settings, hub=registry.hub if follow == "hub" else None)
+        await router.start()
+        mesh = Mesh(registry, router, http)
+        meshes.append(mesh)
+        await wait_for(lambda: router.mirror.synced, timeout=5, what="the router to load the registry")
+        return mesh
+
+    yield start
+    for mesh in meshes:
+        await mesh.close()
+
+
+@pytest.fixture
+async def mesh(start_mesh: StartMesh) -> Mesh:
+    return await start_mesh()
+
+
+@pytest.fixture
+async def start_agent() -> AsyncIterator[Callable[..., Awaitable[Agent]]]:
+    agents: list[Agent] = []
+
+    async def start(name: str, protocol: str = "rest") -> Agent:
+        agent = await Agent(name, protocol).start()
+        agents.append(agent)
+        return agent
+
+    yield start
+    for agent in agents:
+        if agent.gate is not None:
+            agent.gate.set()
+        await agent.stop()
+
+
+@pytest.fixture
+async def slow_connect() -> AsyncIterator[SlowConnectTarget]:
+    target = await SlowConnectTarget().start()
+    yield target
+    target.close()
+
+
+class LogLines:
+    """The agentreach.* log lines written during a test, each as the JSON object it would print."""
+
+    def __init__(self) -> None:
+        self.lines: list[dict[str, Any]] = []
+
+    def named(self, event: str) -> list[dict[str, Any]]:
+        return [line for line in self.lines if line["event"] == event]
+
+
+class _Capture(logging.Handler):
+    def __init__(self, sink: LogLines):
+        super().__init__(logging.INFO)
+        self.setFormatter(logs.JsonFormatter())
+        self._sink = sink
+
+    def emit(self, record: logging.LogRecord) -> None:
+        # Formatting here, in the caller's context, is what binds request_id and capability.
+        self._sink.lines.append(json.loads(self.format(record)))
+
+
+@pytest.fixture
+def router_logs() -> Iterator[LogLines]:
+    sink = LogLines()
+    logger = logging.getLogger("agentreach")
+    handler = _Capture(sink)
+    previous = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield sink
+    logger.removeHandler(handler)
+    logger.setLevel(previous)
+
+
+async def run_load(call: Callable[[], Awaitable[Answer]], *, until: Callable[[], bool],
+                   concurrency: int = 4, limit: float = 15.0) -> list[tuple[float, Answer]]:
+    """Call continuously from ``concurrency`` workers until ``until()`` holds (bounded by ``limit``
+    seconds); returns (monotonic start time, answer) for every call."""
+    answers: list[tuple[float, Answer]] = []
+    deadline = time.monotonic() + limit
+
+    async def worker() -> None:
+        while not until() and time.monotonic() < deadline:
+            started = time.monotonic()
+            answers.append((started, await call()))
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return answers

@@ -1,0 +1,173 @@
+"""Fixtures for the SDK tests: SDK agents, a registry that restarts on its port, a router stand-in."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+import pytest
+from agent_reach import AgentReachSDK
+from agent_reach.atp import RequestFrame
+from aiohttp import web
+from multidict import CIMultiDict
+
+from conftest import wait_for
+from registry.lifecycle import LifecycleConfig
+from registry.server import RegistryServer, RegistrySettings
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+async def teardown() -> AsyncIterator[contextlib.AsyncExitStack]:
+    """Whatever a test starts registers its stop here; all of it stops at teardown, last first."""
+    async with contextlib.AsyncExitStack() as stack:
+        yield stack
+
+
+@pytest.fixture
+def registry_at(tmp_path: Path, teardown: contextlib.AsyncExitStack) -> Callable[..., Awaitable[RegistryServer]]:
+    """Start registries on a chosen port and data dir, so a test can stop one and start it again."""
+
+    async def start(port: int, data_dir: Path | None = None) -> RegistryServer:
+        server = RegistryServer(RegistrySettings(data_dir=data_dir or tmp_path / "data", port=port,
+                                                 lifecycle=LifecycleConfig()))
+        await server.start()
+        teardown.push_async_callback(server.stop)
+        return server
+
+    return start
+
+
+@pytest.fixture
+def make_agent(teardown: contextlib.AsyncExitStack) -> Callable[..., AgentReachSDK]:
+    """New SDK agents with fast heartbeats; every one still running is stopped at teardown."""
+
+    def make(agent_id: str, registry_url: str, **options: Any) -> AgentReachSDK:
+        options.setdefault("heartbeat_interval", 0.2)
+        agent = AgentReachSDK(agent_id=agent_id, registry_url=registry_url, zone="test", **options)
+        teardown.push_async_callback(agent.stop)
+        return agent
+
+    return make
+
+
+async def agent_view(http: aiohttp.ClientSession, registry_url: str, agent_id: str) -> dict[str, Any] | None:
+    async with http.get(f"{registry_url}/agents/{agent_id}") as response:
+        return await response.json() if response.status == 200 else None
+
+
+async def wait_state(http: aiohttp.ClientSession, registry_url: str, agent_id: str, state: str,
+                     timeout: float = 10.0) -> dict[str, Any]:
+    async def reached() -> dict[str, Any] | None:
+        view = await agent_view(http, registry_url, agent_id)
+        return view if view is not None and view["state"] == state else None
+
+    return await wait_for(reached, timeout=timeout, what=f"{agent_id} {state}")
+
+
+async def post_frame(http: aiohttp.ClientSession, url: str, frame: dict[str, Any] | bytes,
+                     headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+    """POST a request frame to an agent endpoint exactly as the router does."""
+    body = frame if isinstance(frame, bytes) else json.dumps(frame).encode()
+    sent = {"Content-Type": "application/json", **(headers or {})}
+    async with http.post(url, data=body, headers=sent) as response:
+        return response.status, await response.json()
+
+
+Reply = Callable[[RequestFrame, "web.Request"], Awaitable[tuple[int, Any]]]
+
+
+class StandInRouter:
+    """A recorder on the router's URLs, for what only a recorder can show; routing itself is
+    tested against the real router (test_sdk_router.py).
+
+    ``POST /atp`` records each frame and its headers (the API key, traceparent) and answers with
+    ``reply(frame, request)``, which may be an answer no real router gives (a body that is not a
+    frame); ``POST /completions`` records late-completion notices without judging them.
+    """
+
+    def __init__(self, reply: Reply):
+        self.reply = reply
+        self.frames: list[RequestFrame] = []
+        self.headers: list[CIMultiDict[str]] = []
+        self.completions: list[dict[str, Any]] = []
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> None:
+        async def atp(request: web.Request) -> web.Response:
+            frame = msgspec.json.decode(await request.read(), type=RequestFrame)
+            self.frames.append(frame)
+            self.headers.append(CIMultiDict(request.headers))
+            status, answer = await self.reply(frame, request)
+            return web.Response(body=msgspec.json.encode(answer), status=status, content_type="application/json")
+
+        async def completions(request: web.Request) -> web.Response:
+            self.completions.append(await request.json())
+            return web.json_response({"ok": True})
+
+        app = web.Application()
+        app.router.add_post("/atp", atp)
+        app.router.add_post("/completions", completions)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+@pytest.fixture
+def stand_in_router(teardown: contextlib.AsyncExitStack) -> Callable[[Reply], Awaitable[StandInRouter]]:
+    async def start(reply: Reply) -> StandInRouter:
+        router = StandInRouter(reply)
+        await router.start()
+        teardown.push_async_callback(router.stop)
+        return router
+
+    return start
+
+
+async def spawn_example(script: str, *args: str) -> asyncio.subprocess.Process:
+    """Run ``examples/<script>`` with this interpreter; its JSON logs go to stderr."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable, str(EXAMPLES / script), *args, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+async def read_log_until(process: asyncio.subprocess.Process, event: str, timeout: float = 10.0) -> dict[str, Any]:
+    """Read the process's JSON log lines until one has ``event``; fail at the deadline."""
+    assert process.stderr is not None
+
+    async def scan() -> dict[str, Any]:
+        while True:
+            line = await process.stderr.readline()
+            if not line:
+                raise AssertionError(f"process exited before logging {event!r}")
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if record.get("event") == event:
+                return record
+
+    return await asyncio.wait_for(scan(), timeout)

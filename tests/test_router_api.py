@@ -1,0 +1,202 @@
+"""POST /atp end to end: frames, what agents receive, route facts, JSON-RPC 2.0, bad input."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from agent_reach.atp import ErrorCode
+
+from router_support import Mesh, mesh, start_agent, start_mesh  # noqa: F401
+
+CONTEXT = {"session_id": "s-1", "user_id": "u-7", "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736",
+           "token_budget": 500, "locale": "fr-CA", "custom": {"nested": [1, 2, {"deep": True}]}}
+
+
+async def test_a_rest_agent_gets_the_payload_and_the_context_in_headers(mesh: Mesh, start_agent):
+    agent = await start_agent("rest-1")
+    await mesh.add(agent)
+    payload = {"text": "héllo", "n": [1, 2, 3]}
+    answer = await mesh.call(payload=payload, context=CONTEXT, request_id="req-42")
+    assert answer.status == 200
+    [received] = agent.received
+    assert received.body == payload
+    assert received.headers["X-Request-Id"] == "req-42"
+    assert json.loads(received.headers["X-Reach-Context"]) == CONTEXT
+    assert re.fullmatch(r"00-4bf92f3577b34da6a3ce929d0e0e4736-[0-9a-f]{16}-01", received.headers["traceparent"])
+    assert received.headers["X-Reach-Completion-Url"] == f"{mesh.url}/completions"
+    assert answer.body == {"request_id": "req-42", "status": "success",
+                           "result": {"echo": payload, "agent": "rest-1"}, "route": answer.route}
+    route = answer.route
+    assert {key: route[key] for key in ("instance", "policy", "attempts", "timeout_sla_ms", "capability")} == \
+        {"instance": "rest-1", "policy": "least_load", "attempts": 1, "timeout_sla_ms": 5000, "capability": "echo"}
+    assert "degraded" not in route  # defaults are omitted: absent means false
+    assert 0 <= route["overhead_ms"] < 50
+    headers = answer.headers
+    assert (headers["X-Request-Id"], headers["X-Reach-Instance"], headers["X-Reach-Policy"]) == \
+        ("req-42", "rest-1", "least_load")
+    assert (headers["X-Reach-Attempts"], headers["X-Reach-Degraded"], headers["X-Reach-Timeout-Sla-Ms"]) == \
+        ("1", "false", "5000")
+    assert headers["X-Reach-Capability"] == "echo" and float(headers["X-Reach-Overhead-Ms"]) >= 0
+
+
+async def test_request_id_is_generated_and_any_trace_id_becomes_a_w3c_trace(mesh: Mesh, start_agent):
+    agent = await start_agent("rest-2")
+    await mesh.add(agent)
+    first = await mesh.call(payload=1, context={"trace_id": "order-flow-17"})
+    second = await mesh.call(payload=2, context={"trace_id": "order-flow-17"})
+    request_id = first.body["request_id"]
+    assert re.fullmatch(r"[0-9a-f]{32}", request_id) and request_id != second.body["request_id"]
+    assert agent.received[0].headers["X-Request-Id"] == request_id == first.headers["X-Request-Id"]
+    traces = [received.headers["traceparent"].split("-")[1] for received in agent.received]
+    assert traces[0] == traces[1] and re.fullmatch(r"[0-9a-f]{32}", traces[0])
+
+
+async def test_an_atp_agent_gets_the_whole_frame(mesh: Mesh, start_agent):
+    agent = await start_agent("atp-1", "atp")
+    await mesh.add(agent)
+    answer = await mesh.call(payload={"q": "x"}, context=CONTEXT, request_id="req-atp", timeout_hint=2500)
+    [received] = agent.received
+    # The hint the agent gets is the budget left when the router sends: the caller's 2500 ms less
+    # the router's own time.
+    assert 2400 <= received.body.pop("timeout_hint") <= 2500
+    assert received.body == {"request_id": "req-atp", "capability": "echo", "payload": {"q": "x"},
+                             "context": CONTEXT}
+    assert received.headers["X-Request-Id"] == "req-atp" and "traceparent" in received.headers
+    assert answer.status == 200 and answer.body["status"] == "success"
+    assert answer.body["result"] == {"echo": {"q": "x"}, "agent": "atp-1"}
+    assert answer.body["context_update"] == {"served_by": "atp-1"}
+    # An ATP agent's error frame keeps its code; its HTTP status comes from the table.
+    agent.status = 500
+    failed = await mesh.call(payload={"q": "y"})
+    assert failed.status == 502 and failed.body["error_code"] == "AGENT_ERROR"
+    assert failed.body["error_message"] == "atp-1 answers 500"
+
+
+async def rpc(mesh: Mesh, body) -> tuple[int, object]:
+    answer = await mesh.post(body)
+    return answer.status, answer.body
+
+
+async def test_jsonrpc_single_call_and_ids_preserved(mesh: Mesh, start_agent):
+    agent = await start_agent("rpc-1")
+    await mesh.add(agent)
+    status, body = await rpc(mesh, {"jsonrpc": "2.0", "method": "atp.call", "id": 7,
+                                    "params": {"capability": "echo", "payload": {"a": 1}, "context": CONTEXT}})
+    assert status == 200 and body["jsonrpc"] == "2.0" and body["id"] == 7
+    assert body["result"]["request_id"] == "7" and body["result"]["result"]["echo"] == {"a": 1}
+    assert body["result"]["status"] == "success"
+    assert body["result"]["route"]["instance"] == "rpc-1"
+    assert agent.received[0].headers["X-Request-Id"] == "7"
+    status, body = await rpc(mesh, {"jsonrpc": "2.0", "method": "atp.call", "id": "call-abc",
+                                    "params": {"capability": "echo", "payload": 2}})
+    assert body["id"] == "call-abc" and body["result"]["request_id"] == "call-abc"
+    # An ATP failure is a JSON-RPC error -32000 carrying the error frame whole.
+    status, body = await rpc(mesh, {"jsonrpc": "2.0", "method": "atp.call", "id": 8,
+                                    "params": {"capability": "nobody.offers.this"}})
+    assert status == 200 and body["id"] == 8 and body["error"]["code"] == -32000
+    assert body["error"]["data"]["error_code"] == "UNKNOWN_CAPABILITY" and body["error"]["data"]["request_id"] == "8"
+
+
+async def test_jsonrpc_batches_and_notifications(mesh: Mesh, start_agent):
+    agent = await start_agent("rpc-2")
+    await mesh.add(agent)
+    batch = [
+        {"jsonrpc": "2.0", "method": "atp.call", "id": "a", "params": {"capability": "echo", "payload": "A"}},
+        {"jsonrpc": "2.0", "method": "atp.call", "params": {"capability": "echo", "payload": "notified"}},
+        {"jsonrpc": "2.0", "method": "atp.ping", "id": 3},
+        "not an object",
+        {"jsonrpc": "2.0", "method": "atp.call", "id": 5, "params": ["wrong"]},
+        {"jsonrpc": "2.0", "method": "atp.call", "id": "b", "params": {"capability": "echo", "payload": "B"}},
+    ]
+    status, body = await rpc(mesh, batch)
+    assert status == 200 and isinstance(body, list) and len(body) == 5  # no answer for the notification
+    by_id = {(answer["id"], answer.get("error", {}).get("code")): answer for answer in body}
+    assert by_id[("a", None)]["result"]["result"]["echo"] == "A"
+    assert by_id[("b", None)]["result"]["result"]["echo"] == "B"
+    assert set(by_id) == {("a", None), ("b", None), (3, -32601), (None, -32600), (5, -32602)}
+    assert sorted(received.body for received in agent.received) == ["A", "B", "notified"]
+    # A lone notification is run and answered with nothing at all.
+    answer = await mesh.post({"jsonrpc": "2.0", "method": "atp.call", "params": {"capability": "echo", "payload": 9}})
+    assert (answer.status, answer.body) == (204, None) and agent.calls == 4
+    # A batch of notifications only: nothing either.
+    answer = await mesh.post([{"jsonrpc": "2.0", "method": "atp.call", "params": {"capability": "echo"}}])
+    assert (answer.status, answer.body) == (204, None) and agent.calls == 5
+
+
+@pytest.mark.parametrize(("raw", "code", "answer_id"), [
+    (b'{"jsonrpc": "2.0", "method": "atp.call", "id": 1, "params": {', -32700, None),
+    (b'[{"jsonrpc": "2.0", "method": "atp.call"', -32700, None),
+    (b'[]', -32600, None),
+    (b'{"jsonrpc": "1.0", "method": "atp.call", "id": 1}', -32600, 1),
+    (b'{"jsonrpc": "2.0", "id": 1}', -32600, 1),
+    (b'{"jsonrpc": "2.0", "method": "atp.call", "id": {"x": 1}}', -32600, None),
+    (b'{"jsonrpc": "2.0", "method": "atp.cast", "id": 2, "params": {}}', -32601, 2),
+    (b'{"jsonrpc": "2.0", "method": "atp.call", "id": 3, "params": "echo"}', -32602, 3),
+    (b'{"jsonrpc": "2.0", "method": "atp.call", "id": 4, "params": {"capability": 5}}', -32602, 4),
+    (b'{"jsonrpc": "2.0", "method": "atp.call", "id": 5, "params": {"payload": 1}}', -32602, 5),
+])
+async def test_jsonrpc_errors(mesh: Mesh, start_agent, raw, code, answer_id):
+    agent = await start_agent("rpc-3")
+    await mesh.add(agent)
+    answer = await mesh.post(None, raw=raw)
+    assert answer.status == 200
+    assert answer.body["jsonrpc"] == "2.0" and answer.body["id"] == answer_id
+    assert answer.body["error"]["code"] == code and answer.body["error"]["message"]
+    if code == -32602 and b'"params": {' in raw:
+        assert answer.body["error"]["data"]["error_code"] == "INVALID_FRAME"
+    assert agent.calls == 0
+    assert (await mesh.call(payload="still serving")).status == 200
+
+
+BAD_FRAMES = [
+    (b'{"capability": "echo", "payload": ', 400, "INVALID_FRAME"),
+    (b'"just a string"', 400, "INVALID_FRAME"),
+    (b"42", 400, "INVALID_FRAME"),
+    (b"null", 400, "INVALID_FRAME"),
+    (b'{"payload": {"no": "capability"}}', 400, "INVALID_FRAME"),
+    (b'{"capability": "", "payload": 1}', 400, "INVALID_FRAME"),
+    (b'{"capability": 5}', 400, "INVALID_FRAME"),
+    (b'{"capability": "echo", "context": "not an object"}', 400, "INVALID_FRAME"),
+    (b'{"capability": "echo", "timeout_hint": "soon"}', 400, "INVALID_FRAME"),
+    (b'{"capability": "echo", "timeout_hint": -5}', 400, "INVALID_FRAME"),
+    (b'{"capability": "echo", "request_id": 12}', 400, "INVALID_FRAME"),
+    (b'{"capability": "echo", "payload": "' + b"x" * 300 + b'"}', 413, "PAYLOAD_TOO_LARGE"),
+    (b'{"capability": "no.such.capability", "payload": 1}', 404, "UNKNOWN_CAPABILITY"),
+    (b'{"capability": "echo", "context": {"routing_hint": {"zone": "mars"}}}', 503, "ROUTING_HINT_UNSATISFIABLE"),
+]
+
+
+@pytest.mark.parametrize(("raw", "status", "code"), BAD_FRAMES)
+async def test_bad_input_is_an_error_frame_and_nothing_is_forwarded(start_mesh, start_agent, raw, status, code):
+    mesh: Mesh = await start_mesh(max_body=4096)
+    agent = await start_agent("guarded")
+    await mesh.add(agent, max_payload_bytes=256)
+    answer = await mesh.post(None, raw=raw)
+    assert answer.status == status
+    frame = answer.body
+    assert set(frame) >= {"request_id", "error_code", "error_message", "can_retry"}
+    assert (frame["error_code"], frame["can_retry"]) == (code, ErrorCode(code).can_retry)
+    assert frame["request_id"] and frame["error_message"]
+    assert answer.headers["X-Request-Id"] == frame["request_id"]
+    assert agent.calls == 0
+    assert (await mesh.call(payload="still serving")).status == 200
+
+
+async def test_an_invalid_frame_keeps_the_callers_request_id_and_oversize_bodies_are_refused(start_mesh):
+    mesh: Mesh = await start_mesh(max_body=4096)
+    answer = await mesh.post({"request_id": "mine", "capability": "echo", "context": []})
+    assert answer.status == 400 and answer.body["request_id"] == "mine"
+    answer = await mesh.post(None, raw=b'{"capability": "echo", "payload": "' + b"x" * 5000 + b'"}')
+    assert answer.status == 413 and answer.body["error_code"] == "PAYLOAD_TOO_LARGE"
+    async with mesh.http.get(f"{mesh.url}/atp") as response:
+        assert response.status == 405 and (await response.json())["error"] == "method_not_allowed"
+
+
+async def test_healthz_reports_the_registry_view(mesh: Mesh, start_agent):
+    await mesh.add(await start_agent("hz"))
+    health = await mesh.get("/healthz")
+    assert health["status"] == "ok" and health["registry_synced"] is True
+    assert health["capabilities"] == 1 and health["revision"] == mesh.registry.store.revision
+

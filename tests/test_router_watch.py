@@ -1,0 +1,92 @@
+"""A router in its own role (`agentreach router --registry URL`) following the registry over
+HTTP `GET /watch`: changes within a second, its last view while the registry is away, and resuming."""
+
+from __future__ import annotations
+
+import time
+
+from conftest import wait_for
+from registry.lifecycle import LifecycleConfig
+from registry.server import RegistryServer, RegistrySettings
+from router_support import QUIET_LIFECYCLE, Mesh, capability, router_logs, start_agent, start_mesh  # noqa: F401
+
+
+async def within_a_second(condition, what: str) -> float:
+    started = time.monotonic()
+    await wait_for(condition, timeout=1.0, interval=0.01, what=what)
+    return time.monotonic() - started
+
+
+async def test_router_follows_registry_changes_over_http_within_a_second(start_mesh, start_agent):
+    mesh: Mesh = await start_mesh(follow="http")
+    assert mesh.router_server.settings.registry_url == mesh.registry.url
+    first, second = await start_agent("w-1"), await start_agent("w-2")
+    await mesh.register("w-1", [capability("echo", first.endpoint)])
+    await within_a_second(lambda: "w-1" in mesh.router.mirror.instances, "the registration to reach the router")
+    assert (await mesh.call(payload="hi")).body["result"]["agent"] == "w-1"
+    await mesh.ready("w-1")
+    # A policy change is applied to the next calls.
+    async with mesh.http.put(f"{mesh.registry.url}/policies/echo", json={"policy": "hash"}) as response:
+        assert response.status == 200
+
+    async def hashed() -> bool:
+        return (await mesh.call(payload="x", context={"session_id": "s"})).route["policy"] == "hash"
+    await within_a_second(hashed, "the policy change to reach the router")
+    # A second instance joins, the first leaves: calls follow.
+    await mesh.register("w-2", [capability("echo", second.endpoint)])
+    await within_a_second(lambda: "w-2" in mesh.router.mirror.instances, "the second registration")
+    await mesh.deregister("w-1")
+    await within_a_second(lambda: "w-1" not in mesh.router.mirror.instances, "the deregistration")
+    answers = [await mesh.call(payload=i, context={"session_id": f"s-{i}"}) for i in range(10)]
+    assert {answer.body["result"]["agent"] for answer in answers} == {"w-2"}
+    await mesh.deregister("w-2")
+
+    async def gone() -> bool:
+        return (await mesh.call(payload="x")).status == 503  # a policy exists, so: an empty pool
+    await within_a_second(gone, "the last deregistration")
+    # The policy is deleted: the capability is unknown now.
+    async with mesh.http.delete(f"{mesh.registry.url}/policies/echo") as response:
+        assert response.status == 200
+
+    async def unknown() -> bool:
+        return (await mesh.call(payload="x")).status == 404
+    await within_a_second(unknown, "the policy deletion")
+
+
+async def test_router_keeps_its_last_view_while_the_registry_restarts(start_mesh, start_agent, router_logs, tmp_path):
+    lifecycle = LifecycleConfig(**QUIET_LIFECYCLE)
+    registry = RegistryServer(RegistrySettings(data_dir=tmp_path / "reg", port=0, lifecycle=lifecycle))
+    await registry.start()
+    restarted: RegistryServer | None = None
+    try:
+        mesh: Mesh = await start_mesh(follow="http", registry=registry)
+        agent, newcomer = await start_agent("steady"), await start_agent("newcomer")
+        await mesh.add(agent)
+        revision = mesh.router.mirror.revision
+        await registry.stop()
+        await wait_for(lambda: router_logs.named("registry watch interrupted; routing on the last view"),
+                       timeout=5, what="the router to notice the registry is gone")
+        # The registry is away: routing goes on from the last view, as healthy as it was.
+        for i in range(10):
+            answer = await mesh.call(payload=i)
+            assert answer.status == 200 and not answer.route.get("degraded"), answer.body
+        health = await mesh.get("/healthz")
+        assert health["registry_synced"] is True and health["revision"] == revision
+        # Back on the same port, from its WAL: the router resumes from its revision.
+        restarted = RegistryServer(RegistrySettings(data_dir=tmp_path / "reg", port=registry.port, lifecycle=lifecycle))
+        await restarted.start()
+        mesh.registry = restarted
+        follows = len(router_logs.named("following registry"))
+        await wait_for(lambda: len(router_logs.named("following registry")) > follows, timeout=8,
+                       what="the router to reconnect")
+        assert router_logs.named("following registry")[-1]["since"] == str(revision)
+        await mesh.register("newcomer", [capability("echo", newcomer.endpoint)])
+        await within_a_second(lambda: "newcomer" in mesh.router.mirror.instances, "a change after the restart")
+        await mesh.ready("steady", "newcomer")
+        answers = [await mesh.call(payload=i) for i in range(20)]
+        assert all(answer.status == 200 for answer in answers)
+        assert {answer.route["instance"] for answer in answers} == {"steady", "newcomer"}
+    finally:
+        if restarted is not None:
+            await restarted.stop()
+        await registry.stop()
