@@ -11,6 +11,7 @@ from agent_reach.registration import AgentRef, CapabilityRef, HeartbeatRequest, 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from router.policy import Policy
+from router.reach import AlertConfig
 
 from registry.errors import RegistryError, from_decode_error
 from registry.health import HealthChecker
@@ -24,7 +25,7 @@ DEFAULT_MAX_BODY = 1024 * 1024
 REGISTRY_KEY = web.AppKey("registry", Registry)
 
 _decoders = {t: msgspec.json.Decoder(t)
-             for t in (RegisterRequest, HeartbeatRequest, AgentRef, CapabilityRef, Policy)}
+             for t in (RegisterRequest, HeartbeatRequest, AgentRef, CapabilityRef, Policy, AlertConfig)}
 _encoder = msgspec.json.Encoder()
 
 
@@ -128,6 +129,12 @@ def create_app(registry: Registry, checker: HealthChecker | None = None, hub: Wa
         await registry.delete_policy(capability)
         return json_response({"capability": capability, "deleted": True})
 
+    async def get_alert_settings(request: web.Request) -> web.Response:
+        return json_response(registry.state.alerts)
+
+    async def put_alert_settings(request: web.Request) -> web.Response:
+        return json_response(await registry.put_alert_settings(await decode(request, AlertConfig)))
+
     async def watch(request: web.Request) -> web.StreamResponse:
         if hub is None:
             raise RegistryError(404, "not_found", "This registry has no watch feed")
@@ -152,5 +159,7 @@ def create_app(registry: Registry, checker: HealthChecker | None = None, hub: Wa
     app.router.add_get("/policies/{capability}", get_policy)
     app.router.add_put("/policies/{capability}", put_policy)
     app.router.add_delete("/policies/{capability}", delete_policy)
+    app.router.add_get("/settings/alerts", get_alert_settings)
+    app.router.add_put("/settings/alerts", put_alert_settings)
     app.router.add_get("/watch", watch)
     return app

@@ -12,6 +12,7 @@ from registry.errors import RegistryError, from_decode_error
 
 INSTANCE_PREFIX = "instances/"
 POLICY_PREFIX = "policies/"
+ALERTS_KEY = "settings/alerts"
 
 
 class InstanceRecord(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -16,8 +16,10 @@ from agent_reach.registration import HeartbeatRequest, RegisterRequest
 from registry.errors import RegistryError
 from registry.lifecycle import QUERY_ORDER, LifecycleConfig, Status, record_heartbeat, status_of
 from router.policy import Policy, PolicyError, encode_policy, validate_policy
+from router.reach import AlertConfig, encode_alert_config
 
 from registry.records import (
+    ALERTS_KEY,
     INSTANCE_PREFIX,
     InstanceRecord,
     build_record,
@@ -157,6 +159,13 @@ class Registry:
         if policy is None:
             raise RegistryError(404, "policy_not_found", f"No policy stored for {capability!r}", "capability")
         return policy
+
+    async def put_alert_settings(self, config: AlertConfig) -> AlertConfig:
+        await self.store.put(ALERTS_KEY, encode_alert_config(config))
+        log.info("alert settings saved", extra={"reach_threshold": config.reach_threshold,
+                                                "consecutive_periods": config.consecutive_periods,
+                                                "min_failures": config.min_failures})
+        return config
 
     def agent(self, agent_id: str) -> AgentView:
         record = self.state.records.get(agent_id)

@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from router.policy import Policy, decode_policy
+from router.reach import AlertConfig, decode_alert_config
 
 from registry.lifecycle import Liveness
-from registry.records import INSTANCE_PREFIX, POLICY_PREFIX, InstanceRecord, decode_record
+from registry.records import ALERTS_KEY, INSTANCE_PREFIX, POLICY_PREFIX, InstanceRecord, decode_record
 from registry.store import Change
 
 
@@ -22,6 +23,7 @@ class RegistryState:
         self.records: dict[str, InstanceRecord] = {}
         self.liveness: dict[str, Liveness] = {}
         self.policies: dict[str, Policy] = {}
+        self.alerts = AlertConfig()
         self._holders: dict[str, dict[str, None]] = {}
         self._claims: dict[str, tuple[str, int]] = {}
 
@@ -30,7 +32,9 @@ class RegistryState:
             self.apply(Change(key, value))
 
     def apply(self, change: Change) -> None:
-        if change.key.startswith(POLICY_PREFIX):
+        if change.key == ALERTS_KEY:
+            self.alerts = decode_alert_config(change.value) if change.value is not None else AlertConfig()
+        elif change.key.startswith(POLICY_PREFIX):
             self._apply_policy(change)
         elif change.key.startswith(INSTANCE_PREFIX):
             self._apply_instance(change)

@@ -17,10 +17,11 @@ from typing import Any
 
 import msgspec
 
-from registry.records import INSTANCE_PREFIX, POLICY_PREFIX, InstanceRecord, decode_record
+from registry.records import ALERTS_KEY, INSTANCE_PREFIX, POLICY_PREFIX, InstanceRecord, decode_record
 from registry.service import Registry
 from registry.store import Change
 from router.policy import Policy, decode_policy
+from router.reach import AlertConfig, decode_alert_config
 
 log = logging.getLogger("agentreach.registry.watch")
 
@@ -65,6 +66,8 @@ def decode_value(key: str, data: bytes) -> Any:
         return decode_record(data)
     if key.startswith(POLICY_PREFIX):
         return decode_policy(data)
+    if key == ALERTS_KEY:
+        return decode_alert_config(data)
     return None
 
 
@@ -81,7 +84,8 @@ class _WirePut(msgspec.Struct, tag="put", tag_field="type"):
 
 
 _wire_decoder = msgspec.json.Decoder(_WireReset | _WirePut | Delete | States | Ping)
-_json_decoders = {INSTANCE_PREFIX: msgspec.json.Decoder(InstanceRecord), POLICY_PREFIX: msgspec.json.Decoder(Policy)}
+_json_decoders = {INSTANCE_PREFIX: msgspec.json.Decoder(InstanceRecord), POLICY_PREFIX: msgspec.json.Decoder(Policy),
+                  ALERTS_KEY: msgspec.json.Decoder(AlertConfig)}
 
 
 def _json_value(key: str, raw: msgspec.Raw) -> Any:

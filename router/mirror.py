@@ -9,9 +9,10 @@ from __future__ import annotations
 import msgspec
 from agent_reach.registration import Capability
 
-from registry.records import INSTANCE_PREFIX, POLICY_PREFIX, InstanceRecord
+from registry.records import ALERTS_KEY, INSTANCE_PREFIX, POLICY_PREFIX, InstanceRecord
 from registry.watch import Delete, InstanceState, Ping, Put, Reset, States, WatchEvent
 from router.policy import Policy
+from router.reach import AlertConfig
 
 UNKNOWN_STATE = InstanceState("pending", 0.0, None)
 
@@ -31,6 +32,7 @@ class RegistryMirror:
         self.instances: dict[str, InstanceRecord] = {}
         self.states: dict[str, InstanceState] = {}
         self.policies: dict[str, Policy] = {}
+        self.alerts: AlertConfig | None = None
         self._offers: dict[str, dict[str, Capability]] = {}
 
     def apply(self, event: WatchEvent) -> None:
@@ -50,6 +52,7 @@ class RegistryMirror:
     def _reset(self, event: Reset) -> None:
         self.instances.clear()
         self.policies.clear()
+        self.alerts = None
         self._offers.clear()
         for key, value in event.records.items():
             self._put(key, value)
@@ -58,7 +61,9 @@ class RegistryMirror:
         self.synced = True
 
     def _put(self, key: str, value: object) -> None:
-        if key.startswith(POLICY_PREFIX) and isinstance(value, Policy):
+        if key == ALERTS_KEY and isinstance(value, AlertConfig):
+            self.alerts = value
+        elif key.startswith(POLICY_PREFIX) and isinstance(value, Policy):
             self.policies[key[len(POLICY_PREFIX):]] = value
         elif key.startswith(INSTANCE_PREFIX) and isinstance(value, InstanceRecord):
             self._delete(key)
@@ -68,6 +73,9 @@ class RegistryMirror:
                     self._offers.setdefault(capability.name, {})[value.agent_id] = capability
 
     def _delete(self, key: str) -> None:
+        if key == ALERTS_KEY:
+            self.alerts = None
+            return
         if key.startswith(POLICY_PREFIX):
             self.policies.pop(key[len(POLICY_PREFIX):], None)
             return

@@ -96,9 +96,23 @@ class PeriodSummary(msgspec.Struct, kw_only=True):
 
 
 class AlertConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """When a capability's reach rate raises an alert; stored by the registry, editable live."""
+
     reach_threshold: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.98
-    consecutive_periods: Annotated[int, msgspec.Meta(ge=1)] = 2
+    consecutive_periods: Annotated[int, msgspec.Meta(ge=1, le=1440)] = 2
     min_failures: Annotated[int, msgspec.Meta(ge=0)] = 50
+
+
+_alert_encoder = msgspec.msgpack.Encoder()
+_alert_decoder = msgspec.msgpack.Decoder(AlertConfig)
+
+
+def encode_alert_config(config: AlertConfig) -> bytes:
+    return _alert_encoder.encode(config)
+
+
+def decode_alert_config(data: bytes) -> AlertConfig:
+    return _alert_decoder.decode(data)
 
 
 class Alert(msgspec.Struct, kw_only=True):

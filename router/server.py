@@ -73,6 +73,7 @@ class RouterServer:
         ledger = self.router.ledger
         while True:
             await asyncio.sleep(1.0)
+            ledger.alert_config = self.mirror.alerts or self.settings.routing.alert
             ledger.evaluate(time.time())
             for alert in ledger.drain_new_alerts():
                 logger = log.error if alert.state == "active" else log.warning
