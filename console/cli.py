@@ -13,6 +13,7 @@ from typing import Any
 
 from agent_reach import logs
 
+from console.demo import DemoAgents
 from registry.lifecycle import LifecycleConfig
 from registry.server import RegistryServer, RegistrySettings
 from router.core import RouterSettings
@@ -93,7 +94,10 @@ def _up(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         # The router follows the registry's hub, which exists once the registry has started.
         return await _started(RouterServer(_router_settings(args, args.router_port, None), hub=registry.hub))()
 
-    return _run(_started(registry), start_router)
+    parts = [_started(registry), start_router]
+    if args.demo:
+        parts.append(_started(DemoAgents(registry.url, f"http://{args.host}:{args.router_port}")))
+    return _run(*parts)
 
 
 def _started(server: Any) -> Callable[[], Awaitable[Any]]:
@@ -112,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_registry_knobs(up)
     up.add_argument("--registry-port", type=int, default=8081, help="registry port (default: 8081)")
     up.add_argument("--router-port", type=int, default=8080, help="router port (default: 8080)")
+    up.add_argument("--demo", action="store_true",
+                    help="also start three demo agents (demo.echo, intent.detect, order.query) to call at once")
     _add_router_knobs(up)
 
     registry = commands.add_parser("registry", help="run the registry alone",

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import post, registration
+from conftest import post, registration, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,3 +54,38 @@ def test_wal_inspect_of_a_missing_dir_fails_cleanly(tmp_path):
     result = agentreach("wal", "inspect", str(tmp_path / "nothing-here"))
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def test_up_demo_starts_a_live_mesh_to_call_at_once(tmp_path, http):
+    registry_port, router_port = _free_port(), _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "console.cli", "up", "--demo", "--data-dir", str(tmp_path / "demo"),
+         "--registry-port", str(registry_port), "--router-port", str(router_port), "--log-level", "warning"],
+        cwd=ROOT)
+    try:
+        async def healthy() -> bool:
+            try:
+                async with http.get(f"http://127.0.0.1:{registry_port}/agents") as response:
+                    agents = (await response.json())["agents"]
+            except OSError:
+                return False
+            return sorted((a["agent_id"], a["state"]) for a in agents) == [
+                ("demo-echo-01", "healthy"), ("demo-intent-01", "healthy"), ("demo-orders-01", "healthy")]
+
+        await wait_for(healthy, timeout=20, what="three healthy demo agents")
+        frame = {"capability": "order.query", "payload": {"text": "where is my order A-1002"}}
+        async def answered() -> dict | None:
+            async with http.post(f"http://127.0.0.1:{router_port}/atp", json=frame) as response:
+                return await response.json() if response.status == 200 else None
+
+        answer = await wait_for(answered, timeout=5, what="the router to route order.query")
+        assert answer["result"] == {"order_id": "A-1002", "status": "packing"}
+    finally:
+        process.terminate()
+        assert process.wait(20) == 0
