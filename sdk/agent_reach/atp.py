@@ -32,6 +32,13 @@ class BusinessError(msgspec.Struct, kw_only=True, omit_defaults=True):
     details: Any = None
 
 
+class IntentCandidate(msgspec.Struct, frozen=True):
+    """A capability an intent might mean, with its similarity score."""
+
+    capability: str
+    score: float
+
+
 class RouteFacts(msgspec.Struct, kw_only=True, omit_defaults=True):
     """How the mesh routed a call, so callers can calibrate their timeouts."""
 
@@ -43,6 +50,8 @@ class RouteFacts(msgspec.Struct, kw_only=True, omit_defaults=True):
     overhead_ms: float | None = None
     capability: str | None = None
     reason: str | None = None
+    match_score: float | None = None
+    intent_candidates: list[IntentCandidate] | None = None
 
 
 class ResponseFrame(msgspec.Struct, kw_only=True):

@@ -1,0 +1,155 @@
+"""Pick threshold and margin from labelled intents: zero wrong routes first, then the most recall.
+
+The evaluation set (tests/semantic_eval) is split in two halves by a hash of each intent's text:
+the defaults are chosen on the calibration half and reported on the held-out half too, so they
+are not tuned to the very sentences that judge them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+import msgspec
+
+from router.semantic.embedder import AsyncEmbedder
+from router.semantic.index import CapabilityIndex, CapabilityText, capability_text
+from router.semantic.matcher import MatchRule, top_candidates, verdict
+
+THRESHOLDS = [round(0.01 * step, 2) for step in range(101)]
+MARGINS = [round(0.005 * step, 3) for step in range(61)]
+GUARD_STEPS = 3
+HAN = re.compile(r"[\u3400-\u9fff]")
+
+
+class EvalCapability(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    description: str = ""
+    examples: list[str] = []
+
+
+class _IntentGroup(msgspec.Struct, forbid_unknown_fields=True):
+    label: str | None
+    lang: str
+    texts: list[str]
+
+
+class LabelledIntent(msgspec.Struct, frozen=True):
+    text: str
+    label: str | None
+    lang: str
+
+
+class EvalSet(msgspec.Struct):
+    capabilities: list[EvalCapability]
+    intents: list[LabelledIntent]
+
+    def capability_texts(self) -> list[CapabilityText]:
+        return [capability_text(c.name, (c.description, *c.examples)) for c in self.capabilities]
+
+    def english_descriptions(self) -> EvalSet:
+        """The set as if every capability were described in English only.
+
+        Chinese descriptions and examples are dropped; a capability left with no text, and the
+        intents labelled with it, are dropped too.
+        """
+        kept = [EvalCapability(c.name, "" if HAN.search(c.description) else c.description,
+                               [e for e in c.examples if not HAN.search(e)]) for c in self.capabilities]
+        kept = [c for c in kept if c.description or c.examples]
+        names = {c.name for c in kept}
+        return EvalSet(kept, [i for i in self.intents if i.label is None or i.label in names])
+
+
+def load_eval_set(directory: Path) -> EvalSet:
+    """capabilities.json (name, description, examples) and intents.json (groups of texts with a label)."""
+    capabilities = msgspec.json.decode((directory / "capabilities.json").read_bytes(), type=list[EvalCapability])
+    groups = msgspec.json.decode((directory / "intents.json").read_bytes(), type=list[_IntentGroup])
+    known = {c.name for c in capabilities}
+    unknown = {g.label for g in groups if g.label is not None and g.label not in known}
+    if unknown:
+        raise ValueError(f"intents labelled with capabilities the set does not have: {sorted(unknown)}")
+    return EvalSet(capabilities, [LabelledIntent(text, g.label, g.lang) for g in groups for text in g.texts])
+
+
+def is_calibration(intent: LabelledIntent) -> bool:
+    """Deterministic half of the set, independent of file order."""
+    return hashlib.blake2b(intent.text.encode(), digest_size=1).digest()[0] % 2 == 0
+
+
+class Ranked(msgspec.Struct, frozen=True):
+    """An intent with what a decision looks at: the best score, the runner-up's, the candidates shown."""
+
+    intent: LabelledIntent
+    best: str
+    score: float
+    runner_up: float | None
+    candidates: tuple[str, ...]
+
+
+async def rank(embedder: AsyncEmbedder, index: CapabilityIndex, intents: list[LabelledIntent],
+               top_k: int = 3) -> list[Ranked]:
+    vectors = await embedder.encode([intent.text for intent in intents])
+    ranked = []
+    for intent, vector in zip(intents, vectors):
+        names, scores = index.scores(vector)
+        shown = top_candidates(names, scores, max(top_k, 2))
+        ranked.append(Ranked(intent, shown[0].capability, shown[0].score, shown[1].score if len(shown) > 1 else None,
+                             tuple(candidate.capability for candidate in shown[:top_k])))
+    return ranked
+
+
+class Accuracy(msgspec.Struct, kw_only=True):
+    intents: int
+    routable: int
+    routed: int = 0
+    correct: int = 0
+    wrong: int = 0
+    refused_routable: int = 0
+    refused_unroutable: int = 0
+    # Refused, but the right capability was among the candidates the refusal lists.
+    refused_listed: int = 0
+    # Routable intents whose right capability scores best, whatever the rule decides.
+    ranked_first: int = 0
+
+    @property
+    def precision(self) -> float:
+        return self.correct / self.routed if self.routed else 1.0
+
+    @property
+    def recall(self) -> float:
+        return self.correct / self.routable if self.routable else 0.0
+
+
+def accuracy(ranked: list[Ranked], rule: MatchRule) -> Accuracy:
+    result = Accuracy(intents=len(ranked), routable=sum(item.intent.label is not None for item in ranked))
+    for item in ranked:
+        label = item.intent.label
+        result.ranked_first += label is not None and item.best == label
+        if verdict(item.score, item.runner_up, rule) is None:
+            result.routed += 1
+            if item.best == label:
+                result.correct += 1
+            else:
+                result.wrong += 1
+        elif label is None:
+            result.refused_unroutable += 1
+        else:
+            result.refused_routable += 1
+            result.refused_listed += label in item.candidates
+    return result
+
+
+def calibrate(ranked: list[Ranked], guard_steps: int = GUARD_STEPS, top_k: int = 3) -> MatchRule:
+    """The most correct routes among rules with no wrong route even with the threshold ``guard_steps`` lower.
+
+    Ties go to the stricter rule. Without the guard band, the rule chosen on either half of the
+    evaluation set let a near miss of the other half through (as "what is the QPS of the search
+    service" to order.qps); with 0.03 it is clean both ways: a rule clean only at its very edge
+    is one unseen sentence away from a wrong route.
+    """
+    results = {(i, j): accuracy(ranked, MatchRule(threshold=threshold, margin=margin, top_k=top_k))
+               for i, threshold in enumerate(THRESHOLDS) for j, margin in enumerate(MARGINS)}
+    best = max((result.correct, THRESHOLDS[i], MARGINS[j]) for (i, j), result in results.items()
+               if results[(max(i - guard_steps, 0), j)].wrong == 0)
+    return MatchRule(threshold=best[1], margin=best[2], top_k=top_k)

@@ -1,0 +1,18 @@
+"""What semantic matching concludes for one intent; free of numpy so the router core can import it."""
+
+from __future__ import annotations
+
+import msgspec
+from agent_reach.atp import ErrorCode, IntentCandidate
+
+
+class IntentMatch(msgspec.Struct, kw_only=True, frozen=True):
+    capability: str
+    score: float
+    candidates: list[IntentCandidate]
+
+
+class IntentRefusal(msgspec.Struct, kw_only=True, frozen=True):
+    code: ErrorCode
+    message: str
+    candidates: list[IntentCandidate]
