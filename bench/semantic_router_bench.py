@@ -76,11 +76,11 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=16)
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
-    registry_port, router_port = free_port(), free_port()
+    registry_port, router_port, console_port = free_port(), free_port(), free_port()
     with tempfile.TemporaryDirectory(dir=RESULTS) as data_dir:
         process = subprocess.Popen([sys.executable, "-m", "console.cli", "up", "--demo", "--data-dir", data_dir,
                                     "--registry-port", str(registry_port), "--router-port", str(router_port),
-                                    "--log-level", "warning"], cwd=ROOT)
+                                    "--console-port", str(console_port), "--log-level", "warning"], cwd=ROOT)
         try:
             url = f"http://127.0.0.1:{router_port}/atp"
             rows = {}

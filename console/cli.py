@@ -14,6 +14,7 @@ from typing import Any
 from agent_reach import logs
 
 from console.demo import DemoAgents
+from console.server import ConsoleServer, ConsoleSettings
 from registry.lifecycle import LifecycleConfig
 from registry.server import RegistryServer, RegistrySettings
 from router.core import RouterSettings
@@ -103,6 +104,11 @@ def _run(*parts: Callable[[], Awaitable[Any]]) -> int:
     return 0
 
 
+def _console_settings(args: argparse.Namespace, port: int, registry_url: str, router_url: str) -> ConsoleSettings:
+    return ConsoleSettings(host=args.host, port=port, registry_url=registry_url, router_url=router_url,
+                           data_dir=args.data_dir, auth=args.auth)
+
+
 def _up(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     registry = RegistryServer(_registry_settings(args, args.registry_port, parser))
 
@@ -110,9 +116,11 @@ def _up(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         # The router follows the registry's hub, which exists once the registry has started.
         return await _started(RouterServer(_router_settings(args, args.router_port, None), hub=registry.hub))()
 
+    router_url = f"http://{args.host}:{args.router_port}"
     parts = [_started(registry), start_router]
     if args.demo:
-        parts.append(_started(DemoAgents(registry.url, f"http://{args.host}:{args.router_port}")))
+        parts.append(_started(DemoAgents(registry.url, router_url)))
+    parts.append(_started(ConsoleServer(_console_settings(args, args.console_port, registry.url, router_url))))
     return _run(*parts)
 
 
@@ -132,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_registry_knobs(up)
     up.add_argument("--registry-port", type=int, default=8081, help="registry port (default: 8081)")
     up.add_argument("--router-port", type=int, default=8080, help="router port (default: 8080)")
+    up.add_argument("--console-port", type=int, default=8090, help="console port (default: 8090)")
+    up.add_argument("--auth", choices=["off"], default="off",
+                    help="admin sign-in lands with security; until then off, shown as a banner in the console")
     up.add_argument("--demo", action="store_true",
                     help="also start three demo agents (demo.echo, intent.detect, order.query) to call at once")
     _add_router_knobs(up)
@@ -149,6 +160,20 @@ def build_parser() -> argparse.ArgumentParser:
     router.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     router.add_argument("--log-level", default="info", help="debug, info, warning or error (default: info)")
     _add_router_knobs(router)
+
+    console = commands.add_parser("console", help="run the operators' console",
+                                  description="Serve the dashboard and its JSON API, watching a registry and a router.")
+    console.add_argument("--port", type=int, default=8090, help="port to listen on (default: 8090)")
+    console.add_argument("--registry", default="http://127.0.0.1:8081", metavar="URL",
+                         help="the registry to watch (default: http://127.0.0.1:8081)")
+    console.add_argument("--router", default="http://127.0.0.1:8080", metavar="URL",
+                         help="the router to watch (default: http://127.0.0.1:8080)")
+    console.add_argument("--data-dir", type=Path, default=Path(".agentreach"),
+                         help="where console.db (hourly history) lives (default: ./.agentreach)")
+    console.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    console.add_argument("--auth", choices=["off"], default="off",
+                         help="admin sign-in lands with security; until then off, shown as a banner")
+    console.add_argument("--log-level", default="info", help="debug, info, warning or error (default: info)")
 
     wal = commands.add_parser("wal", help="inspect the write-ahead log", description="Write-ahead log tools.")
     wal_commands = wal.add_subparsers(dest="wal_command", required=True, metavar="WAL_COMMAND")
@@ -179,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     _tune_gc()
     if args.command == "up":
         return _up(args, parser)
+    if args.command == "console":
+        return _run(_started(ConsoleServer(_console_settings(args, args.port, args.registry, args.router))))
     if args.command == "router":
         return _run(_started(RouterServer(_router_settings(args, args.port, args.registry))))
     return _run(_started(RegistryServer(_registry_settings(args, args.port, parser))))

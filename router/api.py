@@ -24,6 +24,7 @@ log = logging.getLogger("agentreach.router.api")
 DEFAULT_MAX_BODY = 16 * 1024 * 1024
 # Embedding tokenises in Python: a bounded intent keeps one caller from holding the model's thread.
 MAX_INTENT_CHARS = 1024
+MAX_TRACES_LISTED = 1000
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
 
@@ -120,7 +121,12 @@ def create_app(router: Router, *, max_body: int = DEFAULT_MAX_BODY) -> web.Appli
             return json_response(result.frame, 400, {"X-Request-Id": result.frame.request_id})
         if jsonrpc.is_envelope(body):
             return await rpc(body)
-        result = await run(to_frame(body))
+        frame = to_frame(body)
+        if isinstance(frame, CallResult):
+            result = frame
+        else:  # inline, not through run(): one coroutine frame less for every await below
+            with logs.bind(request_id=frame.request_id, capability=frame.capability):
+                result = await router.call(frame)
         return json_response(wire(result.frame), result.http_status,
                              route_headers(result.frame.request_id, result.route))
 
@@ -172,6 +178,22 @@ def create_app(router: Router, *, max_body: int = DEFAULT_MAX_BODY) -> web.Appli
             known = router.late_completion(note.request_id, note.agent_id, note.finished_ms)
         return json_response({"request_id": note.request_id, "known": known})
 
+    async def traces(request: web.Request) -> web.Response:
+        raw = request.query.get("limit", "50")
+        if not raw.isdigit() or not 1 <= int(raw) <= MAX_TRACES_LISTED:
+            return json_response({"error": "invalid_field", "field": "limit",
+                                  "message": f"limit must be a whole number from 1 to {MAX_TRACES_LISTED}"}, 400)
+        return json_response({"traces": router.traces.recent(int(raw), request.query.get("capability"))})
+
+    async def trace(request: web.Request) -> web.Response:
+        request_id = request.match_info["request_id"]
+        call, tree = router.traces.get(request_id), router.traces.tree(request_id)
+        if call is None:
+            return json_response({"error": "trace_not_found", "field": "request_id",
+                                  "message": f"No recent call {request_id!r} (the router keeps the last "
+                                             f"{router.traces.max_calls})"}, 404)
+        return json_response({"call": call, "tree": tree})
+
     async def healthz(request: web.Request) -> web.Response:
         mirror = router.mirror
         return json_response({"status": "ok", "registry_synced": mirror.synced, "revision": mirror.revision,
@@ -187,6 +209,8 @@ def create_app(router: Router, *, max_body: int = DEFAULT_MAX_BODY) -> web.Appli
     app.router.add_post("/completions", completions)
     app.router.add_get("/reach", reach)
     app.router.add_get("/alerts", alerts)
+    app.router.add_get("/traces", traces)
+    app.router.add_get("/traces/{request_id}", trace)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)
     return app

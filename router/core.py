@@ -23,6 +23,7 @@ from router.reach import AlertConfig, Outcome, ReachLedger
 from router.semantic.outcome import IntentRefusal
 from router.selection import Candidate, RouteRefusal, choose_policy, plan_route, session_hash_key
 from router.sticky import StickyTable, sticky_key
+from router.traces import AttemptTrace, CallTrace, TraceStore
 
 if TYPE_CHECKING:
     from router.semantic.resolver import SemanticRouter
@@ -48,6 +49,8 @@ class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):
 class CallResult(msgspec.Struct, kw_only=True):
     frame: ResponseFrame | ErrorFrame
     route: RouteFacts
+    plan: list[str] = []
+    tried: list[AttemptTrace] = []
 
     @property
     def http_status(self) -> int:
@@ -65,6 +68,8 @@ class _Attempts(msgspec.Struct, kw_only=True):
     degraded: bool = False
     reason: str | None = None
     agent_ms: float = 0.0
+    plan: list[str] = []
+    tried: list[AttemptTrace] = []
 
 
 class Router:
@@ -78,11 +83,15 @@ class Router:
         self.sticky = StickyTable()
         self.ledger = ReachLedger(period_seconds=settings.period_seconds, alert=settings.alert)
         self.decisions: Counter[str] = Counter()
+        self.traces = TraceStore()
         self._timed_out: OrderedDict[str, tuple[str, str, str]] = OrderedDict()
         self._rng = rng or random.Random()
 
     async def call(self, frame: RequestFrame) -> CallResult:
-        started = time.monotonic()
+        started, started_at = time.monotonic(), time.time()
+        if "trace_id" not in frame.context:
+            # The first hop names the trace, so the agent's nested calls join this call's tree.
+            frame.context["trace_id"] = frame.request_id
         match = None
         if not frame.capability and self.semantic is None:
             return self._error(frame, ErrorCode.INVALID_FRAME,
@@ -101,6 +110,7 @@ class Router:
         result = await self._call_capability(frame, capability, started)
         if match is not None:
             result.route.match_score, result.route.intent_candidates = match.score, match.candidates
+        self._trace(frame, result, started, started_at)
         code = result.frame.error_code if isinstance(result.frame, ErrorFrame) else None
         if code == ErrorCode.UNKNOWN_CAPABILITY:
             # Not a capability's call: counting it would let any caller invent metric labels.
@@ -109,6 +119,21 @@ class Router:
             self.ledger.record(capability, self._outcome(result), code, (time.monotonic() - started) * 1000,
                                time.time())
         return result
+
+    def _trace(self, frame: RequestFrame, result: CallResult, started: float, started_at: float) -> None:
+        route = result.route
+        update = result.frame.context_update if isinstance(result.frame, ResponseFrame) else None
+        tokens = update.get("tokens_used") if update else None
+        hint = frame.context.get("routing_hint")
+        self.traces.add(CallTrace(
+            request_id=frame.request_id, capability=frame.capability or "", trace_id=str(frame.context["trace_id"]),
+            started_at=started_at, parent_request_id=frame.context.get("parent_request_id"),
+            payload_bytes=len(_payload_encoder.encode(frame.payload)), timeout_hint=frame.timeout_hint,
+            routing_hint=hint if isinstance(hint, dict) else None, policy=route.policy, plan=result.plan,
+            degraded=route.degraded, reason=route.reason, attempts=result.tried, outcome=self._outcome(result),
+            error_code=result.frame.error_code if isinstance(result.frame, ErrorFrame) else None,
+            total_ms=round((time.monotonic() - started) * 1000, 3), overhead_ms=route.overhead_ms or 0.0,
+            tokens=tokens if isinstance(tokens, int) else None))
 
     async def _call_capability(self, frame: RequestFrame, capability: str, started: float) -> CallResult:
         offers = self.mirror.offers(capability)
@@ -121,7 +146,8 @@ class Router:
             # The registry holds a policy for it, so the capability is known: its pool is empty.
             empty = _Attempts(refusal=RouteRefusal(code=ErrorCode.NO_ROUTABLE_INSTANCE,
                                                    reason=f"no instance of {capability!r} is registered"))
-            return await self._conclude(frame, capability, None, policy, empty, started)
+            return await self._with_fallback(frame, policy, empty, started) or \
+                self._finish(frame, capability, None, empty, started)
         declared = offers[0].capability
         size = len(_payload_encoder.encode(frame.payload))
         if size > declared.max_payload_bytes:
@@ -140,17 +166,20 @@ class Router:
             attempts = _Attempts(answer=AgentAnswer(error_code=ErrorCode.CIRCUIT_OPEN, sent=False,
                                                     message=f"circuit open for capability {capability!r}"),
                                  reason="capability_circuit_open")
-        return await self._conclude(frame, capability, declared.timeout_sla_ms, policy, attempts, started)
+        if attempts.answer is not None and attempts.answer.ok:  # the common case: no coroutine for fallback
+            return self._finish(frame, capability, declared.timeout_sla_ms, attempts, started)
+        fallback = await self._with_fallback(frame, policy, attempts, started)
+        if fallback is not None:
+            fallback.tried = [*attempts.tried, *fallback.tried]
+            return fallback
+        return self._finish(frame, capability, declared.timeout_sla_ms, attempts, started)
 
-    async def _conclude(self, frame: RequestFrame, capability: str, sla_ms: int | None, policy: Policy,
-                        attempts: _Attempts, started: float) -> CallResult:
-        """The call's answer: its own, or on failure the fallback capability's success (degraded)."""
-        failed = attempts.refusal is not None or (attempts.answer is not None and not attempts.answer.ok)
-        if failed and policy.fallback_capability and not self._caller_error(attempts):
-            fallback = await self._call_fallback(frame, policy.fallback_capability, started)
-            if fallback is not None:
-                return fallback
-        return self._finish(frame, capability, sla_ms, attempts, started)
+    async def _with_fallback(self, frame: RequestFrame, policy: Policy, attempts: _Attempts,
+                             started: float) -> CallResult | None:
+        """For a failed call, the fallback capability's success (degraded); None to answer the failure."""
+        if not policy.fallback_capability or self._caller_error(attempts):
+            return None
+        return await self._call_fallback(frame, policy.fallback_capability, started)
 
     async def _call_fallback(self, frame: RequestFrame, fallback: str, started: float) -> CallResult | None:
         offers = self.mirror.offers(fallback)
@@ -184,7 +213,8 @@ class Router:
                                     frame.timeout_hint)
         idempotent = by_id[plan.order[0].agent_id].capability.idempotent
         tries_allowed = policy.retry.max_attempts if policy.retry.enabled and idempotent else 1
-        state = _Attempts(policy=policy_name, degraded=plan.degraded, reason="demoted" if plan.degraded else None)
+        state = _Attempts(policy=policy_name, degraded=plan.degraded, reason="demoted" if plan.degraded else None,
+                          plan=[candidate.agent_id for candidate in plan.order])
         self.decisions[policy_name] += 1
         if plan.degraded:
             self.decisions["demoted"] += 1
@@ -205,7 +235,12 @@ class Router:
             if state.attempts:
                 state.degraded, state.reason = True, "failover"
                 self.decisions["failover"] += 1
-            answer = await self._send(frame, capability, by_id[candidate.agent_id], timeouts, remaining)
+            offer = by_id[candidate.agent_id]
+            answer = await self._send(frame, capability, offer, timeouts, remaining)
+            state.tried.append(AttemptTrace(
+                instance=candidate.agent_id, endpoint=offer.capability.endpoint, protocol=offer.capability.protocol,
+                started_ms=round((now - started) * 1000, 3), elapsed_ms=round(answer.elapsed_ms, 3),
+                error_code=answer.error_code.value if answer.error_code else None, message=answer.message))
             state.attempts += 1
             state.instance = candidate.agent_id
             state.answer = answer
@@ -229,7 +264,7 @@ class Router:
         if state.answer is None:
             refusal = RouteRefusal(code=ErrorCode.CIRCUIT_OPEN, reason="every instance's circuit is open") if broken \
                 else RouteRefusal(code=ErrorCode.BUSY, reason="every instance is at its max_qps")
-            return _Attempts(refusal=refusal, policy=policy_name)
+            return _Attempts(refusal=refusal, policy=policy_name, plan=state.plan)
         return state
 
     def _candidate(self, offer: Offer, capability: str, policy: Policy, now: float) -> Candidate:
@@ -297,10 +332,11 @@ class Router:
         assert answer is not None
         if answer.ok:
             return CallResult(frame=ResponseFrame(request_id=frame.request_id, result=answer.result,
-                                                  context_update=answer.context_update, route=route), route=route)
+                                                  context_update=answer.context_update, route=route), route=route,
+                              plan=attempts.plan, tried=attempts.tried)
         error = error_frame(frame.request_id, answer.error_code, answer.message)
         error.business_error, error.route = answer.business_error, route
-        return CallResult(frame=error, route=route)
+        return CallResult(frame=error, route=route, plan=attempts.plan, tried=attempts.tried)
 
     def _error(self, frame: RequestFrame, code: ErrorCode, message: str, route: RouteFacts,
                started: float) -> CallResult:

@@ -7,7 +7,9 @@ becomes an ErrorCode and a flag saying whether the agent could have seen the req
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
+import re
 import time
 from typing import Any
 
@@ -51,10 +53,13 @@ class _AgentReply(msgspec.Struct, kw_only=True):
 _reply_decoder = msgspec.json.Decoder(_AgentReply)
 
 
+_HEX = re.compile(r"[0-9a-f]+")
+
+
 def _hex_id(text: str, size: int) -> str:
     """``text`` itself when it already is a W3C id of that size, else a stable digest of it."""
     plain = text.replace("-", "").lower()
-    if len(plain) == size * 2 and all(c in "0123456789abcdef" for c in plain):
+    if len(plain) == size * 2 and _HEX.fullmatch(plain):
         return plain
     return hashlib.blake2b(text.encode(), digest_size=size).hexdigest()
 
@@ -118,6 +123,11 @@ def _classify_rest(status: int, body: bytes) -> AgentAnswer:
 _PROTOCOLS = {"atp": (_atp_request, _classify_atp), "rest": (_rest_request, _classify_rest)}
 
 
+@functools.lru_cache(maxsize=1024)
+def _client_timeout(connect_s: float) -> aiohttp.ClientTimeout:
+    return aiohttp.ClientTimeout(total=None, connect=connect_s, sock_connect=connect_s)
+
+
 class Forwarder:
     """One shared keep-alive connection pool for every agent."""
 
@@ -126,39 +136,41 @@ class Forwarder:
         self.completion_url = completion_url
 
     async def send(self, endpoint: str, protocol: str, frame: RequestFrame, timeouts: ResolvedTimeouts) -> AgentAnswer:
-        started = time.monotonic()
-        answer = await self._send(endpoint, protocol, frame, timeouts)
-        answer.elapsed_ms = (time.monotonic() - started) * 1000
-        return answer
-
-    async def _send(self, endpoint: str, protocol: str, frame: RequestFrame,
-                    timeouts: ResolvedTimeouts) -> AgentAnswer:
+        # One coroutine, not a timing wrapper around another: every await resumes through each frame.
         build, classify = _PROTOCOLS[protocol]
         body, headers = build(frame, int(timeouts.total_s * 1000))
         headers["X-Request-Id"] = frame.request_id
         headers["traceparent"] = traceparent(frame.context, frame.request_id)
         if self.completion_url:
             headers["X-Reach-Completion-Url"] = self.completion_url
-        client_timeout = aiohttp.ClientTimeout(total=None, connect=timeouts.connect_s, sock_connect=timeouts.connect_s)
+        client_timeout = _client_timeout(timeouts.connect_s)
+        # One timer for both deadlines: the first byte's, then (headers in) the whole call's.
+        now = asyncio.get_running_loop().time()
+        started = time.monotonic()
+        first_byte_fires = timeouts.first_byte_s < timeouts.total_s
         stage = "first_byte"
         try:
-            async with asyncio.timeout(timeouts.total_s):
-                async with asyncio.timeout(timeouts.first_byte_s) as first_byte:
-                    response = await self._session.post(endpoint, data=body, headers=headers, timeout=client_timeout)
+            async with asyncio.timeout_at(now + min(timeouts.first_byte_s, timeouts.total_s)) as deadline:
+                response = await self._session.post(endpoint, data=body, headers=headers, timeout=client_timeout)
                 stage = "body"
+                if first_byte_fires:
+                    deadline.reschedule(now + timeouts.total_s)
                 async with response:
                     raw = await response.read()
-                    return classify(response.status, raw)
+                answer = classify(response.status, raw)
         except aiohttp.ConnectionTimeoutError:
-            return AgentAnswer(error_code=ErrorCode.CONNECT_TIMEOUT, sent=False,
-                               message=f"no connection within {timeouts.connect_s * 1000:.0f} ms")
+            answer = AgentAnswer(error_code=ErrorCode.CONNECT_TIMEOUT, sent=False,
+                                 message=f"no connection within {timeouts.connect_s * 1000:.0f} ms")
         except aiohttp.ClientConnectorError as exc:
-            return AgentAnswer(error_code=ErrorCode.AGENT_ERROR, sent=False, message=f"connection failed: {exc}")
+            answer = AgentAnswer(error_code=ErrorCode.AGENT_ERROR, sent=False, message=f"connection failed: {exc}")
         except TimeoutError:
-            if stage == "first_byte" and first_byte.expired():
-                return AgentAnswer(error_code=ErrorCode.FIRST_BYTE_TIMEOUT,
-                                   message=f"no answer within {timeouts.first_byte_s * 1000:.0f} ms")
-            return AgentAnswer(error_code=ErrorCode.TOTAL_TIMEOUT,
-                               message=f"call not finished within {timeouts.total_s * 1000:.0f} ms")
+            if stage == "first_byte" and first_byte_fires:
+                answer = AgentAnswer(error_code=ErrorCode.FIRST_BYTE_TIMEOUT,
+                                     message=f"no answer within {timeouts.first_byte_s * 1000:.0f} ms")
+            else:
+                answer = AgentAnswer(error_code=ErrorCode.TOTAL_TIMEOUT,
+                                     message=f"call not finished within {timeouts.total_s * 1000:.0f} ms")
         except aiohttp.ClientError as exc:
-            return AgentAnswer(error_code=ErrorCode.AGENT_ERROR, message=f"agent connection broke: {exc!r}")
+            answer = AgentAnswer(error_code=ErrorCode.AGENT_ERROR, message=f"agent connection broke: {exc!r}")
+        answer.elapsed_ms = (time.monotonic() - started) * 1000
+        return answer

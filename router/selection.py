@@ -67,9 +67,9 @@ def choose_policy(capability_policy: str | None, instance_preferences: list[str 
     """The capability's policy wins; else the instances' most common preference (ties: by name); else default."""
     if capability_policy is not None:
         return capability_policy
-    votes = Counter(preference for preference in instance_preferences if preference is not None)
-    if not votes:
+    if not any(instance_preferences):
         return default
+    votes = Counter(preference for preference in instance_preferences if preference is not None)
     return min(votes, key=lambda preference: (-votes[preference], preference))
 
 
@@ -124,6 +124,8 @@ def _by_load(pool: list[Candidate], candidates: list[Candidate], hash_key: str, 
     two choices): nearly as good as the minimum, without every router herding onto the same
     instance between load reports. The rest follow ascending as the failover order.
     """
+    if len(pool) == 1:
+        return list(pool)
     shuffled = rng.sample(pool, len(pool))
     order = sorted(shuffled, key=_score)
     if len(pool) <= p2c_above:

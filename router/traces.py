@@ -42,6 +42,7 @@ class CallTrace(msgspec.Struct, kw_only=True):
     error_code: str | None = None
     total_ms: float = 0.0
     overhead_ms: float = 0.0
+    tokens: int | None = None
 
 
 class TraceNode(msgspec.Struct, kw_only=True):

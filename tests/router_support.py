@@ -39,7 +39,21 @@ class Received(msgspec.Struct):
     body: Any
 
 
-class Agent:
+class _OnLoopback:
+    """Something listening on 127.0.0.1:``port`` whose capability endpoint is ``/call``."""
+
+    port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.url}/call"
+
+
+class Agent(_OnLoopback):
     """A plain aiohttp agent on 127.0.0.1 whose behaviour can be changed while it runs.
 
     ``protocol`` "rest": the body is the payload, the answer ``{"echo": payload, "agent": name}``.
@@ -70,14 +84,6 @@ class Agent:
     @property
     def calls(self) -> int:
         return len(self.received)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def endpoint(self) -> str:
-        return f"{self.url}/call"
 
     async def start(self, port: int = 0) -> Agent:
         app = web.Application()
@@ -167,7 +173,7 @@ class Agent:
             self.completions.append({"status": answer.status, **await answer.json()})
 
 
-class SlowConnectTarget:
+class SlowConnectTarget(_OnLoopback):
     """A port whose TCP handshake never completes: a listening socket with backlog 0 that never
     accepts, its accept queue filled by our own connections, so the kernel drops new SYNs."""
 
@@ -177,14 +183,6 @@ class SlowConnectTarget:
         self._listener.listen(0)
         self.port = self._listener.getsockname()[1]
         self._fillers: list[socket.socket] = []
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def endpoint(self) -> str:
-        return f"{self.url}/call"
 
     async def start(self) -> SlowConnectTarget:
         for _ in range(4):

@@ -63,10 +63,11 @@ def _free_port() -> int:
 
 
 async def test_up_demo_starts_a_live_mesh_to_call_at_once(tmp_path, http):
-    registry_port, router_port = _free_port(), _free_port()
+    registry_port, router_port, console_port = _free_port(), _free_port(), _free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "console.cli", "up", "--demo", "--data-dir", str(tmp_path / "demo"),
-         "--registry-port", str(registry_port), "--router-port", str(router_port), "--log-level", "warning"],
+         "--registry-port", str(registry_port), "--router-port", str(router_port),
+         "--console-port", str(console_port), "--log-level", "warning"],
         cwd=ROOT)
     try:
         async def healthy() -> bool:
@@ -86,6 +87,8 @@ async def test_up_demo_starts_a_live_mesh_to_call_at_once(tmp_path, http):
 
         answer = await wait_for(answered, timeout=5, what="the router to route order.query")
         assert answer["result"] == {"order_id": "A-1002", "status": "packing"}
+        async with http.get(f"http://127.0.0.1:{console_port}/api/overview") as response:
+            assert response.status == 200
     finally:
         process.terminate()
         assert process.wait(20) == 0

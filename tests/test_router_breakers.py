@@ -5,9 +5,19 @@ from __future__ import annotations
 import time
 
 from conftest import wait_for
-from router_support import Answer, Mesh, mesh, start_agent, start_mesh  # noqa: F401
+from router_support import Agent, Answer, Mesh, mesh, start_agent, start_mesh  # noqa: F401
 
 BREAKER = {"min_requests": 4, "error_threshold_percent": 50, "reset_seconds": 0.5, "window_seconds": 10}
+
+
+async def lone_agent(mesh: Mesh, start_agent, name: str, protocol: str = "rest", **knobs) -> Agent:
+    """One instance of `echo` behind the small breaker policy, misbehaving as ``knobs`` say."""
+    await mesh.put_policy("echo", {"circuit_breaker": BREAKER})
+    agent = await start_agent(name, protocol)
+    for knob, value in knobs.items():
+        setattr(agent, knob, value)
+    await mesh.add(agent)
+    return agent
 
 
 async def probe_reaches_agent(mesh: Mesh, name: str = "echo") -> Answer:
@@ -19,10 +29,7 @@ async def probe_reaches_agent(mesh: Mesh, name: str = "echo") -> Answer:
 
 
 async def test_breaker_opens_half_opens_and_closes(mesh: Mesh, start_agent):
-    await mesh.put_policy("echo", {"circuit_breaker": BREAKER})
-    agent = await start_agent("flaky")
-    agent.status = 500
-    await mesh.add(agent)
+    agent = await lone_agent(mesh, start_agent, "flaky", status=500)
     for _ in range(4):
         assert (await mesh.call(payload="x")).body["error_code"] == "AGENT_ERROR"
     opened_at = time.monotonic()
@@ -66,10 +73,8 @@ async def test_an_instance_breaker_moves_traffic_to_the_other_instances(mesh: Me
 
 
 async def test_business_errors_open_the_breaker_and_count_as_failures(mesh: Mesh, start_agent):
-    await mesh.put_policy("echo", {"circuit_breaker": BREAKER})
-    agent = await start_agent("refuser", "atp")
-    agent.business_error = {"code": "OUT_OF_STOCK", "message": "nothing left"}
-    await mesh.add(agent)
+    agent = await lone_agent(mesh, start_agent, "refuser", "atp",
+                             business_error={"code": "OUT_OF_STOCK", "message": "nothing left"})
     for _ in range(4):
         answer = await mesh.call(payload="x")
         assert answer.status == 422 and answer.body["error_code"] == "BUSINESS_ERROR"
@@ -81,10 +86,7 @@ async def test_business_errors_open_the_breaker_and_count_as_failures(mesh: Mesh
 
 
 async def test_an_agent_answering_busy_does_not_open_the_breaker(mesh: Mesh, start_agent):
-    await mesh.put_policy("echo", {"circuit_breaker": BREAKER})
-    agent = await start_agent("full")
-    agent.status = 429
-    await mesh.add(agent)
+    agent = await lone_agent(mesh, start_agent, "full", status=429)
     for _ in range(6):
         answer = await mesh.call(payload="x")
         assert (answer.status, answer.body["error_code"], answer.body["can_retry"]) == (429, "BUSY", True)

@@ -47,7 +47,7 @@ async def test_max_qps_answers_busy_fast_and_never_queues(mesh: Mesh, start_agen
     busy = await mesh.call(payload="one too many")
     elapsed = time.monotonic() - started
     assert busy.status == 429 and busy.body["error_code"] == "BUSY" and busy.body["can_retry"] is True
-    assert elapsed < 0.1, f"busy took {elapsed:.3f}s: it must not wait for a token"
+    assert elapsed < 0.25, f"busy took {elapsed:.3f}s: it must not wait for a token (one comes every 0.5 s)"
     assert [agent.calls for agent in agents] == [2, 2]
     # Tokens come back at max_qps per second: a caller that retries later gets through.
     later = await wait_for(lambda: mesh.router.book.bucket("qps-0", 2).available(time.monotonic()) >= 1,
@@ -139,7 +139,7 @@ async def test_sticky_sessions_return_to_the_same_instance(mesh: Mesh, start_age
 
 
 async def test_healthy_instances_first_demoted_only_when_none_left(start_mesh, start_agent):
-    mesh: Mesh = await start_mesh(silence_timeout=0.6)
+    mesh: Mesh = await start_mesh(silence_timeout=1.0)
     alive, silent = await start_agent("alive"), await start_agent("silent")
     await mesh.add_all([alive, silent])
     mesh.keep_beating("alive")

@@ -54,50 +54,42 @@ async def test_connect_timeout_fails_over_because_nothing_was_sent(mesh: Mesh, s
     assert elapsed >= 0.15
     # The unreachable instance is ejected now: the next call goes straight to the live one.
     answer, elapsed = await timed_call(mesh)
-    assert answer.route["attempts"] == 1 and elapsed < 0.15
+    assert answer.status == 200 and answer.route["attempts"] == 1
 
 
-async def test_first_byte_timeout(mesh: Mesh, start_agent, router_logs):
-    await mesh.put_policy("echo", {"timeout": {"first_byte_ms": 200, "total_ms": 3000}})
-    slow = await start_agent("slow-start")
-    slow.first_byte_delay = 1.0
+@pytest.mark.parametrize(("knob", "timeout", "code", "window"), [
+    ("first_byte_delay", {"first_byte_ms": 200, "total_ms": 3000}, "FIRST_BYTE_TIMEOUT", (0.18, 0.8)),
+    ("body_delay", {"first_byte_ms": 200, "total_ms": 300}, "TOTAL_TIMEOUT", (0.28, 0.9)),  # slow body
+])
+async def test_first_byte_and_total_timeouts(mesh: Mesh, start_agent, router_logs, knob, timeout, code, window):
+    await mesh.put_policy("echo", {"timeout": timeout})
+    slow = await start_agent("slow")
+    setattr(slow, knob, 1.0)
     await mesh.add(slow)
     answer, elapsed = await timed_call(mesh)
-    assert answer.status == 504 and answer.body["error_code"] == "FIRST_BYTE_TIMEOUT"
-    assert 0.18 <= elapsed < 0.8, elapsed
+    assert answer.status == 504 and answer.body["error_code"] == code
+    assert window[0] <= elapsed < window[1], elapsed
     assert slow.calls == 1
     line = timeout_line(router_logs, answer.body["request_id"])
-    assert (line["instance"], line["timeout"]) == ("slow-start", "FIRST_BYTE_TIMEOUT")
-
-
-async def test_total_timeout_on_a_slow_body(mesh: Mesh, start_agent, router_logs):
-    await mesh.put_policy("echo", {"timeout": {"first_byte_ms": 200, "total_ms": 300}})
-    dribbler = await start_agent("dribbler")
-    dribbler.body_delay = 1.0
-    await mesh.add(dribbler)
-    answer, elapsed = await timed_call(mesh)
-    assert answer.status == 504 and answer.body["error_code"] == "TOTAL_TIMEOUT"
-    assert 0.28 <= elapsed < 0.9, elapsed
-    line = timeout_line(router_logs, answer.body["request_id"])
-    assert (line["instance"], line["timeout"]) == ("dribbler", "TOTAL_TIMEOUT")
+    assert (line["instance"], line["timeout"]) == ("slow", code)
 
 
 @pytest.mark.parametrize("protocol", ["rest", "atp"])
 async def test_timeout_hint_shortens_but_never_lengthens(mesh: Mesh, start_agent, protocol):
-    await mesh.put_policy("echo", {"timeout": {"total_ms": 400}})
+    await mesh.put_policy("echo", {"timeout": {"total_ms": 800}})
     dribbler = await start_agent("dribbler", protocol)
-    dribbler.body_delay = 1.0
+    dribbler.body_delay = 2.0
     await mesh.add(dribbler)
     shortened, elapsed = await timed_call(mesh, timeout_hint=150)
-    assert shortened.body["error_code"] == "TOTAL_TIMEOUT" and 0.13 <= elapsed < 0.35, elapsed
+    assert shortened.body["error_code"] == "TOTAL_TIMEOUT" and 0.13 <= elapsed < 0.7, elapsed
     lengthened, elapsed = await timed_call(mesh, timeout_hint=5000)
-    assert lengthened.body["error_code"] == "TOTAL_TIMEOUT" and 0.38 <= elapsed < 0.9, elapsed
+    assert lengthened.body["error_code"] == "TOTAL_TIMEOUT" and 0.78 <= elapsed < 1.8, elapsed
     # The agent is told the budget it really has.
     if protocol == "rest":
         told = [int(received.headers["X-Reach-Timeout-Ms"]) for received in dribbler.received]
     else:
         told = [received.body["timeout_hint"] for received in dribbler.received]
-    assert told[0] <= 150 and 300 < told[1] <= 400
+    assert told[0] <= 150 and 700 < told[1] <= 800
 
 
 async def test_retries_only_for_idempotent_capabilities_with_retry_enabled(mesh: Mesh, start_agent):

@@ -1,0 +1,213 @@
+"""The console's JSON API (everything the front end reads or changes) and its static files.
+
+Reads of live state come from the collector's last poll; changes (policies, alert thresholds)
+and the debug entry go straight through to the registry or the router, whose answers, errors
+included, are relayed unchanged so a validation error's ``field`` reaches the form.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from urllib.parse import quote
+from typing import Any
+
+import msgspec
+from aiohttp import web
+from registry.api import errors_as_json
+from registry.errors import RegistryError
+from registry.views import AgentView
+from router.policy import DEFAULT_POLICY
+
+from console.collector import Collector
+from console.hub import Hub
+from console.models import AgentDetail, ConsoleConfig, DebugResult, PolicyEntry, ReachView, RoutesView, TrafficStat
+from console.rollup import capability_reach
+from console.store import HOUR, ConsoleStore
+from console.upstream import Reply, Upstream
+
+STATIC = Path(__file__).parent / "static"
+MAX_BODY = 16 * 1024 * 1024
+TOPICS = frozenset({"overview", "agents"})
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder()
+
+
+def json_response(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=_encoder.encode(body), status=status, content_type="application/json")
+
+
+def relay(reply: Reply) -> web.Response:
+    """The upstream's answer as it came, status and body."""
+    return web.Response(body=reply.body, status=reply.status, content_type="application/json")
+
+
+def segment(value: str) -> str:
+    """A path parameter passed on upstream as exactly one path segment, whatever it contains."""
+    return quote(value, safe="")
+
+
+def bounded_int(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    if not raw.isdigit() or not low <= int(raw) <= high:
+        raise RegistryError(400, "invalid_field", f"{name} must be a whole number from {low} to {high}", name)
+    return int(raw)
+
+
+def hours_since(request: web.Request, now: float) -> float:
+    return now - bounded_int(request, "hours", 24, 1, 24 * 7) * HOUR
+
+
+async def revalidate_static(request: web.Request, response: web.StreamResponse) -> None:
+    """Browsers must ask again (a cheap 304) so an upgraded console never runs yesterday's modules."""
+    if request.path.startswith("/static/"):
+        response.headers["Cache-Control"] = "no-cache"
+
+
+class ConsoleApi:
+    """The handlers, sharing the collector (live state), the store (hours) and the upstreams."""
+
+    def __init__(self, config: ConsoleConfig, collector: Collector, store: ConsoleStore, hub: Hub,
+                 registry: Upstream, router: Upstream):
+        self.config = config
+        self.collector = collector
+        self.store = store
+        self.hub = hub
+        self.registry = registry
+        self.router = router
+
+    async def index(self, request: web.Request) -> web.FileResponse:
+        return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+
+    async def get_config(self, request: web.Request) -> web.Response:
+        return json_response(self.config)
+
+    async def overview(self, request: web.Request) -> web.Response:
+        return json_response(self.collector.overview(time.time()))
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        topics = frozenset(request.query.get("topics", "overview").split(","))
+        if not topics or not topics <= TOPICS:
+            raise RegistryError(400, "invalid_field", f"topics must be among {sorted(TOPICS)}", "topics")
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                               "X-Accel-Buffering": "no"})
+        await response.prepare(request)
+        await response.write(f"retry: {int(self.config.poll_interval * 2000)}\n\n".encode())
+        try:
+            async for event in self.hub.subscribe(topics):
+                await response.write(b": keepalive\n\n" if event is None else event.encode())
+        except ConnectionResetError:
+            pass  # the browser left: its page closed or navigated away
+        return response
+
+    async def agents(self, request: web.Request) -> web.Response:
+        return json_response({"agents": self.collector.agent_rows(time.time())})
+
+    async def agent(self, request: web.Request) -> web.Response:
+        agent_id = request.match_info["agent_id"]
+        reply = await self.registry.get(f"/agents/{segment(agent_id)}")
+        if not reply.ok:
+            return relay(reply)
+        now = time.time()
+        heartbeats, traffic = self.collector.heartbeats, self.collector.traffic
+        return json_response(AgentDetail(
+            agent=msgspec.json.decode(reply.body, type=AgentView), heartbeats=heartbeats.beats(agent_id),
+            transitions=heartbeats.transitions(agent_id),
+            traffic=traffic.by_agent(now).get(agent_id) or TrafficStat(),
+            capabilities=traffic.by_capability(agent_id, now),
+            hours=await self.store.agent_hours(agent_id, hours_since(request, now))))
+
+    async def reach(self, request: web.Request) -> web.Response:
+        now = time.time()
+        reach = self.collector.reach
+        alerting = {alert.capability for alert in self.collector.alerts if alert.state == "active"}
+        return json_response(ReachView(
+            period_seconds=reach.period_seconds, points=self.collector.curve(now),
+            capabilities=capability_reach(reach.periods, alerting), instance_health_rate=reach.instance_health_rate,
+            hours=await self.store.reach_hours(hours_since(request, now))))
+
+    async def routes(self, request: web.Request) -> web.Response:
+        now = time.time()
+        return json_response(RoutesView(decisions=dict(self.collector.reach.route_decisions),
+                                        hours=await self.store.decision_hours(hours_since(request, now))))
+
+    async def traces(self, request: web.Request) -> web.Response:
+        params = {"limit": str(bounded_int(request, "limit", 50, 1, 1000))}
+        if request.query.get("capability"):
+            params["capability"] = request.query["capability"]
+        return relay(await self.router.get("/traces", params))
+
+    async def trace(self, request: web.Request) -> web.Response:
+        return relay(await self.router.get(f"/traces/{segment(request.match_info['request_id'])}"))
+
+    async def policies(self, request: web.Request) -> web.Response:
+        reply = await self.registry.get("/policies")
+        if not reply.ok:
+            return relay(reply)
+        stored = {policy["capability"]: policy for policy in reply.json()["policies"]}
+        owners: dict[str, str] = {}
+        for agent in self.collector.agents:
+            if agent.state != "evicted":
+                for capability in agent.capabilities:
+                    owners.setdefault(capability.name, agent.service)
+        default = msgspec.to_builtins(DEFAULT_POLICY)
+        entries = [PolicyEntry(capability=name, service=owners.get(name), stored=name in stored,
+                               policy=stored.get(name) or {**default, "capability": name})
+                   for name in sorted(owners.keys() | stored.keys())]
+        return json_response({"policies": entries})
+
+    async def put_policy(self, request: web.Request) -> web.Response:
+        return relay(await self.registry.request("PUT", f"/policies/{segment(request.match_info['capability'])}",
+                                                 await request.read()))
+
+    async def delete_policy(self, request: web.Request) -> web.Response:
+        return relay(await self.registry.request("DELETE", f"/policies/{segment(request.match_info['capability'])}"))
+
+    async def alerts(self, request: web.Request) -> web.Response:
+        return relay(await self.router.get("/alerts"))
+
+    async def alert_settings(self, request: web.Request) -> web.Response:
+        return relay(await self.registry.get("/settings/alerts"))
+
+    async def put_alert_settings(self, request: web.Request) -> web.Response:
+        return relay(await self.registry.request("PUT", "/settings/alerts", await request.read()))
+
+    async def debug(self, request: web.Request) -> web.Response:
+        """Send the body to the router's /atp exactly as written, and report what came back."""
+        reply = await self.router.request("POST", "/atp", await request.read())
+        try:
+            frame = reply.json()
+        except msgspec.DecodeError:
+            frame = reply.body.decode(errors="replace")
+        headers = {name.lower(): value for name, value in reply.headers.items()
+                   if name.lower().startswith("x-reach-") or name.lower() == "x-request-id"}
+        request_id = headers.get("x-request-id") or (frame.get("request_id") if isinstance(frame, dict) else None)
+        return json_response(DebugResult(
+            http_status=reply.status, request_id=request_id, elapsed_ms=round(reply.elapsed_ms, 3), headers=headers,
+            frame=frame, trace_url=f"/api/traces/{request_id}" if request_id else None))
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[errors_as_json], client_max_size=MAX_BODY)
+        app.on_response_prepare.append(revalidate_static)
+        routes = app.router
+        routes.add_get("/", self.index)
+        routes.add_static("/static", STATIC, append_version=False)
+        routes.add_get("/api/config", self.get_config)
+        routes.add_get("/api/overview", self.overview)
+        routes.add_get("/api/stream", self.stream)
+        routes.add_get("/api/agents", self.agents)
+        routes.add_get("/api/agents/{agent_id}", self.agent)
+        routes.add_get("/api/reach", self.reach)
+        routes.add_get("/api/routes", self.routes)
+        routes.add_get("/api/traces", self.traces)
+        routes.add_get("/api/traces/{request_id}", self.trace)
+        routes.add_get("/api/policies", self.policies)
+        routes.add_put("/api/policies/{capability}", self.put_policy)
+        routes.add_delete("/api/policies/{capability}", self.delete_policy)
+        routes.add_get("/api/alerts", self.alerts)
+        routes.add_get("/api/settings/alerts", self.alert_settings)
+        routes.add_put("/api/settings/alerts", self.put_alert_settings)
+        routes.add_post("/api/debug", self.debug)
+        return app

@@ -1,0 +1,84 @@
+"""Assemble and run the console: open its store, start polling the mesh, serve the dashboard."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Literal
+
+import aiohttp
+import msgspec
+from aiohttp import web
+
+from console.api import ConsoleApi
+from console.collector import Collector
+from console.hub import Hub
+from console.models import ConsoleConfig
+from console.store import ConsoleStore
+from console.upstream import Upstream
+
+log = logging.getLogger("agentreach.console")
+
+
+class ConsoleSettings(msgspec.Struct, kw_only=True):
+    host: str = "127.0.0.1"
+    port: int = 8090
+    registry_url: str = "http://127.0.0.1:8081"
+    router_url: str = "http://127.0.0.1:8080"
+    data_dir: Path = Path(".agentreach")
+    # Only "off" until the admin credential lands; the dashboard then shows a banner saying so.
+    auth: Literal["off"] = "off"
+    poll_interval: float = 1.0
+
+
+class ConsoleServer:
+    """The console's parts, started and stopped together; its SQLite file is DATA_DIR/console.db."""
+
+    def __init__(self, settings: ConsoleSettings):
+        self.settings = settings
+        self.store = ConsoleStore(settings.data_dir / "console.db")
+        self.hub = Hub()
+        self.collector: Collector | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+        self.port = settings.port
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.settings.host}:{self.port}"
+
+    async def start(self) -> None:
+        settings = self.settings
+        await self.store.open()
+        self._session = aiohttp.ClientSession()
+        registry, router = Upstream(self._session, settings.registry_url), Upstream(self._session, settings.router_url)
+        self.collector = Collector(registry, router, self.store, self.hub, settings.poll_interval)
+        await self.collector.load()
+        self._task = asyncio.create_task(self.collector.run())
+        config = ConsoleConfig(auth=settings.auth, registry_url=registry.base_url, router_url=router.base_url,
+                               poll_interval=settings.poll_interval)
+        api = ConsoleApi(config, self.collector, self.store, self.hub, registry, router)
+        self._runner = web.AppRunner(api.app(), access_log=None, shutdown_timeout=1.0)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, settings.host, settings.port).start()
+        self.port = self._runner.addresses[0][1]
+        log.info("console listening", extra={"url": self.url, "registry": registry.base_url,
+                                            "router": router.base_url, "auth": settings.auth,
+                                            "store": str(self.store.path)})
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self.hub.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+        await self.store.close()

@@ -1,0 +1,111 @@
+// The debug entry: build or paste an ATP request frame, send it through the router, and read
+// the response frame, how it was routed, how long each part took, and its trace.
+
+import { call } from "../lib/api.js";
+import { h, replace, card, field, setFieldError, clearFieldErrors, badge } from "../lib/dom.js";
+import * as fmt from "../lib/format.js";
+
+function parseJson(text, fallback) {
+  return text.trim() === "" ? fallback : JSON.parse(text);
+}
+
+function buildFrame(form) {
+  const frame = { capability: form.elements.namedItem("capability").value.trim() };
+  const problems = [];
+  for (const [name, fallback] of [["payload", null], ["context", {}]]) {
+    try {
+      frame[name] = parseJson(form.elements.namedItem(name).value, fallback);
+    } catch (error) {
+      problems.push([name, `Not valid JSON: ${error.message}`]);
+    }
+  }
+  const hint = form.elements.namedItem("timeout_hint").value.trim();
+  if (hint) frame.timeout_hint = Number.isFinite(Number(hint)) ? Number(hint) : hint;
+  const requestId = form.elements.namedItem("request_id").value.trim();
+  if (requestId) frame.request_id = requestId;
+  return { frame, problems };
+}
+
+function routeFacts(route) {
+  const rows = [["Capability", route.capability], ["Instance", route.instance], ["Policy", route.policy],
+    ["Attempts", route.attempts], ["Degraded", route.degraded ? "yes" : "no"], ["Reason", route.reason],
+    ["SLA", route.timeout_sla_ms ? fmt.ms(route.timeout_sla_ms) : null]];
+  return h("dl", { class: "facts", id: "route-facts" }, rows.map(([k, v]) => h("div", { dataset: { fact: k.toLowerCase().replace(/ /g, "-") } },
+    h("dt", { text: k }), h("dd", { text: v ?? fmt.DASH }))));
+}
+
+function result(answer) {
+  const r = answer.body;
+  const frame = r.frame || {};
+  const route = (frame && frame.route) || {};
+  const ok = r.http_status === 200;
+  const overhead = route.overhead_ms ?? null;
+  return h("div", { class: "debug-result", id: "debug-result" },
+    h("p", { class: "result-line" },
+      badge(ok ? "success" : "failed"), " ",
+      h("strong", { text: `HTTP ${r.http_status}` }), " ",
+      ok ? (route.degraded ? "delivered, degraded" : "delivered") : `${frame.error_code || "error"}: ${frame.error_message || ""}`, " ",
+      r.request_id ? h("a", { href: `#/traces/${encodeURIComponent(r.request_id)}`, class: "btn btn-quiet", id: "open-trace", text: "Open its trace" }) : null),
+    h("div", { class: "grid-2" },
+      h("section", { "aria-labelledby": "route-title" }, h("h3", { id: "route-title", text: "Route" }), routeFacts(route)),
+      h("section", { "aria-labelledby": "timing-title" }, h("h3", { id: "timing-title", text: "Timings" }),
+        h("dl", { class: "facts" },
+          h("div", {}, h("dt", { text: "Round trip" }), h("dd", { text: fmt.ms(r.elapsed_ms) })),
+          h("div", {}, h("dt", { text: "Router overhead" }), h("dd", { text: fmt.ms(overhead) })),
+          h("div", {}, h("dt", { text: "Agent and network" }), h("dd", { text: overhead === null ? fmt.DASH : fmt.ms(Math.max(0, r.elapsed_ms - overhead)) })),
+          h("div", {}, h("dt", { text: "Request ID" }), h("dd", {}, h("code", { class: "mono", text: r.request_id || fmt.DASH })))))),
+    h("h3", { text: "Response frame" }),
+    h("pre", { class: "code", id: "response-frame", tabindex: "0", "aria-label": "Response frame", text: typeof frame === "string" ? frame : fmt.json(frame) }),
+    h("details", { class: "chart-data" }, h("summary", { text: "Response headers" }),
+      h("pre", { class: "code", text: Object.entries(r.headers).map(([k, v]) => `${k}: ${v}`).join("\n") })));
+}
+
+export async function render(main, { query }) {
+  const names = await call("/api/policies");
+  const capabilities = names.ok ? names.body.policies.map((p) => p.capability) : [];
+  const capability = h("input", { type: "text", value: query.get("capability") || capabilities[0] || "", list: "debug-capabilities", autocomplete: "off" });
+  const payload = h("textarea", { rows: 5, class: "mono", spellcheck: "false", text: '{"text": "hello"}' });
+  const context = h("textarea", { rows: 3, class: "mono", spellcheck: "false", text: '{"session_id": "console-debug"}' });
+  const timeoutHint = h("input", { type: "text", inputmode: "numeric", autocomplete: "off" });
+  const requestId = h("input", { type: "text", autocomplete: "off", spellcheck: "false" });
+  const frameText = h("textarea", { rows: 12, class: "mono", spellcheck: "false", id: "frame-text" });
+  const output = h("div", { "aria-live": "polite" }, h("p", { class: "muted", text: "Send a frame to see the router's answer here." }));
+
+  const builder = h("form", { class: "builder", novalidate: true, "aria-label": "Build a request frame" },
+    h("datalist", { id: "debug-capabilities" }, capabilities.map((n) => h("option", { value: n }))),
+    field("Capability", capability, { name: "capability" }),
+    field("Payload (JSON)", payload, { name: "payload" }),
+    field("Context (JSON)", context, { name: "context", hint: "session_id, routing_hint, trace_id…" }),
+    h("div", { class: "field-grid" },
+      field("Timeout hint, ms", timeoutHint, { name: "timeout_hint" }),
+      field("Request ID", requestId, { name: "request_id", hint: "Empty: the router makes one." })),
+    h("div", { class: "form-actions" }, h("button", { type: "submit", class: "btn", text: "Build frame ↓" })));
+
+  function build() {
+    clearFieldErrors(builder);
+    const { frame, problems } = buildFrame(builder);
+    for (const [name, message] of problems) setFieldError(builder, name, message);
+    if (!problems.length) frameText.value = fmt.json(frame);
+    return !problems.length;
+  }
+  builder.addEventListener("submit", (event) => { event.preventDefault(); build(); });
+
+  const sender = h("form", { class: "sender", "aria-label": "Send a request frame" },
+    field("ATP request frame", frameText, { name: "frame", hint: "Edit it, or paste any frame: it is sent to the router exactly as written." }),
+    h("div", { class: "form-actions" }, h("button", { type: "submit", class: "btn btn-primary", id: "send-frame", text: "Send through the router" })));
+  sender.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    replace(output, h("p", { class: "muted", text: "Sending…" }));
+    const answer = await call("/api/debug", { method: "POST", raw: frameText.value });
+    replace(output, answer.ok ? result(answer) : h("p", { class: "notice bad", role: "alert", text: answer.body?.message || `HTTP ${answer.status}` }));
+  });
+
+  replace(main,
+    h("div", { class: "page-head" }, h("h1", { text: "Debug entry" }),
+      h("p", { class: "page-sub", text: "Fire one call at a capability by hand: is it the agent or the mesh?" })),
+    h("div", { class: "grid-2" },
+      card("Build a frame", { id: "build" }, builder),
+      card("Frame", { id: "frame" }, sender)),
+    card("Answer", { id: "answer" }, output));
+  build();
+}

@@ -1,0 +1,158 @@
+// Routing policies: each capability's policy, affinity, timeouts, retry, circuit breaker and
+// fallback, edited here and saved through the registry; the registry's validation errors are
+// shown next to the field they name.
+
+import { call, get } from "../lib/api.js";
+import { h, replace, card, table, field, clearFieldErrors, showRefusal } from "../lib/dom.js";
+import * as fmt from "../lib/format.js";
+
+// [path, label, kind, hint]
+const FIELDS = [
+  ["Selection", [
+    ["policy", "Policy", "policy", "Empty: the instances' preference, else the router's default."],
+    ["fallback_capability", "Fallback capability", "text", "Called when every instance of this capability fails."],
+  ]],
+  ["Affinity (sticky sessions)", [
+    ["affinity.enabled", "Sticky sessions on", "bool"],
+    ["affinity.key", "Context key", "text"],
+    ["affinity.ttl_seconds", "Stickiness, seconds", "number"],
+  ]],
+  ["Timeouts", [
+    ["timeout.connect_ms", "Connect, ms", "number"],
+    ["timeout.first_byte_ms", "First byte, ms", "number", "Empty: from the capability's SLA."],
+    ["timeout.total_ms", "Total, ms", "number", "Empty: the capability's timeout_sla_ms."],
+  ]],
+  ["Retry", [
+    ["retry.enabled", "Retry idempotent calls", "bool"],
+    ["retry.max_attempts", "Max attempts", "number"],
+  ]],
+  ["Circuit breaker", [
+    ["circuit_breaker.error_threshold_percent", "Error threshold, %", "number"],
+    ["circuit_breaker.min_requests", "Minimum requests", "number"],
+    ["circuit_breaker.window_seconds", "Window, seconds", "number"],
+    ["circuit_breaker.reset_seconds", "Open for, seconds", "number"],
+    ["circuit_breaker.half_open_probes", "Half-open probes", "number"],
+  ]],
+];
+
+function read(policy, path) {
+  return path.split(".").reduce((value, key) => (value == null ? undefined : value[key]), policy);
+}
+
+function write(target, path, value) {
+  const keys = path.split(".");
+  const last = keys.pop();
+  let node = target;
+  for (const key of keys) node = node[key] ??= {};
+  node[last] = value;
+}
+
+function input(path, kind, value) {
+  if (kind === "bool") return h("input", { type: "checkbox", checked: Boolean(value) });
+  if (kind === "policy") {
+    return h("select", {}, [["", "router default"], ["least_load", "least_load"], ["hash", "hash"], ["affinity", "affinity"]]
+      .map(([v, label]) => h("option", { value: v, text: label, selected: (value ?? "") === v })));
+  }
+  const attrs = { type: "text", value: value ?? "", autocomplete: "off" };
+  if (kind === "number") attrs.inputmode = "decimal";
+  if (path === "fallback_capability") attrs.list = "known-capabilities";
+  return h("input", attrs);
+}
+
+// The form's values as a policy body; a number field that does not parse is sent as written so
+// the registry, the one place that validates, names it.
+function collect(form) {
+  const body = {};
+  for (const [, fields] of FIELDS) {
+    for (const [path, , kind] of fields) {
+      const el = form.elements.namedItem(path);
+      let value;
+      if (kind === "bool") value = el.checked;
+      else if (el.value.trim() === "") value = null;
+      else if (kind === "number") value = Number.isFinite(Number(el.value)) ? Number(el.value) : el.value;
+      else value = el.value.trim();
+      if (value === null && !["policy", "fallback_capability", "timeout.first_byte_ms", "timeout.total_ms"].includes(path)) continue;
+      write(body, path, value);
+    }
+  }
+  return body;
+}
+
+function editor(entry, names, onSaved) {
+  const status = h("div", { class: "form-status", role: "status", "aria-live": "polite" });
+  const summary = h("div", { class: "error-summary", role: "alert", hidden: true });
+  const preview = h("pre", { class: "code", tabindex: "0", "aria-label": "Policy as stored", text: fmt.json(entry.policy) });
+  const form = h("form", { class: "policy-form", novalidate: true, "aria-labelledby": "editor-title" },
+    summary,
+    FIELDS.map(([legend, fields]) => h("fieldset", {}, h("legend", { text: legend }),
+      h("div", { class: "field-grid" }, fields.map(([path, label, kind, hint]) => {
+        const control = input(path, kind, read(entry.policy, path));
+        const wrapped = field(label, control, { name: path, hint });
+        if (kind === "bool") wrapped.classList.add("field-check");
+        return wrapped;
+      })))),
+    h("datalist", { id: "known-capabilities" }, names.filter((n) => n !== entry.capability).map((n) => h("option", { value: n }))),
+    h("div", { class: "form-actions" },
+      h("button", { type: "submit", class: "btn btn-primary", text: "Save policy" }),
+      h("button", { type: "button", class: "btn btn-quiet", text: "Reset to default", disabled: !entry.stored, onclick: reset }),
+      status));
+
+  async function save(event) {
+    event.preventDefault();
+    clearFieldErrors(form);
+    summary.hidden = true;
+    status.textContent = "Saving…";
+    const answer = await call(`/api/policies/${encodeURIComponent(entry.capability)}`, { method: "PUT", body: collect(form) });
+    if (answer.ok) {
+      status.textContent = "Saved in the registry. Routers apply it within a second.";
+      preview.textContent = fmt.json(answer.body);
+      onSaved(entry.capability);
+      return;
+    }
+    status.textContent = "";
+    showRefusal(form, summary, answer);
+  }
+
+  async function reset() {
+    const answer = await call(`/api/policies/${encodeURIComponent(entry.capability)}`, { method: "DELETE" });
+    status.textContent = answer.ok ? "Reset: the capability follows the default policy." : answer.body?.message || `HTTP ${answer.status}`;
+    if (answer.ok) onSaved(entry.capability);
+  }
+
+  form.addEventListener("submit", save);
+  return h("div", { class: "editor" }, form, h("details", { class: "chart-data" }, h("summary", { text: "Stored JSON" }), preview));
+}
+
+export async function render(main, { params }) {
+  const listHolder = h("div");
+  const editorHolder = h("div");
+  const selected = params.id ? decodeURIComponent(params.id) : null;
+  replace(main,
+    h("div", { class: "page-head" }, h("h1", { text: "Policies" }),
+      h("p", { class: "page-sub", text: "How the router picks an instance for each capability. Saved in the registry's log; live within a second." })),
+    h("div", { class: "grid-2 wide-right" },
+      card("Capabilities", { id: "capabilities" }, listHolder),
+      h("section", { class: "card", "aria-labelledby": "editor-title" }, editorHolder)));
+
+  async function load(afterSave) {
+    const { policies } = await get("/api/policies");
+    replace(listHolder, table([
+      { label: "Capability", rowHeader: true, cell: (p) => h("a", { href: `#/policies/${encodeURIComponent(p.capability)}`, "aria-current": p.capability === selected ? "true" : undefined, text: p.capability }) },
+      { label: "Service", cell: (p) => p.service ?? fmt.DASH },
+      { label: "Policy", cell: (p) => (p.stored ? p.policy.policy ?? "router default" : h("span", { class: "muted", text: "default" })) },
+      { label: "Fallback", cell: (p) => p.policy.fallback_capability ?? fmt.DASH },
+    ], policies, { caption: "Capabilities and their policies", empty: "No capability is registered yet." }));
+    if (afterSave) return;
+    const entry = policies.find((p) => p.capability === selected);
+    if (!selected) {
+      replace(editorHolder, h("h2", { id: "editor-title", text: "Edit a policy" }), h("p", { class: "muted", text: "Choose a capability to see and edit its policy." }));
+    } else if (!entry) {
+      replace(editorHolder, h("h2", { id: "editor-title", text: selected }), h("p", { class: "notice bad", text: "No such capability is registered." }));
+    } else {
+      replace(editorHolder, h("div", { class: "card-head" }, h("h2", { id: "editor-title" }, "Policy of ", h("code", { text: entry.capability })),
+        h("p", { class: "card-note", text: entry.stored ? "Stored in the registry." : "No policy stored: showing the defaults." })),
+      editor(entry, policies.map((p) => p.capability), () => load(true)));
+    }
+  }
+  await load(false);
+}

@@ -1,0 +1,70 @@
+"""GET /traces and /traces/{request_id}: each routed call end to end, nested calls as a tree."""
+
+from __future__ import annotations
+
+import json
+
+from router_support import mesh, start_agent, start_mesh  # noqa: F401  (fixtures)
+
+
+async def send(mesh, frame):
+    async with mesh.http.post(f"{mesh.url}/atp", json=frame) as response:
+        return response.status, await response.json()
+
+
+async def get(mesh, path):
+    async with mesh.http.get(f"{mesh.url}{path}") as response:
+        return response.status, await response.json()
+
+
+async def test_a_call_is_traced_with_its_decision_and_attempts(mesh, start_agent):
+    agent = await start_agent("trace-a")
+    await mesh.add(agent, "trace.echo")
+    status, answer = await send(mesh, {"request_id": "root-1", "capability": "trace.echo", "payload": {"x": 1}})
+    assert status == 200
+    status, body = await get(mesh, "/traces/root-1")
+    assert status == 200
+    call = body["call"]
+    assert call["capability"] == "trace.echo" and call["outcome"] == "success"
+    assert call["trace_id"] == "root-1"  # the first hop names the trace
+    assert call["plan"] == ["trace-a"] and call["policy"] == "least_load"
+    assert [a["instance"] for a in call["attempts"]] == ["trace-a"]
+    assert call["attempts"][0]["error_code"] is None and call["total_ms"] >= call["attempts"][0]["elapsed_ms"]
+    assert call["payload_bytes"] == len(b'{"x":1}')
+    # The agent received the trace id, so its own nested calls can join the tree.
+    assert json.loads(agent.received[-1].headers["X-Reach-Context"])["trace_id"] == "root-1"
+
+
+async def test_nested_calls_form_a_tree(mesh, start_agent):
+    agent = await start_agent("trace-b")
+    await mesh.add(agent, "trace.echo")
+    await send(mesh, {"request_id": "parent", "capability": "trace.echo", "payload": {}})
+    for child in ("child-1", "child-2"):
+        await send(mesh, {"request_id": child, "capability": "trace.echo", "payload": {},
+                          "context": {"trace_id": "parent", "parent_request_id": "parent"}})
+    await send(mesh, {"request_id": "grandchild", "capability": "trace.echo", "payload": {},
+                      "context": {"trace_id": "parent", "parent_request_id": "child-2"}})
+    status, body = await get(mesh, "/traces/grandchild")
+    tree = body["tree"]
+
+    def shape(node):
+        return node["call"]["request_id"], [shape(kid) for kid in node["children"]]
+
+    assert shape(tree) == ("parent", [("child-1", []), ("child-2", [("grandchild", [])])])
+
+
+async def test_listing_filters_and_validates(mesh, start_agent):
+    agent = await start_agent("trace-c")
+    await mesh.add(agent, "trace.echo")
+    for n in range(3):
+        await send(mesh, {"request_id": f"r{n}", "capability": "trace.echo", "payload": {}})
+    await send(mesh, {"request_id": "unknown-cap", "capability": "no.such", "payload": {}})
+    status, body = await get(mesh, "/traces?limit=2&capability=trace.echo")
+    assert status == 200 and [t["request_id"] for t in body["traces"]] == ["r2", "r1"]
+    status, body = await get(mesh, "/traces/unknown-cap")
+    assert status == 200 and body["call"]["error_code"] == "UNKNOWN_CAPABILITY"
+    for bad in ("0", "abc", "1001"):
+        status, body = await get(mesh, f"/traces?limit={bad}")
+        assert status == 400 and body["field"] == "limit"
+    status, body = await get(mesh, "/traces/never-seen")
+    assert status == 404 and body["error"] == "trace_not_found"
