@@ -6,7 +6,8 @@ same offered rates, three ways to reach it:
   direct   the load generator calls the echo agent itself
   proxy    through a bare aiohttp pass-through proxy in its own process (no logic: the floor
            for a Python proxy)
-  router   through `agentreach up` (registry + router in one process): POST /atp with a frame
+  router   through `agentreach router` (its own process, following `agentreach registry` over
+           its watch feed): POST /atp with a frame
 
 Latency comes from an open-loop load generator in its own process: it sends at a fixed rate on a
 timer whatever the answers do, and times each call from the moment it was due, so a slow target
@@ -234,8 +235,12 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         processes = [
             spawn(__file__, "echo", "--port", str(ports["echo"])),
             spawn(__file__, "proxy", "--port", str(ports["proxy"]), "--upstream", urls["direct"]),
-            spawn("-m", "console.cli", "up", "--registry-port", str(ports["registry"]), "--router-port",
-                  str(ports["router"]), "--data-dir", data_dir, "--log-level", "warning"),
+            # The router in a process of its own (as `agentreach router` runs it), so its CPU time per
+            # call is the router's alone: `agentreach up` would add the registry's and the console's.
+            spawn("-m", "console.cli", "router", "--port", str(ports["router"]), "--registry", registry,
+                  "--log-level", "warning"),
+            spawn("-m", "console.cli", "registry", "--port", str(ports["registry"]), "--data-dir", data_dir,
+                  "--log-level", "warning"),
         ]
         beating: asyncio.Task[None] | None = None
         try:

@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 from agent_reach import logs
-from agent_reach.atp import BusinessError, ErrorCode, ErrorFrame, RequestFrame, ResponseFrame, RouteFacts, error_frame
+from agent_reach.atp import ErrorCode, ErrorFrame, RequestFrame, RouteFacts, error_frame
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -27,31 +27,13 @@ MAX_INTENT_CHARS = 1024
 MAX_TRACES_LISTED = 1000
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
+_frame_decoder = msgspec.json.Decoder(RequestFrame)
 
 
 class Completion(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     request_id: str
     agent_id: str = ""
     finished_ms: float = 0.0
-
-
-class WireResponse(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """A response frame as the router sends it. ResponseFrame omits fields at their default, which
-    would drop ``"status": "success"``; the protocol promises callers ``status`` on every response."""
-
-    request_id: str
-    status: str
-    result: Any = None
-    context_update: dict[str, Any] | None = None
-    business_error: BusinessError | None = None
-    route: RouteFacts | None = None
-
-
-def wire(frame: ResponseFrame | ErrorFrame) -> WireResponse | ErrorFrame:
-    if isinstance(frame, ErrorFrame):
-        return frame
-    return WireResponse(request_id=frame.request_id, status=frame.status, result=frame.result,
-                        context_update=frame.context_update, business_error=frame.business_error, route=frame.route)
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -86,6 +68,11 @@ def to_frame(body: Any) -> RequestFrame | CallResult:
         request_id = body.get("request_id") if isinstance(body, dict) else None
         request_id = request_id if isinstance(request_id, str) and request_id else RequestFrame().request_id
         return invalid_frame(request_id, f"Not an ATP request frame: {exc}")
+    return checked(frame)
+
+
+def checked(frame: RequestFrame) -> RequestFrame | CallResult:
+    """What a frame's schema cannot say: it must name a capability or an intent, within limits."""
     if not frame.capability and not frame.intent:
         return invalid_frame(frame.request_id, "capability is required (or, with semantic matching on, intent)")
     if frame.intent is not None and not 0 < len(frame.intent) <= MAX_INTENT_CHARS:
@@ -112,6 +99,14 @@ def create_app(router: Router, *, max_body: int = DEFAULT_MAX_BODY) -> web.Appli
             frame = error_frame(RequestFrame().request_id, ErrorCode.PAYLOAD_TOO_LARGE,
                                 f"Request body exceeds the router's limit of {max_body} bytes")
             return json_response(frame, 413, {"X-Request-Id": frame.request_id})
+        if b'"jsonrpc"' not in raw:
+            # The common case, decoded and validated in one pass; anything odd takes the general path.
+            try:
+                frame = checked(_frame_decoder.decode(raw))
+            except msgspec.MsgspecError:
+                pass
+            else:
+                return await answer_frame(frame)
         try:
             body = _decoder.decode(raw)
         except msgspec.DecodeError as exc:
@@ -121,14 +116,15 @@ def create_app(router: Router, *, max_body: int = DEFAULT_MAX_BODY) -> web.Appli
             return json_response(result.frame, 400, {"X-Request-Id": result.frame.request_id})
         if jsonrpc.is_envelope(body):
             return await rpc(body)
-        frame = to_frame(body)
+        return await answer_frame(to_frame(body))
+
+    async def answer_frame(frame: RequestFrame | CallResult) -> web.Response:
         if isinstance(frame, CallResult):
             result = frame
         else:  # inline, not through run(): one coroutine frame less for every await below
             with logs.bind(request_id=frame.request_id, capability=frame.capability):
                 result = await router.call(frame)
-        return json_response(wire(result.frame), result.http_status,
-                             route_headers(result.frame.request_id, result.route))
+        return json_response(result.frame, result.http_status, route_headers(result.frame.request_id, result.route))
 
     async def rpc_one(item: Any) -> dict[str, Any] | None:
         try:
@@ -142,7 +138,7 @@ def create_app(router: Router, *, max_body: int = DEFAULT_MAX_BODY) -> web.Appli
             answer = jsonrpc.error_answer(envelope.id, jsonrpc.INVALID_PARAMS, error.error_message,
                                           msgspec.to_builtins(error))
         else:
-            answer = jsonrpc.answer(envelope.id, wire((await run(frame)).frame))
+            answer = jsonrpc.answer(envelope.id, (await run(frame)).frame)
         return answer if envelope.has_id else None
 
     async def rpc(body: Any) -> web.Response:

@@ -107,10 +107,11 @@ class Router:
             self.decisions["semantic"] += 1
             frame = msgspec.structs.replace(frame, capability=match.capability)
         capability = frame.capability or ""
-        result = await self._call_capability(frame, capability, started)
+        size = len(_payload_encoder.encode(frame.payload))
+        result = await self._call_capability(frame, capability, started, size)
         if match is not None:
             result.route.match_score, result.route.intent_candidates = match.score, match.candidates
-        self._trace(frame, result, started, started_at)
+        self._trace(frame, result, started, started_at, size)
         code = result.frame.error_code if isinstance(result.frame, ErrorFrame) else None
         if code == ErrorCode.UNKNOWN_CAPABILITY:
             # Not a capability's call: counting it would let any caller invent metric labels.
@@ -120,7 +121,8 @@ class Router:
                                time.time())
         return result
 
-    def _trace(self, frame: RequestFrame, result: CallResult, started: float, started_at: float) -> None:
+    def _trace(self, frame: RequestFrame, result: CallResult, started: float, started_at: float,
+               payload_bytes: int) -> None:
         route = result.route
         update = result.frame.context_update if isinstance(result.frame, ResponseFrame) else None
         tokens = update.get("tokens_used") if update else None
@@ -128,14 +130,15 @@ class Router:
         self.traces.add(CallTrace(
             request_id=frame.request_id, capability=frame.capability or "", trace_id=str(frame.context["trace_id"]),
             started_at=started_at, parent_request_id=frame.context.get("parent_request_id"),
-            payload_bytes=len(_payload_encoder.encode(frame.payload)), timeout_hint=frame.timeout_hint,
+            payload_bytes=payload_bytes, timeout_hint=frame.timeout_hint,
             routing_hint=hint if isinstance(hint, dict) else None, policy=route.policy, plan=result.plan,
             degraded=route.degraded, reason=route.reason, attempts=result.tried, outcome=self._outcome(result),
             error_code=result.frame.error_code if isinstance(result.frame, ErrorFrame) else None,
             total_ms=round((time.monotonic() - started) * 1000, 3), overhead_ms=route.overhead_ms or 0.0,
             tokens=tokens if isinstance(tokens, int) else None))
 
-    async def _call_capability(self, frame: RequestFrame, capability: str, started: float) -> CallResult:
+    async def _call_capability(self, frame: RequestFrame, capability: str, started: float,
+                               size: int) -> CallResult:
         offers = self.mirror.offers(capability)
         if offers is None:
             policy = self.mirror.policy(capability)
@@ -149,7 +152,6 @@ class Router:
             return await self._with_fallback(frame, policy, empty, started) or \
                 self._finish(frame, capability, None, empty, started)
         declared = offers[0].capability
-        size = len(_payload_encoder.encode(frame.payload))
         if size > declared.max_payload_bytes:
             return self._error(frame, ErrorCode.PAYLOAD_TOO_LARGE,
                                f"Payload is {size} bytes; {capability!r} accepts at most {declared.max_payload_bytes}",
@@ -331,7 +333,7 @@ class Router:
         answer = attempts.answer
         assert answer is not None
         if answer.ok:
-            return CallResult(frame=ResponseFrame(request_id=frame.request_id, result=answer.result,
+            return CallResult(frame=ResponseFrame(request_id=frame.request_id, status="success", result=answer.result,
                                                   context_update=answer.context_update, route=route), route=route,
                               plan=attempts.plan, tried=attempts.tried)
         error = error_frame(frame.request_id, answer.error_code, answer.message)

@@ -87,8 +87,14 @@ async def test_up_demo_starts_a_live_mesh_to_call_at_once(tmp_path, http):
 
         answer = await wait_for(answered, timeout=5, what="the router to route order.query")
         assert answer["result"] == {"order_id": "A-1002", "status": "packing"}
-        async with http.get(f"http://127.0.0.1:{console_port}/api/overview") as response:
-            assert response.status == 200
+        async def console_up() -> bool:
+            try:
+                async with http.get(f"http://127.0.0.1:{console_port}/api/overview") as response:
+                    return response.status == 200
+            except OSError:
+                return False
+
+        await wait_for(console_up, timeout=10, what="the console to answer")
     finally:
         process.terminate()
         assert process.wait(20) == 0

@@ -54,11 +54,11 @@ class RouteFacts(msgspec.Struct, kw_only=True, omit_defaults=True):
     intent_candidates: list[IntentCandidate] | None = None
 
 
-class ResponseFrame(msgspec.Struct, kw_only=True):
-    """What an agent answers when it handled the call; every field is always on the wire."""
+class ResponseFrame(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What an agent answers when it handled the call; ``status`` is required, so always on the wire."""
 
     request_id: str
-    status: Literal["success", "error", "busy"] = "success"
+    status: Literal["success", "error", "busy"]
     result: Any = None
     context_update: dict[str, Any] | None = None
     business_error: BusinessError | None = None

@@ -166,7 +166,7 @@ class Dispatcher:
             return "error", _error(call.request_id, ErrorCode.AGENT_ERROR, f"{type(failure).__name__}: {failure}")
         update = {**call.context_update, "tokens_used": call.tokens_spent} if call.tokens_spent else call.context_update
         if failure is None:
-            outcome, frame = "ok", ResponseFrame(request_id=call.request_id, result=task.result(),
+            outcome, frame = "ok", ResponseFrame(request_id=call.request_id, status="success", result=task.result(),
                                                  context_update=update or None)
         else:
             business = BusinessError(code=failure.code, message=failure.message, details=failure.details)

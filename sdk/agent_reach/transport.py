@@ -64,7 +64,7 @@ def decode_rest(request_id: str, status: int, body: bytes) -> Answer:
             return ResponseFrame(request_id=request_id, status="error", business_error=failure)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         return error_frame(request_id, ErrorCode.AGENT_ERROR, f"answer is not usable JSON: {exc}")
-    return ResponseFrame(request_id=request_id, result=result)
+    return ResponseFrame(request_id=request_id, status="success", result=result)
 
 
 async def post(session: aiohttp.ClientSession, url: str, frame: RequestFrame, *, protocol: str = "atp",
