@@ -141,8 +141,11 @@ def create_app(registry: Registry, checker: HealthChecker | None = None, hub: Wa
         subscription = hub.subscribe(since_revision(request))
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
-        async for event in subscription:
-            await response.write(_encoder.encode(event) + b"\n")
+        try:
+            async for event in subscription:
+                await response.write(_encoder.encode(event) + b"\n")
+        except ConnectionResetError:
+            log.info("watch follower went away; it resumes by revision when it returns")
         return response
 
     app = web.Application(middlewares=[errors_as_json], client_max_size=max_body)

@@ -100,6 +100,7 @@ def _classify_atp(status: int, body: bytes) -> AgentAnswer:
 
 
 _business_decoder = msgspec.json.Decoder(dict[str, Any] | list[Any] | str | int | float | bool | None)
+_raw_decoder = msgspec.json.Decoder(msgspec.Raw)
 
 
 def _classify_rest(status: int, body: bytes) -> AgentAnswer:
@@ -108,7 +109,10 @@ def _classify_rest(status: int, body: bytes) -> AgentAnswer:
     if status >= 400:
         return AgentAnswer(error_code=ErrorCode.AGENT_ERROR, message=f"agent answered HTTP {status}")
     try:
-        result = _business_decoder.decode(body) if body else None
+        if b'"business_error"' not in body:
+            # Checked as JSON, then passed through as bytes: the router has no reason to rebuild it.
+            return AgentAnswer(result=_raw_decoder.decode(body) if body else None)
+        result = _business_decoder.decode(body)
     except msgspec.MsgspecError:
         return AgentAnswer(error_code=ErrorCode.AGENT_ERROR, message="agent answered a body that is not JSON")
     if isinstance(result, dict) and result.get("business_error") is not None:

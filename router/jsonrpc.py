@@ -65,8 +65,8 @@ def frame_params(envelope: Envelope) -> dict[str, Any]:
 def answer(request_id: Any, frame: msgspec.Struct) -> dict[str, Any]:
     """The JSON-RPC answer carrying a response frame (as ``result``) or an error frame (in ``error``)."""
     if isinstance(frame, ErrorFrame):
-        return error_answer(request_id, ATP_ERROR, frame.error_message, msgspec.to_builtins(frame))
-    return {"jsonrpc": "2.0", "id": request_id, "result": msgspec.to_builtins(frame)}
+        return error_answer(request_id, ATP_ERROR, frame.error_message, frame)
+    return {"jsonrpc": "2.0", "id": request_id, "result": frame}
 
 
 def error_answer(request_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 
 
-class AttemptTrace(msgspec.Struct, kw_only=True):
+class AttemptTrace(msgspec.Struct, kw_only=True, gc=False):
     instance: str
     endpoint: str
     protocol: str
@@ -23,7 +23,7 @@ class AttemptTrace(msgspec.Struct, kw_only=True):
     message: str = ""
 
 
-class CallTrace(msgspec.Struct, kw_only=True):
+class CallTrace(msgspec.Struct, kw_only=True, gc=False):
     request_id: str
     capability: str
     trace_id: str
