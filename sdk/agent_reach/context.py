@@ -10,12 +10,12 @@ from __future__ import annotations
 import contextvars
 import re
 import time
-import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 import msgspec
+from agent_reach.atp import new_request_id
 
 _current: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar("agentreach_call", default=None)
 
@@ -93,7 +93,7 @@ def serving(call: CallContext) -> Iterator[CallContext]:
 
 
 def new_trace_id() -> str:
-    return uuid.uuid4().hex
+    return new_request_id()
 
 
 def outgoing_context(explicit: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -124,7 +124,7 @@ def traceparent(trace_id: Any) -> str | None:
     """A W3C traceparent for a fresh span of ``trace_id``, when it is a W3C trace id."""
     if not isinstance(trace_id, str) or not _TRACE_ID.match(trace_id):
         return None
-    return f"00-{trace_id}-{uuid.uuid4().hex[:16]}-01"
+    return f"00-{trace_id}-{new_request_id()[:16]}-01"
 
 
 def incoming_context(context: dict[str, Any], headers: Mapping[str, str]) -> dict[str, Any]:

@@ -11,7 +11,6 @@ decorator placed below ours registers the route only after ours has run.
 from __future__ import annotations
 
 import contextlib
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +19,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from agent_reach import logs
+from agent_reach.atp import new_request_id
 from agent_reach.context import CallContext, rest_context, rest_deadline, serving
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ class RouteCall(contextlib.ExitStack):
     def __init__(self, sdk: AgentReachSDK, capability: str, headers: Mapping[str, str]):
         super().__init__()
         self._sdk = sdk
-        self.call = CallContext(headers.get("X-Request-Id") or uuid.uuid4().hex, capability, rest_context(headers),
+        self.call = CallContext(headers.get("X-Request-Id") or new_request_id(), capability, rest_context(headers),
                                 deadline=rest_deadline(headers))
         self.status = 200
 
