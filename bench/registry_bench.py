@@ -154,7 +154,7 @@ async def bench_heartbeats(work: Path, instances: int, seconds: int) -> dict:
 def build_log(data_dir: Path, records: int, distinct: int) -> None:
     """Write `records` registration changes for `distinct` agents straight through the WAL API."""
     from agent_reach.registration import Capability
-    from registry.records import InstanceRecord, encode_record, instance_key
+    from registry.records import InstanceRecord, encode_value, instance_key
     from registry.store import Change, encode_change
     from wal import WriteAheadLog
 
@@ -168,7 +168,7 @@ def build_log(data_dir: Path, records: int, distinct: int) -> None:
                 agent_id=agent_id, service="replay", health_url="http://127.0.0.1:9/healthz",
                 capabilities=[Capability(name="replay.cap", endpoint="http://127.0.0.1:9/x", protocol="rest")],
                 metadata={"zone": "z", "model": "m", "max_qps": 100, "semver": "1.0.0"}, registered_at=time.time())
-            payloads.append(encode_change(Change(instance_key(agent_id), encode_record(record))))
+            payloads.append(encode_change(Change(instance_key(agent_id), encode_value(record))))
             if len(payloads) == 4096:
                 await asyncio.gather(*(wal.append(p) for p in payloads))
                 payloads.clear()

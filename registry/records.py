@@ -6,6 +6,8 @@ from typing import Any
 
 import msgspec
 from agent_reach.registration import Capability, RegisterRequest, known_metadata
+from router.policy import Policy
+from router.reach import AlertConfig
 from yarl import URL
 
 from registry.errors import RegistryError, from_decode_error
@@ -30,7 +32,9 @@ class InstanceRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(InstanceRecord)
+_decoders = [(INSTANCE_PREFIX, msgspec.msgpack.Decoder(InstanceRecord)),
+             (POLICY_PREFIX, msgspec.msgpack.Decoder(Policy)),
+             (ALERTS_KEY, msgspec.msgpack.Decoder(AlertConfig))]
 
 
 def instance_key(agent_id: str) -> str:
@@ -41,12 +45,17 @@ def policy_key(capability: str) -> str:
     return POLICY_PREFIX + capability
 
 
-def encode_record(record: InstanceRecord) -> bytes:
-    return _encoder.encode(record)
+def encode_value(value: msgspec.Struct) -> bytes:
+    """Any stored record (instance, policy, alert settings) as the store keeps it."""
+    return _encoder.encode(value)
 
 
-def decode_record(data: bytes) -> InstanceRecord:
-    return _decoder.decode(data)
+def decode_value(key: str, data: bytes) -> Any:
+    """A stored record back as the object it holds, chosen by its key."""
+    for prefix, decoder in _decoders:
+        if key.startswith(prefix):
+            return decoder.decode(data)
+    return None
 
 
 def _absolute_url(value: str, field: str) -> URL:

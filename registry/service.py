@@ -15,15 +15,15 @@ from agent_reach.registration import HeartbeatRequest, RegisterRequest
 
 from registry.errors import RegistryError
 from registry.lifecycle import QUERY_ORDER, LifecycleConfig, Status, record_heartbeat, status_of
-from router.policy import Policy, PolicyError, encode_policy, validate_policy
-from router.reach import AlertConfig, encode_alert_config
+from router.policy import Policy, PolicyError, validate_policy
+from router.reach import AlertConfig
 
 from registry.records import (
     ALERTS_KEY,
     INSTANCE_PREFIX,
     InstanceRecord,
     build_record,
-    encode_record,
+    encode_value,
     instance_key,
     policy_key,
 )
@@ -83,7 +83,7 @@ class Registry:
             )
         self.state.claim(record)
         try:
-            await self.store.put(instance_key(record.agent_id), encode_record(record))
+            await self.store.put(instance_key(record.agent_id), encode_value(record))
         finally:
             self.state.release(record)
         self.counters.registrations += 1
@@ -121,7 +121,7 @@ class Registry:
         if record is None or record.evicted_at is not None:
             return
         evicted = msgspec.structs.replace(record, evicted_at=self._wall_clock())
-        await self.store.put(instance_key(agent_id), encode_record(evicted))
+        await self.store.put(instance_key(agent_id), encode_value(evicted))
         self.counters.evictions += 1
         log.warning("instance evicted", extra={"agent_id": agent_id, "service": record.service, "reason": reason})
 
@@ -145,7 +145,7 @@ class Registry:
         except PolicyError as exc:
             raise RegistryError(400, "invalid_policy", exc.message, exc.field) from None
         stored = msgspec.structs.replace(policy, capability=capability)
-        await self.store.put(policy_key(capability), encode_policy(stored))
+        await self.store.put(policy_key(capability), encode_value(stored))
         log.info("policy saved", extra={"capability": capability, "policy": stored.policy})
         return stored
 
@@ -161,7 +161,7 @@ class Registry:
         return policy
 
     async def put_alert_settings(self, config: AlertConfig) -> AlertConfig:
-        await self.store.put(ALERTS_KEY, encode_alert_config(config))
+        await self.store.put(ALERTS_KEY, encode_value(config))
         log.info("alert settings saved", extra={"reach_threshold": config.reach_threshold,
                                                 "consecutive_periods": config.consecutive_periods,
                                                 "min_failures": config.min_failures})

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from router.policy import Policy, decode_policy
-from router.reach import AlertConfig, decode_alert_config
+from router.policy import Policy
+from router.reach import AlertConfig
 
 from registry.lifecycle import Liveness
-from registry.records import ALERTS_KEY, INSTANCE_PREFIX, POLICY_PREFIX, InstanceRecord, decode_record
+from registry.records import ALERTS_KEY, INSTANCE_PREFIX, POLICY_PREFIX, InstanceRecord, decode_value
 from registry.store import Change
 
 
@@ -33,7 +33,7 @@ class RegistryState:
 
     def apply(self, change: Change) -> None:
         if change.key == ALERTS_KEY:
-            self.alerts = decode_alert_config(change.value) if change.value is not None else AlertConfig()
+            self.alerts = decode_value(change.key, change.value) if change.value is not None else AlertConfig()
         elif change.key.startswith(POLICY_PREFIX):
             self._apply_policy(change)
         elif change.key.startswith(INSTANCE_PREFIX):
@@ -44,7 +44,7 @@ class RegistryState:
         if change.value is None:
             self.policies.pop(capability, None)
         else:
-            self.policies[capability] = decode_policy(change.value)
+            self.policies[capability] = decode_value(change.key, change.value)
 
     def _apply_instance(self, change: Change) -> None:
         agent_id = change.key[len(INSTANCE_PREFIX):]
@@ -53,7 +53,7 @@ class RegistryState:
             self.records.pop(agent_id, None)
             self.liveness.pop(agent_id, None)
             return
-        record = decode_record(change.value)
+        record = decode_value(change.key, change.value)
         self.records[agent_id] = record
         if record.evicted_at is None:
             self.liveness[agent_id] = Liveness(registered=self._clock())

@@ -17,11 +17,11 @@ from typing import Any
 
 import msgspec
 
-from registry.records import ALERTS_KEY, INSTANCE_PREFIX, POLICY_PREFIX, InstanceRecord, decode_record
+from registry.records import ALERTS_KEY, INSTANCE_PREFIX, POLICY_PREFIX, InstanceRecord, decode_value
 from registry.service import Registry
 from registry.store import Change
-from router.policy import Policy, decode_policy
-from router.reach import AlertConfig, decode_alert_config
+from router.policy import Policy
+from router.reach import AlertConfig
 
 log = logging.getLogger("agentreach.registry.watch")
 
@@ -58,17 +58,6 @@ class Ping(msgspec.Struct, tag="ping", tag_field="type"):
 
 
 WatchEvent = Reset | Put | Delete | States | Ping
-
-
-def decode_value(key: str, data: bytes) -> Any:
-    """A stored record as the object it holds, chosen by its key's prefix."""
-    if key.startswith(INSTANCE_PREFIX):
-        return decode_record(data)
-    if key.startswith(POLICY_PREFIX):
-        return decode_policy(data)
-    if key == ALERTS_KEY:
-        return decode_alert_config(data)
-    return None
 
 
 class _WireReset(msgspec.Struct, tag="reset", tag_field="type"):

@@ -114,14 +114,3 @@ def resolve_timeouts(config: TimeoutConfig, timeout_sla_ms: int, timeout_hint_ms
     connect_ms = min(config.connect_ms, first_byte_ms)
     return ResolvedTimeouts(connect_s=connect_ms / 1000, first_byte_s=first_byte_ms / 1000, total_s=total_ms / 1000)
 
-
-_encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(Policy)
-
-
-def encode_policy(policy: Policy) -> bytes:
-    return _encoder.encode(policy)
-
-
-def decode_policy(data: bytes) -> Policy:
-    return _decoder.decode(data)

@@ -103,17 +103,6 @@ class AlertConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
     min_failures: Annotated[int, msgspec.Meta(ge=0)] = 50
 
 
-_alert_encoder = msgspec.msgpack.Encoder()
-_alert_decoder = msgspec.msgpack.Decoder(AlertConfig)
-
-
-def encode_alert_config(config: AlertConfig) -> bytes:
-    return _alert_encoder.encode(config)
-
-
-def decode_alert_config(data: bytes) -> AlertConfig:
-    return _alert_decoder.decode(data)
-
 
 class Alert(msgspec.Struct, kw_only=True):
     """A capability whose reach rate stayed below the threshold; figures cover the firing streak."""

@@ -3,6 +3,7 @@
 import msgspec
 import pytest
 
+from registry.records import decode_value, encode_value, policy_key
 from router.policy import (
     DEFAULT_POLICY,
     BreakerConfig,
@@ -11,8 +12,6 @@ from router.policy import (
     ResolvedTimeouts,
     StickyConfig,
     TimeoutConfig,
-    decode_policy,
-    encode_policy,
     resolve_timeouts,
     validate_policy,
 )
@@ -52,7 +51,7 @@ def test_empty_body_is_the_default_policy():
 
 def test_store_encoding_round_trips():
     policy = decode(SEED)
-    assert decode_policy(encode_policy(policy)) == policy
+    assert decode_value(policy_key("intent.detect"), encode_value(policy)) == policy
 
 
 @pytest.mark.parametrize(("body", "path"), [
