@@ -44,7 +44,7 @@ def _intent_agent(registry_url: str) -> AgentReachSDK:
                         metadata={"model": "keywords-v1", "max_qps": 200})
 
     @sdk.capability("intent.detect", version="3.2", description="Classify a user utterance into an intent",
-                    examples=["where is my package", "I need an invoice", "will it rain tomorrow"],
+                    examples=["classify the intent of this message", "what does the user want here"],
                     timeout_sla_ms=2_000, idempotent=True)
     async def detect(payload: Any, ctx: Any) -> dict[str, Any]:
         if not isinstance(payload, dict) or not isinstance(payload.get("text"), str):
@@ -62,7 +62,8 @@ def _order_agent(registry_url: str, router_url: str) -> tuple[AgentReachSDK, Rea
     client = ReachClient(router_url)
 
     @sdk.capability("order.query", description="Look up the status of an order by id or from a sentence",
-                    examples=["where is order A-1001", "has my package shipped"], timeout_sla_ms=5_000)
+                    examples=["where is order A-1001", "has my package shipped", "track my order",
+                              "when will my parcel arrive", "我的订单到哪了"], timeout_sla_ms=5_000)
     async def query(payload: Any, ctx: Any) -> dict[str, Any]:
         if not isinstance(payload, dict):
             raise BusinessFailure("bad_payload", "order.query expects a JSON object")
