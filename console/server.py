@@ -9,6 +9,7 @@ from typing import Literal
 
 import aiohttp
 import msgspec
+from agent_reach.serving import close, listen
 from aiohttp import web
 
 from console.api import ConsoleApi
@@ -61,10 +62,7 @@ class ConsoleServer:
         config = ConsoleConfig(auth=settings.auth, registry_url=registry.base_url, router_url=router.base_url,
                                poll_interval=settings.poll_interval)
         api = ConsoleApi(config, self.collector, self.store, self.hub, registry, router)
-        self._runner = web.AppRunner(api.app(), access_log=None, shutdown_timeout=1.0)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, settings.host, settings.port).start()
-        self.port = self._runner.addresses[0][1]
+        self._runner, self.port = await listen(api.app(), settings.host, settings.port)
         log.info("console listening", extra={"url": self.url, "registry": registry.base_url,
                                             "router": router.base_url, "auth": settings.auth,
                                             "store": str(self.store.path)})
@@ -77,8 +75,5 @@ class ConsoleServer:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         self.hub.close()
-        if self._runner is not None:
-            await self._runner.cleanup()
-        if self._session is not None:
-            await self._session.close()
+        await close(self._runner, self._session)
         await self.store.close()

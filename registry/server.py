@@ -8,6 +8,7 @@ from pathlib import Path
 
 import aiohttp
 import msgspec
+from agent_reach.serving import close, listen
 from aiohttp import web
 
 from registry.api import DEFAULT_MAX_BODY, create_app
@@ -60,11 +61,7 @@ class RegistryServer:
         self.hub = WatchHub(self.registry)
         self._tasks = [asyncio.create_task(checker.run()), asyncio.create_task(self.hub.run())]
         app = create_app(self.registry, checker, self.hub, max_body=self.settings.max_body)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.settings.host, self.settings.port)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
+        self._runner, self.port = await listen(app, self.settings.host, self.settings.port)
         log.info("registry listening", extra={"url": self.url, "data_dir": str(self.settings.data_dir),
                                              "instances": len(self.registry.state.records)})
 
@@ -76,10 +73,7 @@ class RegistryServer:
             task.cancel()
         if self.hub is not None:
             self.hub.close()
-        if self._runner is not None:
-            await self._runner.cleanup()
-        if self._session is not None:
-            await self._session.close()
+        await close(self._runner, self._session)
         if self.registry is not None:
             self.registry.close()
         await self.store.close()

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 import msgspec
+from agent_reach.serving import close, listen
 from aiohttp import web
 
 from registry.watch import WatchHub
@@ -77,11 +78,8 @@ class RouterServer:
         self._tasks = [asyncio.create_task(feed), asyncio.create_task(self._housekeeping())]
         if self.semantic is not None:
             self._tasks.append(asyncio.create_task(self.semantic.follow()))
-        self._runner = web.AppRunner(create_app(self.router, max_body=self.settings.max_body), access_log=None,
-                                     shutdown_timeout=1.0)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, self.settings.host, self.settings.port).start()
-        self.port = self._runner.addresses[0][1]
+        self._runner, self.port = await listen(create_app(self.router, max_body=self.settings.max_body),
+                                               self.settings.host, self.settings.port)
         forwarder.completion_url = f"{self.url}/completions"
         log.info("router listening", extra={"url": self.url, "registry": self.settings.registry_url or "in-process"})
 
@@ -106,9 +104,6 @@ class RouterServer:
         self._stopped = True
         for task in self._tasks:
             task.cancel()
-        if self._runner is not None:
-            await self._runner.cleanup()
-        if self._session is not None:
-            await self._session.close()
+        await close(self._runner, self._session)
         if self.semantic is not None:
             self.semantic.close()

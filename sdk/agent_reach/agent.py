@@ -25,6 +25,7 @@ from agent_reach.dispatch import BusinessFailure, Dispatcher, Handler, LateCompl
 from agent_reach.heartbeat import RegistryLink, RegistryUnavailable
 from agent_reach.inflight import Inflight
 from agent_reach.registration import Capability, HeartbeatRequest, RegisterRequest
+from agent_reach.serving import close, listen
 from agent_reach.watchdog import watch_loop
 from agent_reach.wrap import HEALTH_PATH, AiohttpHost, Host, host_for
 
@@ -190,10 +191,7 @@ class AgentReachSDK:
         limit = max(native.capability.max_payload_bytes for native in self._natives.values())
         app = web.Application(client_max_size=limit + FRAME_ENVELOPE_BYTES)
         self.mount(app)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, host, port).start()
-        bound = self._runner.addresses[0][1]
+        self._runner, bound = await listen(app, host, port, shutdown_timeout=2.0)
         self.base_url = self.base_url or f"http://{_advertised(host)}:{bound}"
         log.info("agent listening", extra={"agent_id": self.agent_id, "base_url": self.base_url,
                                            "capabilities": sorted(self._natives)})
@@ -257,12 +255,8 @@ class AgentReachSDK:
 
     async def _close(self) -> None:
         await _cancel(self._heartbeats, self._watchdog, *self._notices)
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await close(self._runner, self._session)
+        self._runner = self._session = None
 
     def serve(self, host: str = "127.0.0.1", port: int = 9000) -> None:
         """Run until SIGTERM or SIGINT, then stop cleanly (blocking; for an agent's ``__main__``)."""

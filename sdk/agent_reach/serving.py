@@ -1,0 +1,23 @@
+"""Serving an aiohttp app on a port and shutting it down: one way for every part of the mesh."""
+
+from __future__ import annotations
+
+import aiohttp
+from aiohttp import web
+
+
+async def listen(app: web.Application, host: str, port: int, *,
+                 shutdown_timeout: float = 1.0) -> tuple[web.AppRunner, int]:
+    """Serve ``app``; returns its runner and the port actually bound (``port=0`` picks a free one)."""
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner, runner.addresses[0][1]
+
+
+async def close(runner: web.AppRunner | None, session: aiohttp.ClientSession | None) -> None:
+    """Stop serving first, then close the outgoing connection pool the handlers were using."""
+    if runner is not None:
+        await runner.cleanup()
+    if session is not None:
+        await session.close()
