@@ -9,7 +9,7 @@ from typing import Literal
 
 import aiohttp
 import msgspec
-from agent_reach.serving import close, listen
+from agent_reach.serving import cancel, close, listen
 from aiohttp import web
 
 from console.api import ConsoleApi
@@ -71,9 +71,7 @@ class ConsoleServer:
         if self._stopped:
             return
         self._stopped = True
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await cancel(self._task)
         self.hub.close()
         await close(self._runner, self._session)
         await self.store.close()

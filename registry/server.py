@@ -8,7 +8,7 @@ from pathlib import Path
 
 import aiohttp
 import msgspec
-from agent_reach.serving import close, listen
+from agent_reach.serving import cancel, close, listen
 from aiohttp import web
 
 from registry.api import DEFAULT_MAX_BODY, create_app
@@ -69,8 +69,7 @@ class RegistryServer:
         if self._stopped:
             return
         self._stopped = True
-        for task in self._tasks:
-            task.cancel()
+        await cancel(*self._tasks)
         if self.hub is not None:
             self.hub.close()
         await close(self._runner, self._session)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 import msgspec
-from agent_reach.serving import close, listen
+from agent_reach.serving import cancel, close, listen
 from aiohttp import web
 
 from registry.watch import WatchHub
@@ -102,8 +102,7 @@ class RouterServer:
         if self._stopped:
             return
         self._stopped = True
-        for task in self._tasks:
-            task.cancel()
+        await cancel(*self._tasks)
         await close(self._runner, self._session)
         if self.semantic is not None:
             self.semantic.close()

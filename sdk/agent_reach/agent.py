@@ -25,7 +25,7 @@ from agent_reach.dispatch import BusinessFailure, Dispatcher, Handler, LateCompl
 from agent_reach.heartbeat import RegistryLink, RegistryUnavailable
 from agent_reach.inflight import Inflight
 from agent_reach.registration import Capability, HeartbeatRequest, RegisterRequest
-from agent_reach.serving import close, listen
+from agent_reach.serving import cancel, close, listen
 from agent_reach.watchdog import watch_loop
 from agent_reach.wrap import HEALTH_PATH, AiohttpHost, Host, host_for
 
@@ -243,7 +243,7 @@ class AgentReachSDK:
             return
         self.inflight.draining = True
         log.info("stopping: deregistering and draining", extra={"inflight": self.inflight.count})
-        await _cancel(self._heartbeats)
+        await cancel(self._heartbeats)
         assert self.link is not None
         await self.link.deregister(self.agent_id)
         if not await self.inflight.wait_idle(self.drain_timeout):
@@ -254,7 +254,7 @@ class AgentReachSDK:
         log.info("stopped", extra={"agent_id": self.agent_id})
 
     async def _close(self) -> None:
-        await _cancel(self._heartbeats, self._watchdog, *self._notices)
+        await cancel(self._heartbeats, self._watchdog, *self._notices)
         await close(self._runner, self._session)
         self._runner = self._session = None
 
@@ -294,13 +294,6 @@ class AgentReachSDK:
 
 def _hung_up(request: web.Request) -> bool:
     return request.transport is None or request.transport.is_closing()
-
-
-async def _cancel(*tasks: asyncio.Task[None] | None) -> None:
-    running = [task for task in tasks if task is not None]
-    for task in running:
-        task.cancel()
-    await asyncio.gather(*running, return_exceptions=True)
 
 
 def atp_handler(sdk: AgentReachSDK, name: str, **options: Any) -> Callable[[Handler], Handler]:

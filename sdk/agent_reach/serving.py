@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 from aiohttp import web
 
@@ -13,6 +15,14 @@ async def listen(app: web.Application, host: str, port: int, *,
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner, runner.addresses[0][1]
+
+
+async def cancel(*tasks: asyncio.Task[None] | None) -> None:
+    """Cancel background tasks and wait until they have finished unwinding."""
+    running = [task for task in tasks if task is not None]
+    for task in running:
+        task.cancel()
+    await asyncio.gather(*running, return_exceptions=True)
 
 
 async def close(runner: web.AppRunner | None, session: aiohttp.ClientSession | None) -> None:
