@@ -50,7 +50,7 @@ def _registry_settings(args: argparse.Namespace, port: int, parser: argparse.Arg
     lifecycle = LifecycleConfig(silence_timeout=args.silence_timeout, health_interval=args.health_interval,
                                 evict_after=args.evict_after)
     return RegistrySettings(data_dir=args.data_dir, host=args.host, port=port, lifecycle=lifecycle,
-                            group_commit=args.group_commit)
+                            group_commit=args.group_commit, auth=False)
 
 
 def _add_router_knobs(parser: argparse.ArgumentParser) -> None:

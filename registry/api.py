@@ -9,11 +9,14 @@ from typing import Any
 import msgspec
 from agent_reach.registration import AgentRef, CapabilityRef, HeartbeatRequest, Name, RegisterRequest
 from aiohttp import web
+from auth.records import ClientCreate, TokenCreate, client_view
 from prometheus_client import CONTENT_TYPE_LATEST
 from router.policy import Policy
 from router.reach import AlertConfig
 
+from registry.access import Access
 from registry.errors import RegistryError, from_decode_error
+from registry.gate import Gate
 from registry.health import HealthChecker
 from registry.metrics import metrics_registry, render
 from registry.service import Registry
@@ -25,7 +28,8 @@ DEFAULT_MAX_BODY = 1024 * 1024
 REGISTRY_KEY = web.AppKey("registry", Registry)
 
 _decoders = {t: msgspec.json.Decoder(t)
-             for t in (RegisterRequest, HeartbeatRequest, AgentRef, CapabilityRef, Policy, AlertConfig)}
+             for t in (RegisterRequest, HeartbeatRequest, AgentRef, CapabilityRef, Policy, AlertConfig, ClientCreate,
+                       TokenCreate)}
 _encoder = msgspec.json.Encoder()
 
 
@@ -62,9 +66,11 @@ def since_revision(request: web.Request) -> int | None:
     return int(raw)
 
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
 @web.middleware
-async def errors_as_json(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                         ) -> web.StreamResponse:
+async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except RegistryError as error:
@@ -82,23 +88,56 @@ async def errors_as_json(request: web.Request, handler: Callable[[web.Request], 
 
 
 def create_app(registry: Registry, checker: HealthChecker | None = None, hub: WatchHub | None = None, *,
-               max_body: int = DEFAULT_MAX_BODY) -> web.Application:
+               max_body: int = DEFAULT_MAX_BODY, auth: bool = True) -> web.Application:
     prometheus = metrics_registry(registry, checker)
+    gate = Gate(registry.state.auth, auth)
+    access = Access(registry.store, registry.state)
 
     async def register(request: web.Request) -> web.Response:
-        return json_response(await registry.register(await decode(request, RegisterRequest)))
+        token = gate.agent(request.headers)
+        return json_response(await registry.register(await decode(request, RegisterRequest), token))
 
     async def heartbeat(request: web.Request) -> web.Response:
+        token = gate.agent(request.headers)
         beat = await decode(request, HeartbeatRequest)
-        return json_response({"agent_id": beat.agent_id, "state": registry.heartbeat(beat)})
+        return json_response({"agent_id": beat.agent_id, "state": registry.heartbeat(beat, token)})
 
     async def deregister(request: web.Request) -> web.Response:
+        token = gate.agent(request.headers)
         ref = await decode(request, AgentRef)
-        await registry.deregister(ref.agent_id)
+        await registry.deregister(ref.agent_id, token)
         return json_response({"agent_id": ref.agent_id, "deregistered": True})
 
     async def query(request: web.Request) -> web.Response:
+        gate.reader(request.headers)
         return json_response(registry.query((await decode(request, CapabilityRef)).capability))
+
+    async def create_client(request: web.Request) -> web.Response:
+        return json_response(await access.create_client(await decode(request, ClientCreate)), 201)
+
+    async def clients(request: web.Request) -> web.Response:
+        return json_response({"clients": access.clients()})
+
+    async def client(request: web.Request) -> web.Response:
+        return json_response(client_view(access.client(request.match_info["client_id"])))
+
+    async def disable_client(request: web.Request) -> web.Response:
+        return json_response(await access.set_enabled(request.match_info["client_id"], False))
+
+    async def enable_client(request: web.Request) -> web.Response:
+        return json_response(await access.set_enabled(request.match_info["client_id"], True))
+
+    async def rotate_client(request: web.Request) -> web.Response:
+        return json_response(await access.rotate(request.match_info["client_id"]))
+
+    async def create_token(request: web.Request) -> web.Response:
+        return json_response(await access.create_token(await decode(request, TokenCreate)), 201)
+
+    async def tokens(request: web.Request) -> web.Response:
+        return json_response({"tokens": access.tokens()})
+
+    async def revoke_token(request: web.Request) -> web.Response:
+        return json_response(await access.revoke_token(request.match_info["token_id"]))
 
     async def agents(request: web.Request) -> web.Response:
         return json_response({"agents": registry.agents()})
@@ -148,21 +187,28 @@ def create_app(registry: Registry, checker: HealthChecker | None = None, hub: Wa
             log.info("watch follower went away; it resumes by revision when it returns")
         return response
 
+    def admin_only(handler: Handler) -> Handler:
+        async def run(request: web.Request) -> web.StreamResponse:
+            gate.admin(request.headers)
+            return await handler(request)
+        return run
+
     app = web.Application(middlewares=[errors_as_json], client_max_size=max_body)
     app[REGISTRY_KEY] = registry
-    app.router.add_post("/register", register)
-    app.router.add_post("/heartbeat", heartbeat)
-    app.router.add_post("/deregister", deregister)
-    app.router.add_post("/query", query)
-    app.router.add_get("/agents", agents)
-    app.router.add_get("/agents/{agent_id}", agent)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/policies", policies)
-    app.router.add_get("/policies/{capability}", get_policy)
-    app.router.add_put("/policies/{capability}", put_policy)
-    app.router.add_delete("/policies/{capability}", delete_policy)
-    app.router.add_get("/settings/alerts", get_alert_settings)
-    app.router.add_put("/settings/alerts", put_alert_settings)
-    app.router.add_get("/watch", watch)
+    # Agents (registration token) and health probes; the handlers check the token themselves.
+    for method, path, handler in (("POST", "/register", register), ("POST", "/heartbeat", heartbeat),
+                                  ("POST", "/deregister", deregister), ("POST", "/query", query),
+                                  ("GET", "/healthz", healthz), ("GET", "/metrics", metrics)):
+        app.router.add_route(method, path, handler)
+    for method, path, handler in (
+            ("GET", "/agents", agents), ("GET", "/agents/{agent_id}", agent), ("GET", "/policies", policies),
+            ("GET", "/policies/{capability}", get_policy), ("PUT", "/policies/{capability}", put_policy),
+            ("DELETE", "/policies/{capability}", delete_policy), ("GET", "/settings/alerts", get_alert_settings),
+            ("PUT", "/settings/alerts", put_alert_settings), ("GET", "/watch", watch),
+            ("POST", "/clients", create_client), ("GET", "/clients", clients), ("GET", "/clients/{client_id}", client),
+            ("POST", "/clients/{client_id}/disable", disable_client),
+            ("POST", "/clients/{client_id}/enable", enable_client),
+            ("POST", "/clients/{client_id}/rotate", rotate_client), ("POST", "/tokens", create_token),
+            ("GET", "/tokens", tokens), ("POST", "/tokens/{token_id}/revoke", revoke_token)):
+        app.router.add_route(method, path, admin_only(handler))
     return app

@@ -6,6 +6,7 @@ from typing import Any
 
 import msgspec
 from agent_reach.registration import Capability, RegisterRequest, known_metadata
+from auth.records import ADMIN_KEY, CLIENT_PREFIX, TOKEN_PREFIX, AdminRecord, ClientRecord, TokenRecord
 from router.policy import Policy
 from router.reach import AlertConfig
 from yarl import URL
@@ -29,12 +30,18 @@ class InstanceRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     direct_fallback: bool = False
     registered_at: float = 0.0
     evicted_at: float | None = None
+    # The registration token it joined with (None with auth off): the router signs calls to it with its key.
+    token_id: str | None = None
 
+
+# Which record a key holds, by key prefix: the store (msgpack) and the watch feed (JSON) both decode by it.
+RECORD_TYPES: list[tuple[str, type]] = [
+    (INSTANCE_PREFIX, InstanceRecord), (POLICY_PREFIX, Policy), (ALERTS_KEY, AlertConfig),
+    (CLIENT_PREFIX, ClientRecord), (TOKEN_PREFIX, TokenRecord), (ADMIN_KEY, AdminRecord),
+]
 
 _encoder = msgspec.msgpack.Encoder()
-_decoders = [(INSTANCE_PREFIX, msgspec.msgpack.Decoder(InstanceRecord)),
-             (POLICY_PREFIX, msgspec.msgpack.Decoder(Policy)),
-             (ALERTS_KEY, msgspec.msgpack.Decoder(AlertConfig))]
+_decoders = [(prefix, msgspec.msgpack.Decoder(kind)) for prefix, kind in RECORD_TYPES]
 
 
 def instance_key(agent_id: str) -> str:
@@ -78,7 +85,7 @@ def _resolve_endpoint(endpoint: str, base: URL | None, field: str) -> URL:
     return _absolute_url(endpoint, field)
 
 
-def build_record(request: RegisterRequest, now: float) -> InstanceRecord:
+def build_record(request: RegisterRequest, now: float, token_id: str | None = None) -> InstanceRecord:
     """Validate what the schema cannot (URLs, duplicates, known metadata) and resolve endpoints."""
     try:
         known_metadata(request.metadata)
@@ -110,4 +117,5 @@ def build_record(request: RegisterRequest, now: float) -> InstanceRecord:
         base_url=str(base) if base is not None else None,
         direct_fallback=request.direct_fallback,
         registered_at=now,
+        token_id=token_id,
     )

@@ -11,6 +11,7 @@ import msgspec
 from agent_reach.serving import cancel, close, listen
 from aiohttp import web
 
+from registry.access import Access
 from registry.api import DEFAULT_MAX_BODY, create_app
 from registry.health import HealthChecker
 from registry.lifecycle import LifecycleConfig
@@ -30,6 +31,8 @@ class RegistrySettings(msgspec.Struct, kw_only=True):
     max_body: int = DEFAULT_MAX_BODY
     snapshot_every: int = 50_000
     group_commit: bool = True
+    # Off only for development: every endpoint open, agents bound to no service.
+    auth: bool = True
 
 
 class RegistryServer:
@@ -46,6 +49,8 @@ class RegistryServer:
         self.hub: WatchHub | None = None
         self.port = settings.port
         self.replay: ReplayReport | None = None
+        # Set on the first start with auth on, for the caller to show once; never logged.
+        self.new_admin_key: str | None = None
         self._stopped = False
 
     @property
@@ -56,11 +61,15 @@ class RegistryServer:
         self.settings.data_dir.mkdir(parents=True, exist_ok=True)
         self.replay = await asyncio.get_running_loop().run_in_executor(None, self.store.open)
         self.registry = Registry(self.store, self.settings.lifecycle)
+        if self.settings.auth:
+            self.new_admin_key = await Access(self.store, self.registry.state).ensure_admin_key(self.settings.data_dir)
+        else:
+            log.warning("authentication is OFF: anyone can register agents and change policies (development only)")
         self._session = aiohttp.ClientSession()
         checker = HealthChecker(self.registry, self._session)
         self.hub = WatchHub(self.registry)
         self._tasks = [asyncio.create_task(checker.run()), asyncio.create_task(self.hub.run())]
-        app = create_app(self.registry, checker, self.hub, max_body=self.settings.max_body)
+        app = create_app(self.registry, checker, self.hub, max_body=self.settings.max_body, auth=self.settings.auth)
         self._runner, self.port = await listen(app, self.settings.host, self.settings.port)
         log.info("registry listening", extra={"url": self.url, "data_dir": str(self.settings.data_dir),
                                              "instances": len(self.registry.state.records)})

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import msgspec
 from agent_reach.registration import HeartbeatRequest, RegisterRequest
+from auth.records import TokenRecord
 
 from registry.errors import RegistryError
 from registry.lifecycle import QUERY_ORDER, LifecycleConfig, Status, record_heartbeat, status_of
@@ -70,8 +71,16 @@ class Registry:
             return Status.EVICTED
         return status_of(liveness, record.evicted_at is not None, now, self.config)
 
-    async def register(self, request: RegisterRequest) -> AgentView:
-        record = build_record(request, self._wall_clock())
+    async def register(self, request: RegisterRequest, token: TokenRecord | None = None) -> AgentView:
+        """Store an instance. With a registration ``token`` (auth on) the instance joins the token's
+        service only, and may not replace an instance of another service."""
+        if token is not None:
+            if request.service not in (None, token.service):
+                raise RegistryError(403, "forbidden", f"This registration token is for service {token.service!r}, "
+                                    f"not {request.service!r}", "service")
+            request = msgspec.structs.replace(request, service=token.service)
+            self._check_owned(request.agent_id, token)
+        record = build_record(request, self._wall_clock(), token.token_id if token is not None else None)
         conflicts = self.state.conflicts(record)
         if conflicts:
             name, owner = conflicts[0]
@@ -91,7 +100,15 @@ class Registry:
                                               "capabilities": [c.name for c in record.capabilities]})
         return self.agent(record.agent_id)
 
-    def heartbeat(self, request: HeartbeatRequest) -> Status:
+    def _check_owned(self, agent_id: str, token: TokenRecord | None) -> None:
+        """A token's holder may act on its own service's instances only."""
+        record = self.state.records.get(agent_id)
+        if token is not None and record is not None and record.service != token.service:
+            raise RegistryError(403, "forbidden", f"Instance {agent_id!r} belongs to service {record.service!r}; "
+                                f"this registration token is for {token.service!r}", "agent_id")
+
+    def heartbeat(self, request: HeartbeatRequest, token: TokenRecord | None = None) -> Status:
+        self._check_owned(request.agent_id, token)
         liveness = self.state.liveness.get(request.agent_id)
         if liveness is None:
             raise RegistryError(404, "unknown_agent", f"No live instance {request.agent_id!r}; register again",
@@ -109,7 +126,8 @@ class Registry:
         self.counters.heartbeats += 1
         return Status.HEALTHY
 
-    async def deregister(self, agent_id: str) -> None:
+    async def deregister(self, agent_id: str, token: TokenRecord | None = None) -> None:
+        self._check_owned(agent_id, token)
         if agent_id not in self.state.records:
             raise RegistryError(404, "unknown_agent", f"No instance {agent_id!r}", "agent_id")
         await self.store.delete(instance_key(agent_id))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+from auth.book import AuthBook
 from router.policy import Policy
 from router.reach import AlertConfig
 
@@ -24,6 +25,7 @@ class RegistryState:
         self.liveness: dict[str, Liveness] = {}
         self.policies: dict[str, Policy] = {}
         self.alerts = AlertConfig()
+        self.auth = AuthBook()
         self._holders: dict[str, dict[str, None]] = {}
         self._claims: dict[str, tuple[str, int]] = {}
 
@@ -38,6 +40,11 @@ class RegistryState:
             self._apply_policy(change)
         elif change.key.startswith(INSTANCE_PREFIX):
             self._apply_instance(change)
+        elif self.auth.holds(change.key):
+            if change.value is None:
+                self.auth.delete(change.key)
+            else:
+                self.auth.put(change.key, decode_value(change.key, change.value))
 
     def _apply_policy(self, change: Change) -> None:
         capability = change.key[len(POLICY_PREFIX):]

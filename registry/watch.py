@@ -17,11 +17,9 @@ from typing import Any
 
 import msgspec
 
-from registry.records import ALERTS_KEY, INSTANCE_PREFIX, POLICY_PREFIX, InstanceRecord, decode_value
+from registry.records import RECORD_TYPES, decode_value
 from registry.service import Registry
 from registry.store import Change
-from router.policy import Policy
-from router.reach import AlertConfig
 
 log = logging.getLogger("agentreach.registry.watch")
 
@@ -73,8 +71,7 @@ class _WirePut(msgspec.Struct, tag="put", tag_field="type"):
 
 
 _wire_decoder = msgspec.json.Decoder(_WireReset | _WirePut | Delete | States | Ping)
-_json_decoders = {INSTANCE_PREFIX: msgspec.json.Decoder(InstanceRecord), POLICY_PREFIX: msgspec.json.Decoder(Policy),
-                  ALERTS_KEY: msgspec.json.Decoder(AlertConfig)}
+_json_decoders = {prefix: msgspec.json.Decoder(kind) for prefix, kind in RECORD_TYPES}
 
 
 def _json_value(key: str, raw: msgspec.Raw) -> Any:

@@ -25,14 +25,18 @@ async def follow_hub(hub: WatchHub, mirror: RegistryMirror) -> None:
 
 
 async def follow_http(session: aiohttp.ClientSession, registry_url: str, mirror: RegistryMirror,
-                      synced: asyncio.Event | None = None) -> None:
-    """Remote: stream `GET /watch`, resume by revision after a break, keep the last view meanwhile."""
+                      synced: asyncio.Event | None = None, admin_key: str | None = None) -> None:
+    """Remote: stream `GET /watch`, resume by revision after a break, keep the last view meanwhile.
+
+    The feed carries credentials' digests, so the registry serves it to the admin key only."""
+    headers = {"X-API-Key": admin_key} if admin_key else {}
     backoff = 0.1
     while True:
         params = {"since": str(mirror.revision)} if mirror.synced else {}
         try:
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=2, sock_read=15)
-            async with session.get(f"{registry_url}/watch", params=params, timeout=timeout) as response:
+            async with session.get(f"{registry_url}/watch", params=params, headers=headers,
+                                   timeout=timeout) as response:
                 response.raise_for_status()
                 log.info("following registry", extra={"registry": registry_url, "since": params.get("since")})
                 backoff = 0.1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import msgspec
 from agent_reach.registration import Capability
+from auth.book import AuthBook
 
 from registry.records import ALERTS_KEY, INSTANCE_PREFIX, POLICY_PREFIX, InstanceRecord
 from registry.watch import Delete, InstanceState, Ping, Put, Reset, States, WatchEvent
@@ -33,6 +34,7 @@ class RegistryMirror:
         self.states: dict[str, InstanceState] = {}
         self.policies: dict[str, Policy] = {}
         self.alerts: AlertConfig | None = None
+        self.auth = AuthBook()
         self._offers: dict[str, dict[str, Capability]] = {}
 
     def apply(self, event: WatchEvent) -> None:
@@ -53,6 +55,7 @@ class RegistryMirror:
         self.instances.clear()
         self.policies.clear()
         self.alerts = None
+        self.auth = AuthBook()
         self._offers.clear()
         for key, value in event.records.items():
             self._put(key, value)
@@ -61,7 +64,9 @@ class RegistryMirror:
         self.synced = True
 
     def _put(self, key: str, value: object) -> None:
-        if key == ALERTS_KEY and isinstance(value, AlertConfig):
+        if self.auth.holds(key):
+            self.auth.put(key, value)
+        elif key == ALERTS_KEY and isinstance(value, AlertConfig):
             self.alerts = value
         elif key.startswith(POLICY_PREFIX) and isinstance(value, Policy):
             self.policies[key[len(POLICY_PREFIX):]] = value
@@ -73,6 +78,9 @@ class RegistryMirror:
                     self._offers.setdefault(capability.name, {})[value.agent_id] = capability
 
     def _delete(self, key: str) -> None:
+        if self.auth.holds(key):
+            self.auth.delete(key)
+            return
         if key == ALERTS_KEY:
             self.alerts = None
             return

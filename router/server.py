@@ -30,6 +30,8 @@ class RouterServerSettings(msgspec.Struct, kw_only=True):
     host: str = "127.0.0.1"
     port: int = 8080
     registry_url: str | None = None
+    # The registry's admin key, to follow its watch feed over HTTP (not needed in process).
+    registry_key: str | None = None
     routing: RouterSettings = RouterSettings()
     max_body: int = DEFAULT_MAX_BODY
     semantic: SemanticSettings = SemanticSettings()
@@ -74,7 +76,8 @@ class RouterServer:
             feed = follow_hub(self._hub, self.mirror)
         else:
             assert self.settings.registry_url is not None
-            feed = follow_http(self._session, self.settings.registry_url.rstrip("/"), self.mirror)
+            feed = follow_http(self._session, self.settings.registry_url.rstrip("/"), self.mirror,
+                               admin_key=self.settings.registry_key)
         self._tasks = [asyncio.create_task(feed), asyncio.create_task(self._housekeeping())]
         if self.semantic is not None:
             self._tasks.append(asyncio.create_task(self.semantic.follow()))

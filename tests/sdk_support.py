@@ -45,9 +45,9 @@ async def teardown() -> AsyncIterator[contextlib.AsyncExitStack]:
 def registry_at(tmp_path: Path, teardown: contextlib.AsyncExitStack) -> Callable[..., Awaitable[RegistryServer]]:
     """Start registries on a chosen port and data dir, so a test can stop one and start it again."""
 
-    async def start(port: int, data_dir: Path | None = None) -> RegistryServer:
+    async def start(port: int, data_dir: Path | None = None, auth: bool = False) -> RegistryServer:
         server = RegistryServer(RegistrySettings(data_dir=data_dir or tmp_path / "data", port=port,
-                                                 lifecycle=LifecycleConfig()))
+                                                 lifecycle=LifecycleConfig(), auth=auth))
         await server.start()
         teardown.push_async_callback(server.stop)
         return server

@@ -55,7 +55,7 @@ async def test_router_follows_registry_changes_over_http_within_a_second(start_m
 
 async def test_router_keeps_its_last_view_while_the_registry_restarts(start_mesh, start_agent, router_logs, tmp_path):
     lifecycle = LifecycleConfig(**QUIET_LIFECYCLE)
-    registry = RegistryServer(RegistrySettings(data_dir=tmp_path / "reg", port=0, lifecycle=lifecycle))
+    registry = RegistryServer(RegistrySettings(data_dir=tmp_path / "reg", port=0, lifecycle=lifecycle, auth=False))
     await registry.start()
     restarted: RegistryServer | None = None
     try:
@@ -73,7 +73,8 @@ async def test_router_keeps_its_last_view_while_the_registry_restarts(start_mesh
         health = await mesh.get("/healthz")
         assert health["registry_synced"] is True and health["revision"] == revision
         # Back on the same port, from its WAL: the router resumes from its revision.
-        restarted = RegistryServer(RegistrySettings(data_dir=tmp_path / "reg", port=registry.port, lifecycle=lifecycle))
+        restarted = RegistryServer(RegistrySettings(data_dir=tmp_path / "reg", port=registry.port, lifecycle=lifecycle,
+                                                    auth=False))
         await restarted.start()
         mesh.registry = restarted
         follows = len(router_logs.named("following registry"))

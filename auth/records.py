@@ -1,0 +1,133 @@
+"""What the registry stores about who may do what: callers, agent registration tokens, the admin key.
+
+Only digests of secrets are stored (and carried over the watch feed to routers); the secrets
+themselves are shown once, when created.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+from agent_reach.registration import Name, TrustLevel
+
+CLIENT_PREFIX = "clients/"
+TOKEN_PREFIX = "tokens/"
+ADMIN_KEY = "settings/admin"
+
+# An exact capability name, or an explicit prefix ending in ".*" (`order.*`); never a bare "*".
+GRANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*(\.\*)?$"
+Grant = Annotated[str, msgspec.Meta(min_length=1, max_length=130, pattern=GRANT_PATTERN)]
+Grants = Annotated[list[Grant], msgspec.Meta(min_length=1, max_length=256)]
+Label = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+
+
+class ClientRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A caller of the mesh. Its secret and API key are stored as SHA-256 digests only."""
+
+    client_id: str
+    name: str
+    trust_level: TrustLevel
+    grants: list[str]
+    secret_digest: str
+    api_key_digest: str
+    created_at: float
+    enabled: bool = True
+    rotated_at: float | None = None
+    # Calls per second this client may make through one router; None means the router's default.
+    rate_limit_qps: float | None = None
+
+
+class TokenRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """An agent registration token, bound to one service.
+
+    ``signing_key`` is derived from the token (see ``auth.secrets.signing_key``): the router signs
+    what it forwards to the service's instances with it, and the agent, holding the token, can
+    derive it too and verify. Knowing it lets one sign calls to that service, not register.
+    """
+
+    token_id: str
+    service: str
+    token_digest: str
+    signing_key: str
+    created_at: float
+    revoked: bool = False
+
+
+class AdminRecord(msgspec.Struct, kw_only=True):
+    key_digest: str
+    created_at: float
+
+
+class ClientCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The body of POST /clients."""
+
+    name: Label
+    trust_level: TrustLevel
+    grants: Grants
+    rate_limit_qps: Annotated[float, msgspec.Meta(gt=0)] | None = None
+
+
+class TokenCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The body of POST /tokens."""
+
+    service: Name
+
+
+class ClientView(msgspec.Struct, kw_only=True):
+    """A client as the admin API shows it: never a digest."""
+
+    client_id: str
+    name: str
+    trust_level: TrustLevel
+    grants: list[str]
+    enabled: bool
+    created_at: float
+    rotated_at: float | None = None
+    rate_limit_qps: float | None = None
+
+
+class ClientSecrets(msgspec.Struct, kw_only=True):
+    """The answer to creating or rotating a client: the only time its secrets are shown."""
+
+    client_id: str
+    client_secret: str
+    api_key: str
+    name: str
+    trust_level: TrustLevel
+    grants: list[str]
+
+
+class TokenView(msgspec.Struct, kw_only=True):
+    token_id: str
+    service: str
+    created_at: float
+    revoked: bool
+
+
+class IssuedToken(msgspec.Struct, kw_only=True):
+    """The answer to creating a registration token: the only time the token is shown."""
+
+    token: str
+    token_id: str
+    service: str
+    created_at: float
+
+
+def client_key(client_id: str) -> str:
+    return CLIENT_PREFIX + client_id
+
+
+def token_key(token_id: str) -> str:
+    return TOKEN_PREFIX + token_id
+
+
+def client_view(record: ClientRecord) -> ClientView:
+    return ClientView(client_id=record.client_id, name=record.name, trust_level=record.trust_level,
+                      grants=record.grants, enabled=record.enabled, created_at=record.created_at,
+                      rotated_at=record.rotated_at, rate_limit_qps=record.rate_limit_qps)
+
+
+def token_view(record: TokenRecord) -> TokenView:
+    return TokenView(token_id=record.token_id, service=record.service, created_at=record.created_at,
+                     revoked=record.revoked)

@@ -1,0 +1,126 @@
+"""Who may use the mesh: callers (clients), agent registration tokens and the admin key.
+
+The admin API's operations, free of HTTP. Every change is a store write (the WAL); the state
+and every router's mirror learn it from the committed change, like any other record.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+from auth.records import (
+    ADMIN_KEY, AdminRecord, ClientCreate, ClientRecord, ClientSecrets, ClientView, IssuedToken, TokenCreate,
+    TokenRecord, TokenView, client_key, client_view, token_key, token_view,
+)
+from auth.secrets import (
+    ADMIN_KEY_PREFIX, API_KEY_PREFIX, CLIENT_SECRET_PREFIX, REGISTRATION_TOKEN_PREFIX, digest, new_id, new_secret,
+    signing_key,
+)
+
+from registry.errors import RegistryError
+from registry.records import encode_value
+from registry.state import RegistryState
+from registry.store import Store
+
+log = logging.getLogger("agentreach.registry.access")
+
+ADMIN_KEY_FILE = "admin.key"
+
+
+class Access:
+    def __init__(self, store: Store, state: RegistryState, wall_clock: Callable[[], float] = time.time):
+        self.store = store
+        self.book = state.auth
+        self._wall_clock = wall_clock
+
+    async def create_client(self, request: ClientCreate) -> ClientSecrets:
+        client_id = new_id("cli_")
+        secret, api_key = new_secret(CLIENT_SECRET_PREFIX), new_secret(API_KEY_PREFIX)
+        record = ClientRecord(client_id=client_id, name=request.name, trust_level=request.trust_level,
+                              grants=list(dict.fromkeys(request.grants)), secret_digest=digest(secret),
+                              api_key_digest=digest(api_key), created_at=self._wall_clock(),
+                              rate_limit_qps=request.rate_limit_qps)
+        await self.store.put(client_key(client_id), encode_value(record))
+        log.info("client created", extra={"client_id": client_id, "client_name": record.name,
+                                          "trust_level": record.trust_level, "grants": record.grants})
+        return _secrets(record, secret, api_key)
+
+    def client(self, client_id: str) -> ClientRecord:
+        record = self.book.clients.get(client_id)
+        if record is None:
+            raise RegistryError(404, "client_not_found", f"No client {client_id!r}", "client_id")
+        return record
+
+    def clients(self) -> list[ClientView]:
+        return [client_view(record) for record in self.book.clients.values()]
+
+    async def set_enabled(self, client_id: str, enabled: bool) -> ClientView:
+        record = msgspec.structs.replace(self.client(client_id), enabled=enabled)
+        await self.store.put(client_key(client_id), encode_value(record))
+        log.warning("client %s", "enabled" if enabled else "disabled", extra={"client_id": client_id})
+        return client_view(record)
+
+    async def rotate(self, client_id: str) -> ClientSecrets:
+        """New secret and API key; the old ones stop working at once (tokens already issued run out)."""
+        secret, api_key = new_secret(CLIENT_SECRET_PREFIX), new_secret(API_KEY_PREFIX)
+        record = msgspec.structs.replace(self.client(client_id), secret_digest=digest(secret),
+                                         api_key_digest=digest(api_key), rotated_at=self._wall_clock())
+        await self.store.put(client_key(client_id), encode_value(record))
+        log.warning("client credentials rotated", extra={"client_id": client_id})
+        return _secrets(record, secret, api_key)
+
+    async def create_token(self, request: TokenCreate) -> IssuedToken:
+        token = new_secret(REGISTRATION_TOKEN_PREFIX)
+        record = TokenRecord(token_id=new_id("tok_"), service=request.service, token_digest=digest(token),
+                             signing_key=signing_key(token), created_at=self._wall_clock())
+        await self.store.put(token_key(record.token_id), encode_value(record))
+        log.info("registration token created", extra={"token_id": record.token_id, "service": record.service})
+        return IssuedToken(token=token, token_id=record.token_id, service=record.service,
+                           created_at=record.created_at)
+
+    def tokens(self) -> list[TokenView]:
+        return [token_view(record) for record in self.book.tokens.values()]
+
+    async def revoke_token(self, token_id: str) -> TokenView:
+        record = self.book.tokens.get(token_id)
+        if record is None:
+            raise RegistryError(404, "token_not_found", f"No registration token {token_id!r}", "token_id")
+        revoked = msgspec.structs.replace(record, revoked=True)
+        await self.store.put(token_key(token_id), encode_value(revoked))
+        log.warning("registration token revoked", extra={"token_id": token_id, "service": record.service})
+        return token_view(revoked)
+
+    async def ensure_admin_key(self, data_dir: Path) -> str | None:
+        """Create the admin key on first start: stored as ``<data_dir>/admin.key`` (0600), its digest in
+        the WAL. Returns the new key to print once, or None when one exists already.
+
+        A key file without its record (a wiped WAL) is taken as the truth and its digest stored again.
+        """
+        path = data_dir / ADMIN_KEY_FILE
+        if path.exists():
+            key = path.read_text().strip()
+            if self.book.admin is None or self.book.admin.key_digest != digest(key):
+                await self._store_admin(key)
+            return None
+        key = new_secret(ADMIN_KEY_PREFIX)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as file:
+            file.write(key + "\n")
+            file.flush()
+            os.fsync(file.fileno())
+        await self._store_admin(key)
+        return key
+
+    async def _store_admin(self, key: str) -> None:
+        await self.store.put(ADMIN_KEY, encode_value(AdminRecord(key_digest=digest(key),
+                                                                 created_at=self._wall_clock())))
+
+
+def _secrets(record: ClientRecord, secret: str, api_key: str) -> ClientSecrets:
+    return ClientSecrets(client_id=record.client_id, client_secret=secret, api_key=api_key, name=record.name,
+                         trust_level=record.trust_level, grants=record.grants)
