@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -35,6 +36,16 @@ class RouterServerSettings(msgspec.Struct, kw_only=True):
     routing: RouterSettings = RouterSettings()
     max_body: int = DEFAULT_MAX_BODY
     semantic: SemanticSettings = SemanticSettings()
+    # Caller authentication (API keys, OAuth2 client credentials); off only for development.
+    auth: bool = True
+    # Where the token signing keys live (PEM, 0600); None keeps them in memory (tokens die with the router).
+    keys_dir: Path | None = None
+    token_ttl_seconds: int = 3600
+    # Per-client calls per second through this router, unless the client record says otherwise; 0 = unlimited.
+    client_qps: float = 0.0
+    # The audit trail's SQLite file; None keeps no audit trail.
+    audit_path: Path | None = None
+    audit_retention_days: float = 30.0
 
 
 class RouterServer:
