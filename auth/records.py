@@ -41,7 +41,7 @@ class ClientRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
 class TokenRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     """An agent registration token, bound to one service.
 
-    ``signing_key`` is derived from the token (see ``auth.secrets.signing_key``): the router signs
+    ``signing_key`` is derived from the token (``agent_reach.signing.signing_key``): the router signs
     what it forwards to the service's instances with it, and the agent, holding the token, can
     derive it too and verify. Knowing it lets one sign calls to that service, not register.
     """

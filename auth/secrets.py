@@ -16,8 +16,6 @@ CLIENT_SECRET_PREFIX = "arc_"
 REGISTRATION_TOKEN_PREFIX = "art_"
 ADMIN_KEY_PREFIX = "ara_"
 
-_SIGNING_LABEL = b"agentreach forward signing v1"
-
 
 def new_secret(prefix: str) -> str:
     return prefix + secrets.token_urlsafe(32)
@@ -33,8 +31,3 @@ def digest(secret: str) -> str:
 
 def matches(secret: str, stored_digest: str) -> bool:
     return hmac.compare_digest(digest(secret), stored_digest)
-
-
-def signing_key(registration_token: str) -> str:
-    """The key the router signs forwarded calls with, derived from the service's registration token."""
-    return hmac.new(registration_token.encode(), _SIGNING_LABEL, hashlib.sha256).hexdigest()

@@ -22,7 +22,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import aiohttp
 from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -2,7 +2,8 @@
 
 Reads of live state come from the collector's last poll; changes (policies, alert thresholds)
 and the debug entry go straight through to the registry or the router, whose answers, errors
-included, are relayed unchanged so a validation error's ``field`` reaches the form.
+included, are relayed unchanged so a validation error's ``field`` reaches the form. With auth on,
+everything under /api/ but the sign-in endpoints needs a signed-in operator (console/signin.py).
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ from console.collector import Collector
 from console.hub import Hub
 from console.models import AgentDetail, ConsoleConfig, DebugResult, PolicyEntry, ReachView, RoutesView, TrafficStat
 from console.rollup import capability_reach
+from console.signin import Gatekeeper
 from console.store import HOUR, ConsoleStore
 from console.upstream import Reply, Upstream
 
 STATIC = Path(__file__).parent / "static"
 MAX_BODY = 16 * 1024 * 1024
 TOPICS = frozenset({"overview", "agents"})
+CALLER_KEY_HEADER = "X-Reach-Caller-Key"
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
 
@@ -70,8 +73,9 @@ class ConsoleApi:
     """The handlers, sharing the collector (live state), the store (hours) and the upstreams."""
 
     def __init__(self, config: ConsoleConfig, collector: Collector, store: ConsoleStore, hub: Hub,
-                 registry: Upstream, router: Upstream):
+                 registry: Upstream, router: Upstream, gatekeeper: Gatekeeper):
         self.config = config
+        self.gatekeeper = gatekeeper
         self.collector = collector
         self.store = store
         self.hub = hub
@@ -175,8 +179,11 @@ class ConsoleApi:
         return relay(await self.registry.request("PUT", "/settings/alerts", await request.read()))
 
     async def debug(self, request: web.Request) -> web.Response:
-        """Send the body to the router's /atp exactly as written, and report what came back."""
-        reply = await self.router.request("POST", "/atp", await request.read())
+        """Send the body to the router's /atp exactly as written, as the caller whose API key came
+        in X-Reach-Caller-Key (never as the admin), and report what came back."""
+        caller_key = request.headers.get(CALLER_KEY_HEADER)
+        reply = await self.router.request("POST", "/atp", await request.read(),
+                                          credential={"X-API-Key": caller_key} if caller_key else {})
         try:
             frame = reply.json()
         except msgspec.DecodeError:
@@ -189,8 +196,9 @@ class ConsoleApi:
             frame=frame, trace_url=f"/api/traces/{request_id}" if request_id else None))
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[errors_as_json], client_max_size=MAX_BODY)
+        app = web.Application(middlewares=[errors_as_json, self.gatekeeper.guard], client_max_size=MAX_BODY)
         app.on_response_prepare.append(revalidate_static)
+        self.gatekeeper.add_routes(app)
         routes = app.router
         routes.add_get("/", self.index)
         routes.add_static("/static", STATIC, append_version=False)

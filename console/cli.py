@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import logging
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -13,7 +14,9 @@ from typing import Any
 
 from agent_reach import logs
 
-from console.demo import DemoAgents
+from console import admin_cli
+from console.credentials import AUTH_ENV, admin_key, admin_key_path, default_auth
+from console.demo import DemoAgents, demo_credentials
 from console.server import ConsoleServer, ConsoleSettings
 from registry.lifecycle import LifecycleConfig
 from registry.server import RegistryServer, RegistrySettings
@@ -21,6 +24,48 @@ from router.core import RouterSettings
 from router.semantic.settings import SemanticSettings, SemanticUnavailable
 from router.server import RouterServer, RouterServerSettings
 from wal import WalError, format_inspection, inspect_wal
+
+log = logging.getLogger("agentreach.cli")
+
+
+class NoAdminKey(Exception):
+    """A part that must present the admin key has none: a usage error, exit 2."""
+
+
+def _add_auth_switch(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--auth", choices=["on", "off"], default=default_auth(),
+                        help=f"{what}; off is for development only and is warned about at start-up "
+                             f"(default: on, or off when {AUTH_ENV}=off)")
+
+
+def _add_admin_key(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--admin-key", default=None, metavar="KEY",
+                        help="the registry's admin key (default: read DATA_DIR/admin.key)")
+
+
+def _warn_if_auth_off(args: argparse.Namespace) -> None:
+    if args.auth == "off":
+        print(f"agentreach: WARNING: authentication is OFF for `{args.command}`: anyone who can reach it may "
+              "register agents, call any capability and change policies (development only)", file=sys.stderr)
+        log.warning("authentication is off (development only)", extra={"command": args.command})
+
+
+def _required_admin_key(args: argparse.Namespace) -> str | None:
+    """The admin key a router or console presents to the registry: required with auth on, used
+    when found with auth off too (the registry may still have auth on)."""
+    key = admin_key(getattr(args, "admin_key", None), args.data_dir)
+    if key is None and args.auth == "on":
+        raise NoAdminKey(f"`{args.command}` with auth on needs the registry's admin key: pass --admin-key, or "
+                         f"--data-dir where admin.key lives (looked for {admin_key_path(args.data_dir)})")
+    return key
+
+
+def _announce_admin_key(registry: RegistryServer) -> None:
+    """Show a newly created admin key once, on stderr and never in a log line."""
+    if registry.new_admin_key is not None:
+        path = admin_key_path(registry.settings.data_dir)
+        print(f"agentreach: created the admin key (shown once; stored in {path}, mode 0600):\n"
+              f"  {registry.new_admin_key}", file=sys.stderr, flush=True)
 
 
 def _add_registry_knobs(parser: argparse.ArgumentParser) -> None:
@@ -50,7 +95,7 @@ def _registry_settings(args: argparse.Namespace, port: int, parser: argparse.Arg
     lifecycle = LifecycleConfig(silence_timeout=args.silence_timeout, health_interval=args.health_interval,
                                 evict_after=args.evict_after)
     return RegistrySettings(data_dir=args.data_dir, host=args.host, port=port, lifecycle=lifecycle,
-                            group_commit=args.group_commit, auth=False)
+                            group_commit=args.group_commit, auth=args.auth == "on")
 
 
 def _add_router_knobs(parser: argparse.ArgumentParser) -> None:
@@ -68,14 +113,19 @@ def _add_router_knobs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--semantic-max-capabilities", type=int, default=64, metavar="N",
                         help="past this many described capabilities, intents are refused: name the "
                              "capability (default: 64)")
+    parser.add_argument("--audit-retention-days", type=float, default=30.0, metavar="DAYS",
+                        help="keep the audit trail (DATA_DIR/audit.db, one row per call) this long (default: 30)")
 
 
-def _router_settings(args: argparse.Namespace, port: int, registry_url: str | None) -> RouterServerSettings:
+def _router_settings(args: argparse.Namespace, port: int, registry_url: str | None,
+                     registry_key: str | None = None) -> RouterServerSettings:
     semantic = SemanticSettings(enabled=args.semantic or getattr(args, "demo", False), model=args.semantic_model,
                                 threshold=args.semantic_threshold, margin=args.semantic_margin,
                                 max_capabilities=args.semantic_max_capabilities)
-    return RouterServerSettings(host=args.host, port=port, registry_url=registry_url,
-                                routing=RouterSettings(default_policy=args.default_policy), semantic=semantic)
+    return RouterServerSettings(host=args.host, port=port, registry_url=registry_url, registry_key=registry_key,
+                                routing=RouterSettings(default_policy=args.default_policy), semantic=semantic,
+                                auth=args.auth == "on", keys_dir=args.data_dir / "keys",
+                                audit_path=args.data_dir / "audit.db", audit_retention_days=args.audit_retention_days)
 
 
 async def _serve(*parts: Callable[[], Awaitable[Any]]) -> None:
@@ -106,22 +156,43 @@ def _run(*parts: Callable[[], Awaitable[Any]]) -> int:
 
 def _console_settings(args: argparse.Namespace, port: int, registry_url: str, router_url: str) -> ConsoleSettings:
     return ConsoleSettings(host=args.host, port=port, registry_url=registry_url, router_url=router_url,
-                           data_dir=args.data_dir, auth=args.auth)
+                           data_dir=args.data_dir, auth=args.auth, admin_key=_required_admin_key(args))
 
 
 def _up(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     registry = RegistryServer(_registry_settings(args, args.registry_port, parser))
+    router_url = f"http://{args.host}:{args.router_port}"
 
     async def start_router() -> RouterServer:
         # The router follows the registry's hub, which exists once the registry has started.
         return await _started(RouterServer(_router_settings(args, args.router_port, None), hub=registry.hub))()
 
-    router_url = f"http://{args.host}:{args.router_port}"
-    parts = [_started(registry), start_router]
+    async def start_demo() -> DemoAgents:
+        # Credentials are minted in process, once the registry (and its admin key) exist.
+        assert registry.registry is not None
+        credentials = await demo_credentials(registry.registry, args.data_dir) if args.auth == "on" else None
+        demo = await _started(DemoAgents(registry.url, router_url, credentials))()
+        if credentials is not None:
+            print(credentials.banner(router_url), file=sys.stderr, flush=True)
+        return demo
+
+    async def start_console() -> ConsoleServer:
+        # The admin key file exists once the registry has started.
+        return await _started(ConsoleServer(_console_settings(args, args.console_port, registry.url, router_url)))()
+
+    parts = [_registry_started(registry), start_router]
     if args.demo:
-        parts.append(_started(DemoAgents(registry.url, router_url)))
-    parts.append(_started(ConsoleServer(_console_settings(args, args.console_port, registry.url, router_url))))
+        parts.append(start_demo)
+    parts.append(start_console)
     return _run(*parts)
+
+
+def _registry_started(registry: RegistryServer) -> Callable[[], Awaitable[Any]]:
+    async def start() -> RegistryServer:
+        await registry.start()
+        _announce_admin_key(registry)
+        return registry
+    return start
 
 
 def _started(server: Any) -> Callable[[], Awaitable[Any]]:
@@ -141,8 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--registry-port", type=int, default=8081, help="registry port (default: 8081)")
     up.add_argument("--router-port", type=int, default=8080, help="router port (default: 8080)")
     up.add_argument("--console-port", type=int, default=8090, help="console port (default: 8090)")
-    up.add_argument("--auth", choices=["off"], default="off",
-                    help="admin sign-in lands with security; until then off, shown as a banner in the console")
+    _add_auth_switch(up, "check every credential (agents, callers, operators)")
     up.add_argument("--demo", action="store_true",
                     help="also start three demo agents (demo.echo, intent.detect, order.query) to call at once")
     _add_router_knobs(up)
@@ -151,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    description="Run the capability registry backed by its write-ahead log.")
     _add_registry_knobs(registry)
     registry.add_argument("--port", type=int, default=8081, help="port to listen on (default: 8081)")
+    _add_auth_switch(registry, "require registration tokens from agents and the admin key from operators")
 
     router = commands.add_parser("router", help="run the router alone, following a registry",
                                  description="Run the ATP router; it follows the registry's watch feed.")
@@ -159,6 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the registry to follow (default: http://127.0.0.1:8081)")
     router.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     router.add_argument("--log-level", default="info", help="debug, info, warning or error (default: info)")
+    router.add_argument("--data-dir", type=Path, default=Path(".agentreach"),
+                        help="where admin.key is read from and token signing keys live (default: ./.agentreach)")
+    _add_auth_switch(router, "authenticate callers (API keys, OAuth2 client credentials)")
+    _add_admin_key(router)
     _add_router_knobs(router)
 
     console = commands.add_parser("console", help="run the operators' console",
@@ -169,10 +244,11 @@ def build_parser() -> argparse.ArgumentParser:
     console.add_argument("--router", default="http://127.0.0.1:8080", metavar="URL",
                          help="the router to watch (default: http://127.0.0.1:8080)")
     console.add_argument("--data-dir", type=Path, default=Path(".agentreach"),
-                         help="where console.db (hourly history) lives (default: ./.agentreach)")
+                         help="where console.db (hourly history) lives and admin.key is read from "
+                              "(default: ./.agentreach)")
     console.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    console.add_argument("--auth", choices=["off"], default="off",
-                         help="admin sign-in lands with security; until then off, shown as a banner")
+    _add_auth_switch(console, "require operators to sign in with the admin key")
+    _add_admin_key(console)
     console.add_argument("--log-level", default="info", help="debug, info, warning or error (default: info)")
 
     wal = commands.add_parser("wal", help="inspect the write-ahead log", description="Write-ahead log tools.")
@@ -181,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       description="Print the WAL's segments, record counts, last index and "
                                                   "the snapshot in use, without changing anything.")
     inspect.add_argument("data_dir", type=Path, help="the registry's data directory")
+    admin_cli.add_commands(commands)
     return parser
 
 
@@ -200,15 +277,29 @@ def main(argv: list[str] | None = None) -> int:
             print(f"agentreach: {exc}", file=sys.stderr)
             return 2
         return 0
+    if args.command in ("clients", "tokens"):
+        return admin_cli.run(args, parser)
     logs.configure(args.log_level)
     _tune_gc()
+    _warn_if_auth_off(args)
+    try:
+        return _serve_command(args, parser)
+    except NoAdminKey as exc:
+        print(f"agentreach: {exc}", file=sys.stderr)
+        return 2
+
+
+def _serve_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.command in ("up", "router"):
+        _positive(args.audit_retention_days, "--audit-retention-days", parser)
     if args.command == "up":
         return _up(args, parser)
     if args.command == "console":
         return _run(_started(ConsoleServer(_console_settings(args, args.port, args.registry, args.router))))
     if args.command == "router":
-        return _run(_started(RouterServer(_router_settings(args, args.port, args.registry))))
-    return _run(_started(RegistryServer(_registry_settings(args, args.port, parser))))
+        return _run(_started(RouterServer(_router_settings(args, args.port, args.registry,
+                                                           _required_admin_key(args)))))
+    return _run(_registry_started(RegistryServer(_registry_settings(args, args.port, parser))))
 
 
 if __name__ == "__main__":

@@ -3,14 +3,25 @@
 Three SDK agents in the same process, each with its own ATP endpoint on an ephemeral port:
 an echo, a keyword intent detector and an order lookup that calls the intent detector through
 the router (so its trace is a tree of two calls).
+
+With auth on, each demo service registers with its own registration token, the order agent calls
+through the router as the `demo-orders` client (granted intent.detect only), and a `demo-caller`
+client (granted the three demo capabilities) is there for people trying the mesh. Their secrets
+are kept in ``DATA_DIR/demo/`` (0600) and reused on the next start, so the same key keeps working.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+from pathlib import Path
 from typing import Any
 
+import msgspec
 from agent_reach import AgentReachSDK, BusinessFailure, ReachClient
+from auth.records import ClientCreate, TokenCreate
+from registry.access import Access
+from registry.service import Registry
 
 _INTENTS = {
     "order.query": ("order", "package", "delivery", "shipped", "订单", "快递"),
@@ -28,8 +39,83 @@ def detect_intent(text: str) -> tuple[str, float]:
     return (best, min(1.0, 0.5 + 0.25 * scores[best])) if scores[best] else ("unknown", 0.0)
 
 
-def _echo_agent(registry_url: str) -> AgentReachSDK:
-    sdk = AgentReachSDK(agent_id="demo-echo-01", registry_url=registry_url, zone="local", service="demo-echo")
+DEMO_SERVICES = ("demo-echo", "demo-intent", "demo-orders")
+DEMO_CAPABILITIES = ["demo.echo", "intent.detect", "order.query"]
+ORDERS_CLIENT, ORDERS_GRANTS = "demo-orders", ["intent.detect"]
+CALLER_CLIENT = "demo-caller"
+
+
+class DemoCredentials(msgspec.Struct, kw_only=True):
+    """What the demo agents present with auth on: a registration token per service, and the
+    order agent's API key for its calls through the router."""
+
+    tokens: dict[str, str]
+    orders_api_key: str
+    caller_key_path: Path
+
+    def banner(self, router_url: str) -> str:
+        """Where to find the demo caller's key, and a call that uses it; no secret in it."""
+        return (f"agentreach: demo caller API key (client {CALLER_CLIENT!r}, may call "
+                f"{', '.join(DEMO_CAPABILITIES)}) is in {self.caller_key_path}; try:\n"
+                f"  curl -s -X POST {router_url}/atp -H \"X-API-Key: $(cat {self.caller_key_path})\" "
+                f"-H 'Content-Type: application/json' -d '{{\"capability\": \"demo.echo\", \"payload\": \"hi\"}}'")
+
+
+def _write_secret(path: Path, secret: str) -> None:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(secret + "\n")
+
+
+def _read_secret(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+async def _service_token(access: Access, service: str, path: Path) -> str:
+    """The stored token when it is still valid for ``service``, else a new one."""
+    token = _read_secret(path)
+    record = access.book.token(token) if token is not None else None
+    if token is not None and record is not None and record.service == service:
+        return token
+    token = (await access.create_token(TokenCreate(service=service))).token
+    _write_secret(path, token)
+    return token
+
+
+async def _client_key(access: Access, name: str, grants: list[str], path: Path) -> str:
+    """The stored API key when it still belongs to client ``name``; else that client's key rotated
+    (a disabled one stays disabled), or a new client (trust internal) when there is none by that name."""
+    key = _read_secret(path)
+    holder = access.book.client_by_api_key(key) if key is not None else None
+    if key is not None and holder is not None and holder.name == name:
+        return key
+    existing = next((client for client in access.clients() if client.name == name), None)
+    if existing is None:
+        key = (await access.create_client(ClientCreate(name=name, trust_level="internal", grants=grants))).api_key
+    else:
+        key = (await access.rotate(existing.client_id)).api_key
+    _write_secret(path, key)
+    return key
+
+
+async def demo_credentials(registry: Registry, data_dir: Path) -> DemoCredentials:
+    """Mint (or reuse) the demo's credentials in process, through the registry's own Access."""
+    access, folder = Access(registry.store, registry.state), data_dir / "demo"
+    tokens = {service: await _service_token(access, service, folder / f"{service}.token")
+              for service in DEMO_SERVICES}
+    orders_key = await _client_key(access, ORDERS_CLIENT, ORDERS_GRANTS, folder / f"{ORDERS_CLIENT}.key")
+    caller_path = folder / f"{CALLER_CLIENT}.key"
+    await _client_key(access, CALLER_CLIENT, DEMO_CAPABILITIES, caller_path)
+    return DemoCredentials(tokens=tokens, orders_api_key=orders_key, caller_key_path=caller_path)
+
+
+def _echo_agent(registry_url: str, token: str | None) -> AgentReachSDK:
+    sdk = AgentReachSDK(agent_id="demo-echo-01", registry_url=registry_url, zone="local", service="demo-echo",
+                        registration_token=token)
 
     @sdk.capability("demo.echo", description="Echo the payload back", examples=["say hello back to me"],
                     timeout_sla_ms=5_000)
@@ -39,9 +125,9 @@ def _echo_agent(registry_url: str) -> AgentReachSDK:
     return sdk
 
 
-def _intent_agent(registry_url: str) -> AgentReachSDK:
+def _intent_agent(registry_url: str, token: str | None) -> AgentReachSDK:
     sdk = AgentReachSDK(agent_id="demo-intent-01", registry_url=registry_url, zone="local", service="demo-intent",
-                        metadata={"model": "keywords-v1", "max_qps": 200})
+                        metadata={"model": "keywords-v1", "max_qps": 200}, registration_token=token)
 
     @sdk.capability("intent.detect", version="3.2", description="Classify a user utterance into an intent",
                     examples=["classify the intent of this message", "what does the user want here"],
@@ -56,10 +142,11 @@ def _intent_agent(registry_url: str) -> AgentReachSDK:
     return sdk
 
 
-def _order_agent(registry_url: str, router_url: str) -> tuple[AgentReachSDK, ReachClient]:
+def _order_agent(registry_url: str, router_url: str, token: str | None,
+                 api_key: str | None) -> tuple[AgentReachSDK, ReachClient]:
     sdk = AgentReachSDK(agent_id="demo-orders-01", registry_url=registry_url, zone="local", service="demo-orders",
-                        metadata={"model": "lookup", "max_qps": 100})
-    client = ReachClient(router_url)
+                        metadata={"model": "lookup", "max_qps": 100}, registration_token=token)
+    client = ReachClient(router_url, api_key=api_key)
 
     @sdk.capability("order.query", description="Look up the status of an order by id or from a sentence",
                     examples=["where is order A-1001", "has my package shipped", "track my order",
@@ -81,11 +168,14 @@ def _order_agent(registry_url: str, router_url: str) -> tuple[AgentReachSDK, Rea
 
 
 class DemoAgents:
-    """Start and stop the three demo agents together."""
+    """Start and stop the three demo agents together; ``credentials`` None means auth is off."""
 
-    def __init__(self, registry_url: str, router_url: str):
-        orders, self._client = _order_agent(registry_url, router_url)
-        self.agents = [_echo_agent(registry_url), _intent_agent(registry_url), orders]
+    def __init__(self, registry_url: str, router_url: str, credentials: DemoCredentials | None = None):
+        tokens = credentials.tokens if credentials is not None else {}
+        orders, self._client = _order_agent(registry_url, router_url, tokens.get("demo-orders"),
+                                            credentials.orders_api_key if credentials is not None else None)
+        self.agents = [_echo_agent(registry_url, tokens.get("demo-echo")),
+                       _intent_agent(registry_url, tokens.get("demo-intent")), orders]
 
     async def start(self) -> None:
         await asyncio.gather(*(agent.start("127.0.0.1", 0) for agent in self.agents))

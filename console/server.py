@@ -16,6 +16,7 @@ from console.api import ConsoleApi
 from console.collector import Collector
 from console.hub import Hub
 from console.models import ConsoleConfig
+from console.signin import Gatekeeper, Sessions
 from console.store import ConsoleStore
 from console.upstream import Upstream
 
@@ -28,8 +29,10 @@ class ConsoleSettings(msgspec.Struct, kw_only=True):
     registry_url: str = "http://127.0.0.1:8081"
     router_url: str = "http://127.0.0.1:8080"
     data_dir: Path = Path(".agentreach")
-    # Only "off" until the admin credential lands; the dashboard then shows a banner saying so.
-    auth: Literal["off"] = "off"
+    # "on": operators sign in with the admin key. "off" (development): open, with a banner saying so.
+    auth: Literal["on", "off"] = "on"
+    # Sent to the registry and router (their admin endpoints), and what operators sign in with.
+    admin_key: str | None = None
     poll_interval: float = 1.0
 
 
@@ -53,15 +56,19 @@ class ConsoleServer:
 
     async def start(self) -> None:
         settings = self.settings
+        if settings.auth == "on" and not settings.admin_key:
+            raise ValueError("a console with auth on needs the admin key (ConsoleSettings.admin_key)")
         await self.store.open()
         self._session = aiohttp.ClientSession()
-        registry, router = Upstream(self._session, settings.registry_url), Upstream(self._session, settings.router_url)
+        registry = Upstream(self._session, settings.registry_url, settings.admin_key)
+        router = Upstream(self._session, settings.router_url, settings.admin_key)
         self.collector = Collector(registry, router, self.store, self.hub, settings.poll_interval)
         await self.collector.load()
         self._task = asyncio.create_task(self.collector.run())
         config = ConsoleConfig(auth=settings.auth, registry_url=registry.base_url, router_url=router.base_url,
                                poll_interval=settings.poll_interval)
-        api = ConsoleApi(config, self.collector, self.store, self.hub, registry, router)
+        sessions = Sessions(settings.admin_key) if settings.auth == "on" and settings.admin_key else None
+        api = ConsoleApi(config, self.collector, self.store, self.hub, registry, router, Gatekeeper(sessions))
         self._runner, self.port = await listen(api.app(), settings.host, settings.port)
         log.info("console listening", extra={"url": self.url, "registry": registry.base_url,
                                             "router": router.base_url, "auth": settings.auth,

@@ -47,16 +47,20 @@ def unreachable(url: URL, exc: BaseException) -> Reply:
 
 
 class Upstream:
-    """Requests to one base URL (the registry's or the router's), each with a deadline."""
+    """Requests to one base URL (the registry's or the router's), each with a deadline, each
+    carrying the admin key when the console has one (their admin endpoints need it)."""
 
-    def __init__(self, session: aiohttp.ClientSession, base_url: str):
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, admin_key: str | None = None):
         self.session = session
         self.base_url = base_url.rstrip("/")
+        self._credential = {"X-API-Key": admin_key} if admin_key else {}
 
-    async def request(self, method: str, path: str, body: bytes | None = None,
-                      params: dict[str, str] | None = None) -> Reply:
+    async def request(self, method: str, path: str, body: bytes | None = None, params: dict[str, str] | None = None,
+                      credential: dict[str, str] | None = None) -> Reply:
+        """``credential`` replaces the admin key (the debug entry calls /atp as a caller, not as the admin)."""
         url = URL(f"{self.base_url}{path}", encoded=True)  # path segments arrive already quoted
-        headers = {"Content-Type": "application/json"} if body is not None else None
+        headers = {**(self._credential if credential is None else credential),
+                   **({"Content-Type": "application/json"} if body is not None else {})}
         started = time.monotonic()
         try:
             async with self.session.request(method, url, data=body, params=params, headers=headers,

@@ -17,9 +17,9 @@ from auth.records import (
     ADMIN_KEY, AdminRecord, ClientCreate, ClientRecord, ClientSecrets, ClientView, IssuedToken, TokenCreate,
     TokenRecord, TokenView, client_key, client_view, token_key, token_view,
 )
+from agent_reach.signing import signing_key
 from auth.secrets import (
     ADMIN_KEY_PREFIX, API_KEY_PREFIX, CLIENT_SECRET_PREFIX, REGISTRATION_TOKEN_PREFIX, digest, new_id, new_secret,
-    signing_key,
 )
 
 from registry.errors import RegistryError

@@ -1,9 +1,11 @@
-"""The router's HTTP API: POST /atp (a frame, or JSON-RPC 2.0), reach, alerts, metrics, completions."""
+"""The router's HTTP API: POST /atp (a frame, or JSON-RPC 2.0), reach, alerts, metrics, completions,
+and with authentication on, the OAuth2 token endpoint, its JWKS and key rotation."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -15,8 +17,12 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from router import jsonrpc
+from router.audit import AuditLog
+from router.audit_query import FilterError, parse_filters
+from router.auth import Authenticator, Caller, Unauthenticated
 from router.core import CallResult, Router
 from router.metrics import RouterCollector
+from router.oauth import OAuthRefusal
 from router.reach import health_rate
 
 log = logging.getLogger("agentreach.router.api")
@@ -25,6 +31,12 @@ DEFAULT_MAX_BODY = 16 * 1024 * 1024
 # Embedding tokenises in Python: a bounded intent keeps one caller from holding the model's thread.
 MAX_INTENT_CHARS = 1024
 MAX_TRACES_LISTED = 1000
+# Deeper JSON than any real frame needs is refused before decoding: recursion is the decoder's cost.
+MAX_JSON_DEPTH = 32
+# Request line and each header line; aiohttp answers 400 past them, before the router sees the request.
+MAX_HEADER_LINE = 8192
+_NOT_BRACKETS = bytes(range(256)).translate(None, b"[]{}")
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
 _frame_decoder = msgspec.json.Decoder(RequestFrame)
@@ -36,9 +48,26 @@ class Completion(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     finished_ms: float = 0.0
 
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(body=_encoder.encode(body), status=status, content_type="application/json",
                         headers=headers)
+
+
+def audit_handler(audit: AuditLog) -> Handler:
+    """GET /audit. It flushes first, so a call answered a moment ago is already there: an operator
+    chasing an incident must not miss the last half second (admin-only, so nobody else can force
+    the extra write, at most one batch)."""
+    async def handler(request: web.Request) -> web.Response:
+        try:
+            filters = parse_filters(request.query)
+        except FilterError as exc:
+            return json_response({"error": "invalid_field", "message": exc.message, "field": exc.field}, 400)
+        await audit.flush()
+        return json_response({"entries": await audit.query(filters)})
+    return handler
 
 
 def route_headers(request_id: str, route: RouteFacts) -> dict[str, str]:
@@ -58,6 +87,23 @@ def invalid_frame(request_id: str, message: str) -> CallResult:
     route = RouteFacts()
     frame = error_frame(request_id, ErrorCode.INVALID_FRAME, message)
     return CallResult(frame=frame, route=route)
+
+
+def json_depth(raw: bytes) -> int:
+    """How deeply a JSON text nests arrays and objects, brackets inside strings not counted."""
+    depth = deepest = 0
+    for bracket in _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS):
+        if bracket in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
+
+
+def too_deep(raw: bytes) -> bool:
+    """Cheap for ordinary bodies: fewer opening brackets than the limit cannot nest past it."""
+    return raw.count(b"{") + raw.count(b"[") > MAX_JSON_DEPTH and json_depth(raw) > MAX_JSON_DEPTH
 
 
 def to_frame(body: Any) -> RequestFrame | CallResult:
@@ -82,9 +128,6 @@ def checked(frame: RequestFrame) -> RequestFrame | CallResult:
     return frame
 
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
 def guarded(handler: Handler) -> Handler:
     """An unexpected failure becomes a JSON 500. Per handler rather than as middleware: an aiohttp
     middleware costs every call on /atp ~10 µs (measured), a try block costs nothing."""
@@ -100,23 +143,39 @@ def guarded(handler: Handler) -> Handler:
     return run
 
 
-def create_app(router: Router, *, max_body: int = DEFAULT_MAX_BODY) -> web.Application:
+def answer_headers(result: CallResult) -> dict[str, str]:
+    headers = route_headers(result.frame.request_id, result.route)
+    if result.retry_after is not None:
+        headers["Retry-After"] = str(result.retry_after)
+    if isinstance(result.frame, ErrorFrame) and result.frame.error_code == ErrorCode.UNAUTHENTICATED:
+        headers["WWW-Authenticate"] = 'Bearer realm="agentreach"'
+    return headers
+
+
+def create_app(router: Router, *, max_body: int = DEFAULT_MAX_BODY,
+               auth: Authenticator | None = None) -> web.Application:
+    """``auth`` None serves everyone (development); otherwise every call and operator endpoint is checked."""
     prometheus = CollectorRegistry(auto_describe=False)
     prometheus.register(RouterCollector(router))
 
-    async def run(frame: RequestFrame | CallResult) -> CallResult:
+    async def run(frame: RequestFrame | CallResult, caller: Caller | Unauthenticated | None) -> CallResult:
         if isinstance(frame, CallResult):
             return frame
         with logs.bind(request_id=frame.request_id, capability=frame.capability):
-            return await router.call(frame)
+            return await router.call(frame, caller)
 
     async def atp(request: web.Request) -> web.StreamResponse:
+        caller = auth.authenticate(request.headers) if auth is not None else None
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             frame = error_frame(RequestFrame().request_id, ErrorCode.PAYLOAD_TOO_LARGE,
                                 f"Request body exceeds the router's limit of {max_body} bytes")
             return json_response(frame, 413, {"X-Request-Id": frame.request_id})
+        if too_deep(raw):
+            result = invalid_frame(RequestFrame().request_id,
+                                   f"JSON nesting exceeds the router's limit of {MAX_JSON_DEPTH} levels")
+            return json_response(result.frame, 400, {"X-Request-Id": result.frame.request_id})
         if b'"jsonrpc"' not in raw:
             # The common case, decoded and validated in one pass; anything odd takes the general path.
             try:
@@ -124,7 +183,7 @@ def create_app(router: Router, *, max_body: int = DEFAULT_MAX_BODY) -> web.Appli
             except msgspec.MsgspecError:
                 pass
             else:
-                return await answer_frame(frame)
+                return await answer_frame(frame, caller)
         try:
             body = _decoder.decode(raw)
         except msgspec.DecodeError as exc:
@@ -133,18 +192,18 @@ def create_app(router: Router, *, max_body: int = DEFAULT_MAX_BODY) -> web.Appli
             result = invalid_frame(RequestFrame().request_id, f"Body is not valid JSON: {exc}")
             return json_response(result.frame, 400, {"X-Request-Id": result.frame.request_id})
         if jsonrpc.is_envelope(body):
-            return await rpc(body)
-        return await answer_frame(to_frame(body))
+            return await rpc(body, caller)
+        return await answer_frame(to_frame(body), caller)
 
-    async def answer_frame(frame: RequestFrame | CallResult) -> web.Response:
+    async def answer_frame(frame: RequestFrame | CallResult, caller: Caller | Unauthenticated | None) -> web.Response:
         if isinstance(frame, CallResult):
             result = frame
         else:  # inline, not through run(): one coroutine frame less for every await below
             with logs.bind(request_id=frame.request_id, capability=frame.capability):
-                result = await router.call(frame)
-        return json_response(result.frame, result.http_status, route_headers(result.frame.request_id, result.route))
+                result = await router.call(frame, caller)
+        return json_response(result.frame, result.http_status, answer_headers(result))
 
-    async def rpc_one(item: Any) -> dict[str, Any] | None:
+    async def rpc_one(item: Any, caller: Caller | Unauthenticated | None) -> dict[str, Any] | None:
         try:
             envelope = jsonrpc.parse_envelope(item)
         except jsonrpc.RpcError as exc:
@@ -156,16 +215,16 @@ def create_app(router: Router, *, max_body: int = DEFAULT_MAX_BODY) -> web.Appli
             answer = jsonrpc.error_answer(envelope.id, jsonrpc.INVALID_PARAMS, error.error_message,
                                           msgspec.to_builtins(error))
         else:
-            answer = jsonrpc.answer(envelope.id, (await run(frame)).frame)
+            answer = jsonrpc.answer(envelope.id, (await run(frame, caller)).frame)
         return answer if envelope.has_id else None
 
-    async def rpc(body: Any) -> web.Response:
+    async def rpc(body: Any, caller: Caller | Unauthenticated | None) -> web.Response:
         if isinstance(body, list):
             if not body:
                 return json_response(jsonrpc.error_answer(None, jsonrpc.INVALID_REQUEST, "Empty batch"))
-            answers = [a for a in await asyncio.gather(*(rpc_one(item) for item in body)) if a is not None]
+            answers = [a for a in await asyncio.gather(*(rpc_one(item, caller) for item in body)) if a is not None]
             return json_response(answers) if answers else web.Response(status=204)
-        answer = await rpc_one(body)
+        answer = await rpc_one(body, caller)
         return json_response(answer) if answer is not None else web.Response(status=204)
 
     async def reach(request: web.Request) -> web.Response:
@@ -218,6 +277,45 @@ def create_app(router: Router, *, max_body: int = DEFAULT_MAX_BODY) -> web.Appli
         response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response
 
+    async def token(request: web.Request) -> web.Response:
+        """POST /oauth/token (RFC 6749 §4.4): client credentials in, a signed access token out."""
+        assert auth is not None
+        if request.content_type != "application/x-www-form-urlencoded":
+            answer: Any = OAuthRefusal(error="invalid_request", field="Content-Type",
+                                       error_description="Send the token request as application/x-www-form-urlencoded")
+        else:
+            answer = auth.issuer.grant(await request.post(), request.headers.get("Authorization"), router.mirror.auth)
+        headers = {"Cache-Control": "no-store", "Pragma": "no-cache"}
+        if isinstance(answer, OAuthRefusal):
+            if answer.basic:
+                headers["WWW-Authenticate"] = 'Basic realm="agentreach"'
+            log.warning("token refused", extra={"error": answer.error, "reason": answer.error_description})
+            return json_response(answer.body(), answer.status, headers)
+        return json_response(answer, 200, headers)
+
+    async def jwks(request: web.Request) -> web.Response:
+        assert auth is not None
+        return json_response(auth.issuer.keys.jwks())
+
+    async def rotate_keys(request: web.Request) -> web.Response:
+        assert auth is not None
+        key = auth.issuer.keys.rotate()
+        return json_response({"kid": key.kid, "jwks": auth.issuer.keys.jwks()})
+
+    def admin(handler: Handler) -> Handler:
+        """Operator endpoints: the admin key, as X-API-Key or Authorization: Bearer, when auth is on."""
+        if auth is None:
+            return handler
+
+        async def checked_admin(request: web.Request) -> web.StreamResponse:
+            assert auth is not None
+            refusal = auth.admin_refusal(request.headers)
+            if refusal is not None:
+                return json_response({"error": refusal.error, "field": "Authorization", "message": refusal.message},
+                                     refusal.status)
+            return await handler(request)
+        return checked_admin
+
     async def unrouted(request: web.Request) -> web.Response:
         """A path or method the router does not serve: JSON like every other error, 405 with Allow."""
         allowed: set[str] = set()
@@ -232,10 +330,16 @@ def create_app(router: Router, *, max_body: int = DEFAULT_MAX_BODY) -> web.Appli
                              404)
 
     app = web.Application(client_max_size=max_body)
-    for method, path, handler in (("POST", "/atp", atp), ("POST", "/completions", completions),
-                                  ("GET", "/reach", reach), ("GET", "/alerts", alerts), ("GET", "/traces", traces),
-                                  ("GET", "/traces/{request_id}", trace), ("GET", "/healthz", healthz),
-                                  ("GET", "/metrics", metrics)):
+    # /completions stays open: an agent reports a late completion there, and all it does is log a line.
+    routes = [("POST", "/atp", atp), ("POST", "/completions", completions), ("GET", "/reach", admin(reach)),
+              ("GET", "/alerts", admin(alerts)), ("GET", "/traces", admin(traces)),
+              ("GET", "/traces/{request_id}", admin(trace)), ("GET", "/healthz", healthz), ("GET", "/metrics", metrics)]
+    if router.audit is not None:
+        routes.append(("GET", "/audit", admin(audit_handler(router.audit))))
+    if auth is not None:
+        routes += [("POST", "/oauth/token", token), ("GET", "/.well-known/jwks.json", jwks),
+                   ("POST", "/oauth/keys/rotate", admin(rotate_keys))]
+    for method, path, handler in routes:
         app.router.add_route(method, path, guarded(handler))
     catch_all = app.router.add_route("*", "/{path:.*}", unrouted).resource
     return app

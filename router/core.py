@@ -6,6 +6,7 @@ forward itself. Everything the caller needs to calibrate is returned in RouteFac
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 import time
@@ -15,10 +16,13 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from agent_reach.atp import ErrorCode, ErrorFrame, RequestFrame, ResponseFrame, RouteFacts, error_frame
 
+from router.auth import Caller, Refusal, Unauthenticated, authorize
+from router.audit import AuditLog, entry_from_trace
 from router.forward import AgentAnswer, Forwarder
 from router.instances import InstanceBook
 from router.mirror import Offer, RegistryMirror
 from router.policy import DEFAULT_POLICY, Policy, resolve_timeouts
+from router.ratelimit import ClientLimits
 from router.reach import AlertConfig, Outcome, ReachLedger
 from router.semantic.outcome import IntentRefusal
 from router.selection import Candidate, RouteRefusal, choose_policy, plan_route, session_hash_key
@@ -51,6 +55,8 @@ class CallResult(msgspec.Struct, kw_only=True):
     route: RouteFacts
     plan: list[str] = []
     tried: list[AttemptTrace] = []
+    # Seconds before a rate-limited caller may try again (the Retry-After header).
+    retry_after: int | None = None
 
     @property
     def http_status(self) -> int:
@@ -84,14 +90,23 @@ class Router:
         self.ledger = ReachLedger(period_seconds=settings.period_seconds, alert=settings.alert)
         self.decisions: Counter[str] = Counter()
         self.traces = TraceStore()
+        # Set by the server when it keeps an audit trail: every call, refusals included, gets a row.
+        self.audit: AuditLog | None = None
+        self.client_limits = ClientLimits()
         self._timed_out: OrderedDict[str, tuple[str, str, str]] = OrderedDict()
         self._rng = rng or random.Random()
 
-    async def call(self, frame: RequestFrame) -> CallResult:
+    async def call(self, frame: RequestFrame, caller: Caller | Unauthenticated | None = None) -> CallResult:
+        """Route one call. ``caller`` is the resolved credential, None when authentication is off."""
         started, started_at = time.monotonic(), time.time()
         if "trace_id" not in frame.context:
             # The first hop names the trace, so the agent's nested calls join this call's tree.
             frame.context["trace_id"] = frame.request_id
+        if caller is not None:
+            # Before semantic matching: an unknown caller must not spend the model's time.
+            refusal = self._admit(caller, started)
+            if refusal is not None:
+                return self._refuse(frame, refusal, caller, started, started_at)
         match = None
         if not frame.capability and self.semantic is None:
             return self._error(frame, ErrorCode.INVALID_FRAME,
@@ -107,11 +122,16 @@ class Router:
             self.decisions["semantic"] += 1
             frame = msgspec.structs.replace(frame, capability=match.capability)
         capability = frame.capability or ""
-        size = len(_payload_encoder.encode(frame.payload))
-        result = await self._call_capability(frame, capability, started, size)
+        offers = self.mirror.offers(capability)
+        if isinstance(caller, Caller):
+            refusal = authorize(caller, capability, offers)
+            if refusal is not None:
+                return self._refuse(frame, refusal, caller, started, started_at)
+        payload = _payload_encoder.encode(frame.payload)
+        result = await self._call_capability(frame, capability, offers, started, len(payload), caller)
         if match is not None:
             result.route.match_score, result.route.intent_candidates = match.score, match.candidates
-        self._trace(frame, result, started, started_at, size)
+        self._trace(frame, result, started, started_at, payload, caller)
         code = result.frame.error_code if isinstance(result.frame, ErrorFrame) else None
         if code == ErrorCode.UNKNOWN_CAPABILITY:
             # Not a capability's call: counting it would let any caller invent metric labels.
@@ -121,25 +141,56 @@ class Router:
                                time.time())
         return result
 
+    def _admit(self, caller: Caller | Unauthenticated, started: float) -> Refusal | None:
+        """The auth step before anything else: a credential, then the client's rate."""
+        if isinstance(caller, Unauthenticated):
+            return Refusal(code=ErrorCode.UNAUTHENTICATED, message=caller.message, decision="unauthenticated")
+        wait = self.client_limits.retry_after(caller.client_id, caller.rate_limit_qps, started)
+        if wait is None:
+            return None
+        return Refusal(code=ErrorCode.BUSY, decision="rate_limited", retry_after=wait,
+                       message=f"Client {caller.client_id} is over its {caller.rate_limit_qps:g} calls/s; "
+                               f"retry in {wait} s")
+
+    def _refuse(self, frame: RequestFrame, refusal: Refusal, caller: Caller | Unauthenticated, started: float,
+                started_at: float) -> CallResult:
+        """Answer a refused call with nothing forwarded; traced like any call, kept out of the reach
+        ledger (any caller could invent capability names, and a refusal says nothing about health)."""
+        self.decisions[refusal.decision] += 1
+        client_id = caller.client_id
+        logger = log.info if refusal.code is ErrorCode.BUSY else log.warning
+        logger("call refused", extra={"error_code": refusal.code.value, "client_id": client_id,
+                                      "reason": refusal.message})
+        result = self._error(frame, refusal.code, refusal.message, RouteFacts(capability=frame.capability), started)
+        result.retry_after = refusal.retry_after
+        self._trace(frame, result, started, started_at, _payload_encoder.encode(frame.payload), caller)
+        return result
+
     def _trace(self, frame: RequestFrame, result: CallResult, started: float, started_at: float,
-               payload_bytes: int) -> None:
+               payload: bytes, caller: Caller | Unauthenticated | None) -> None:
+        """Keep the call's trace, and its audit row when an audit trail is kept (refusals included)."""
         route = result.route
         update = result.frame.context_update if isinstance(result.frame, ResponseFrame) else None
         tokens = update.get("tokens_used") if update else None
         hint = frame.context.get("routing_hint")
-        self.traces.add(CallTrace(
+        trace = CallTrace(
             request_id=frame.request_id, capability=frame.capability or "", trace_id=str(frame.context["trace_id"]),
             started_at=started_at, parent_request_id=frame.context.get("parent_request_id"),
-            payload_bytes=payload_bytes, timeout_hint=frame.timeout_hint,
+            caller=caller.client_id if caller is not None else None,
+            payload_bytes=len(payload), timeout_hint=frame.timeout_hint,
             routing_hint=hint if isinstance(hint, dict) else None, policy=route.policy, plan=result.plan,
             degraded=route.degraded, reason=route.reason, attempts=result.tried, outcome=self._outcome(result),
             error_code=result.frame.error_code if isinstance(result.frame, ErrorFrame) else None,
             total_ms=round((time.monotonic() - started) * 1000, 3), overhead_ms=route.overhead_ms or 0.0,
-            tokens=tokens if isinstance(tokens, int) else None))
+            tokens=tokens if isinstance(tokens, int) else None)
+        self.traces.add(trace)
+        if self.audit is not None:
+            known = caller if isinstance(caller, Caller) else None
+            self.audit.record(entry_from_trace(trace, trace.caller, known.name if known else None,
+                                               known.via if known else None, hashlib.sha256(payload).hexdigest()))
 
-    async def _call_capability(self, frame: RequestFrame, capability: str, started: float,
-                               size: int) -> CallResult:
-        offers = self.mirror.offers(capability)
+    async def _call_capability(self, frame: RequestFrame, capability: str, offers: list[Offer] | None,
+                               started: float, size: int, caller: Caller | Unauthenticated | None) -> CallResult:
         if offers is None:
             policy = self.mirror.policy(capability)
             if policy is None:
@@ -149,7 +200,7 @@ class Router:
             # The registry holds a policy for it, so the capability is known: its pool is empty.
             empty = _Attempts(refusal=RouteRefusal(code=ErrorCode.NO_ROUTABLE_INSTANCE,
                                                    reason=f"no instance of {capability!r} is registered"))
-            return await self._with_fallback(frame, policy, empty, started) or \
+            return await self._with_fallback(frame, policy, empty, started, caller) or \
                 self._finish(frame, capability, None, empty, started)
         declared = offers[0].capability
         if size > declared.max_payload_bytes:
@@ -170,22 +221,27 @@ class Router:
                                  reason="capability_circuit_open")
         if attempts.answer is not None and attempts.answer.ok:  # the common case: no coroutine for fallback
             return self._finish(frame, capability, declared.timeout_sla_ms, attempts, started)
-        fallback = await self._with_fallback(frame, policy, attempts, started)
+        fallback = await self._with_fallback(frame, policy, attempts, started, caller)
         if fallback is not None:
             fallback.tried = [*attempts.tried, *fallback.tried]
             return fallback
         return self._finish(frame, capability, declared.timeout_sla_ms, attempts, started)
 
     async def _with_fallback(self, frame: RequestFrame, policy: Policy, attempts: _Attempts,
-                             started: float) -> CallResult | None:
+                             started: float, caller: Caller | Unauthenticated | None) -> CallResult | None:
         """For a failed call, the fallback capability's success (degraded); None to answer the failure."""
         if not policy.fallback_capability or self._caller_error(attempts):
             return None
-        return await self._call_fallback(frame, policy.fallback_capability, started)
+        return await self._call_fallback(frame, policy.fallback_capability, started, caller)
 
-    async def _call_fallback(self, frame: RequestFrame, fallback: str, started: float) -> CallResult | None:
+    async def _call_fallback(self, frame: RequestFrame, fallback: str, started: float,
+                             caller: Caller | Unauthenticated | None) -> CallResult | None:
         offers = self.mirror.offers(fallback)
         if offers is None:
+            return None
+        if isinstance(caller, Caller) and authorize(caller, fallback, offers) is not None:
+            # A fallback is not a way around grants or trust levels: answer the original failure.
+            self.decisions["fallback_refused"] += 1
             return None
         policy = self.mirror.policy(fallback) or DEFAULT_POLICY
         attempts = await self._attempt(msgspec.structs.replace(frame, capability=fallback), fallback, offers,
@@ -290,7 +346,7 @@ class Router:
         try:
             sent = frame if frame.capability == capability else msgspec.structs.replace(frame, capability=capability)
             answer = await self.forwarder.send(offer.capability.endpoint, offer.capability.protocol, sent,
-                                               attempt_timeouts)
+                                               attempt_timeouts, self.mirror.auth.signing_key(offer.record.token_id))
         finally:
             self.book.inflight[agent_id] -= 1
         if answer.error_code in TIMEOUTS:

@@ -1,7 +1,9 @@
 """Moving one call's bytes to one agent instance, with connect / first-byte / total timeouts.
 
 The router decides; this module only sends and classifies what came back, so every failure
-becomes an ErrorCode and a flag saying whether the agent could have seen the request.
+becomes an ErrorCode and a flag saying whether the agent could have seen the request. Calls to
+an instance that joined with a registration token are signed with that token's key
+(``X-Reach-Signature``), so the agent can refuse calls that did not come through the mesh.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any
 import aiohttp
 import msgspec
 from agent_reach.atp import BusinessError, ErrorCode, RequestFrame
+from agent_reach.signing import SIGNATURE_HEADER, sign
+from yarl import URL
 
 from router.policy import ResolvedTimeouts
 
@@ -80,11 +84,20 @@ def _rest_request(frame: RequestFrame, timeout_hint_ms: int) -> tuple[bytes, dic
     return _encoder.encode(frame.payload), headers
 
 
+# An agent refusing the router's own credentials (its signature) says nothing about the caller's:
+# to the caller it is a failing instance, worth trying another one.
+_AGENT_REFUSALS = frozenset({ErrorCode.UNAUTHENTICATED.value, ErrorCode.FORBIDDEN.value,
+                             ErrorCode.TRUST_LEVEL_INSUFFICIENT.value})
+
+
 def _classify_atp(status: int, body: bytes) -> AgentAnswer:
     try:
         reply = _reply_decoder.decode(body)
     except msgspec.MsgspecError:
         return AgentAnswer(error_code=ErrorCode.AGENT_ERROR, message=f"agent answered HTTP {status} without a frame")
+    if reply.error_code in _AGENT_REFUSALS:
+        return AgentAnswer(error_code=ErrorCode.AGENT_ERROR,
+                           message=f"agent refused the router's call ({reply.error_code}): {reply.error_message}")
     if reply.error_code is not None:
         code = ErrorCode(reply.error_code) if reply.error_code in ErrorCode.__members__ else ErrorCode.AGENT_ERROR
         return AgentAnswer(error_code=code, message=reply.error_message or reply.error_code,
@@ -132,6 +145,12 @@ def _client_timeout(connect_s: float) -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(total=None, connect=connect_s, sock_connect=connect_s)
 
 
+@functools.lru_cache(maxsize=4096)
+def _path(endpoint: str) -> str:
+    """The path an agent sees for ``endpoint`` (decoded, no query): what the signature binds."""
+    return URL(endpoint).path
+
+
 class Forwarder:
     """One shared keep-alive connection pool for every agent."""
 
@@ -139,12 +158,16 @@ class Forwarder:
         self._session = session
         self.completion_url = completion_url
 
-    async def send(self, endpoint: str, protocol: str, frame: RequestFrame, timeouts: ResolvedTimeouts) -> AgentAnswer:
+    async def send(self, endpoint: str, protocol: str, frame: RequestFrame, timeouts: ResolvedTimeouts,
+                   signing_key: str | None = None) -> AgentAnswer:
+        """``signing_key``: the key of the registration token the instance joined with, if any."""
         # One coroutine, not a timing wrapper around another: every await resumes through each frame.
         build, classify = _PROTOCOLS[protocol]
         body, headers = build(frame, int(timeouts.total_s * 1000))
         headers["X-Request-Id"] = frame.request_id
         headers["traceparent"] = traceparent(frame.context, frame.request_id)
+        if signing_key is not None:
+            headers[SIGNATURE_HEADER] = sign(signing_key, "POST", _path(endpoint), frame.request_id, body)
         if self.completion_url:
             headers["X-Reach-Completion-Url"] = self.completion_url
         client_timeout = _client_timeout(timeouts.connect_s)

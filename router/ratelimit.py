@@ -1,4 +1,5 @@
-"""A token bucket per instance, so the router never sends an instance more than its ``max_qps``."""
+"""Token buckets: per instance, so the router never sends an instance more than its ``max_qps``;
+per client, so one caller cannot take the whole router."""
 
 from __future__ import annotations
 
@@ -35,9 +36,34 @@ class TokenBucket:
         self._refill(now)
         return self._tokens
 
+    def seconds_to_token(self, now: float) -> float:
+        """How long until a token is back (0 when one is there)."""
+        if self.rate <= 0:
+            return 0.0
+        self._refill(now)
+        return max(0.0, (1 - self._tokens) / self.rate)
+
     def _refill(self, now: float) -> None:
         if self._updated is None:
             self._updated = now
         elif now > self._updated:
             self._tokens = min(self.burst, self._tokens + (now - self._updated) * self.rate)
             self._updated = now
+
+
+class ClientLimits:
+    """One bucket per client id, made (or remade) at the rate the client is allowed now."""
+
+    def __init__(self) -> None:
+        self._buckets: dict[str, TokenBucket] = {}
+
+    def retry_after(self, client_id: str, rate: float, now: float) -> int | None:
+        """None when the call may go (a token is taken); else whole seconds (≥ 1) until one is back."""
+        if rate <= 0:
+            return None
+        bucket = self._buckets.get(client_id)
+        if bucket is None or bucket.rate != rate:
+            bucket = self._buckets[client_id] = TokenBucket(rate)
+        if bucket.try_take(now):
+            return None
+        return max(1, math.ceil(bucket.seconds_to_token(now)))

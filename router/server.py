@@ -14,11 +14,15 @@ from agent_reach.serving import cancel, close, listen
 from aiohttp import web
 
 from registry.watch import WatchHub
-from router.api import DEFAULT_MAX_BODY, create_app
+from router.audit import AuditLog
+from router.api import DEFAULT_MAX_BODY, MAX_HEADER_LINE, create_app
+from router.auth import Authenticator
 from router.core import Router, RouterSettings
 from router.feed import follow_hub, follow_http
 from router.forward import Forwarder
+from router.keyring import KeyRing
 from router.mirror import RegistryMirror
+from router.oauth import TokenIssuer
 from router.semantic.settings import SemanticSettings, SemanticUnavailable
 
 if TYPE_CHECKING:
@@ -41,6 +45,10 @@ class RouterServerSettings(msgspec.Struct, kw_only=True):
     # Where the token signing keys live (PEM, 0600); None keeps them in memory (tokens die with the router).
     keys_dir: Path | None = None
     token_ttl_seconds: int = 3600
+    # The `iss` of the tokens this router issues and accepts; routers sharing keys_dir share it too.
+    token_issuer: str = "agentreach-router"
+    # Clock skew forgiven when checking a token's exp, nbf and iat.
+    token_leeway_seconds: float = 30.0
     # Per-client calls per second through this router, unless the client record says otherwise; 0 = unlimited.
     client_qps: float = 0.0
     # The audit trail's SQLite file; None keeps no audit trail.
@@ -62,8 +70,10 @@ class RouterServer:
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = False
+        self.audit: AuditLog | None = None
         self.port = settings.port
         self.semantic: SemanticRouter | None = None
+        self.auth: Authenticator | None = None
 
     @property
     def url(self) -> str:
@@ -83,6 +93,14 @@ class RouterServer:
 
             self.semantic = await SemanticRouter.create(self.mirror, self.settings.semantic)
         self.router = Router(self.mirror, forwarder, self.settings.routing, semantic=self.semantic)
+        if self.settings.audit_path is not None:
+            self.audit = AuditLog(self.settings.audit_path, self.settings.audit_retention_days)
+            await self.audit.start()
+            self.router.audit = self.audit
+        if self.settings.auth:
+            self.auth = self._authenticator()
+        else:
+            log.warning("caller authentication is OFF: anyone can call any capability (development only)")
         if self._hub is not None:
             feed = follow_hub(self._hub, self.mirror)
         else:
@@ -92,13 +110,22 @@ class RouterServer:
         self._tasks = [asyncio.create_task(feed), asyncio.create_task(self._housekeeping())]
         if self.semantic is not None:
             self._tasks.append(asyncio.create_task(self.semantic.follow()))
-        self._runner, self.port = await listen(create_app(self.router, max_body=self.settings.max_body),
-                                               self.settings.host, self.settings.port)
+        app = create_app(self.router, max_body=self.settings.max_body, auth=self.auth)
+        self._runner, self.port = await listen(app, self.settings.host, self.settings.port,
+                                               max_line_size=MAX_HEADER_LINE, max_field_size=MAX_HEADER_LINE)
         forwarder.completion_url = f"{self.url}/completions"
         log.info("router listening", extra={"url": self.url, "registry": self.settings.registry_url or "in-process"})
 
+    def _authenticator(self) -> Authenticator:
+        settings = self.settings
+        keys = KeyRing(settings.keys_dir, settings.token_ttl_seconds, settings.token_leeway_seconds)
+        keys.load()
+        issuer = TokenIssuer(keys, settings.token_issuer, settings.token_ttl_seconds, settings.token_leeway_seconds)
+        return Authenticator(self.mirror, issuer, settings.client_qps)
+
     async def _housekeeping(self) -> None:
-        """Once a second: close reach periods, log new alerts, forget instances that left."""
+        """Once a second: close reach periods, log new alerts, forget instances that left, drop signing
+        keys whose tokens have all expired."""
         assert self.router is not None
         ledger = self.router.ledger
         while True:
@@ -111,6 +138,8 @@ class RouterServer:
                                              "reach_rate": alert.reach_rate, "threshold": alert.threshold,
                                              "failures": alert.failures, "periods": alert.periods})
             self.router.book.forget(set(self.mirror.instances))
+            if self.auth is not None:
+                self.auth.issuer.keys.prune()
 
     async def stop(self) -> None:
         if self._stopped:
@@ -118,5 +147,8 @@ class RouterServer:
         self._stopped = True
         await cancel(*self._tasks)
         await close(self._runner, self._session)
+        if self.audit is not None:
+            # After the server closed: calls still in progress while it closed have their rows.
+            await self.audit.stop()
         if self.semantic is not None:
             self.semantic.close()

@@ -29,10 +29,12 @@ POLL = 0.2
 class Rig:
     """A mesh and a console watching it, with a client for the console's API."""
 
-    def __init__(self, mesh: Mesh, console: ConsoleServer, http: aiohttp.ClientSession):
+    def __init__(self, mesh: Mesh, console: ConsoleServer, http: aiohttp.ClientSession,
+                 admin_key: str | None = None):
         self.mesh = mesh
         self.console = console
         self.http = http
+        self.admin_key = admin_key  # sent as X-API-Key on every request when the console has auth on
 
     @property
     def url(self) -> str:
@@ -40,9 +42,10 @@ class Rig:
 
     async def request(self, method: str, path: str, body: Any = None, raw: bytes | None = None) -> tuple[int, Any]:
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-        async with self.http.request(method, f"{self.url}{path}", data=data,
-                                     headers={"Content-Type": "application/json"} if data is not None else None
-                                     ) as response:
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        if self.admin_key is not None:
+            headers["X-API-Key"] = self.admin_key
+        async with self.http.request(method, f"{self.url}{path}", data=data, headers=headers) as response:
             text = await response.text()
             return response.status, json.loads(text) if text else None
 
@@ -64,12 +67,14 @@ StartRig = Callable[..., Awaitable[Rig]]
 
 @pytest.fixture
 async def start_console(tmp_path: Path, http: aiohttp.ClientSession) -> AsyncIterator[Callable[..., Awaitable[ConsoleServer]]]:
-    """Start consoles against given registry and router URLs; each stops at teardown."""
+    """Start consoles against given registry and router URLs (auth off unless asked); each stops at teardown."""
     consoles: list[ConsoleServer] = []
 
-    async def start(registry_url: str, router_url: str, data_dir: Path | None = None) -> ConsoleServer:
+    async def start(registry_url: str, router_url: str, data_dir: Path | None = None, auth: str = "off",
+                    admin_key: str | None = None) -> ConsoleServer:
         console = ConsoleServer(ConsoleSettings(port=0, registry_url=registry_url, router_url=router_url,
-                                                data_dir=data_dir or tmp_path / "console", poll_interval=POLL))
+                                                data_dir=data_dir or tmp_path / "console", poll_interval=POLL,
+                                                auth=auth, admin_key=admin_key))
         await console.start()
         consoles.append(console)
         return console
@@ -95,6 +100,15 @@ async def start_rig(start_mesh: StartMesh, start_console: Callable[..., Awaitabl
 @pytest.fixture
 async def rig(start_rig: StartRig) -> Rig:
     return await start_rig()
+
+
+@pytest.fixture
+async def auth_rig(start_mesh: StartMesh, start_console: Callable[..., Awaitable[ConsoleServer]], http: aiohttp.ClientSession) -> Rig:
+    """Everything with auth on: the registry made the admin key, the console signs in with it."""
+    mesh = await start_mesh(auth=True)
+    assert mesh.admin_key is not None
+    console = await start_console(mesh.registry.url, mesh.url, auth="on", admin_key=mesh.admin_key)
+    return Rig(mesh, console, http, mesh.admin_key)
 
 
 @pytest.fixture

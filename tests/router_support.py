@@ -25,6 +25,7 @@ from agent_reach import logs
 from aiohttp import web
 
 from conftest import wait_for
+from registry.access import ADMIN_KEY_FILE
 from registry.server import RegistryServer
 from router.api import DEFAULT_MAX_BODY
 from router.core import Router, RouterSettings
@@ -218,13 +219,20 @@ def capability(name: str, endpoint: str, protocol: str = "rest", **fields: Any) 
 
 
 class Mesh:
-    """A real registry and a real router following it, plus a client for both."""
+    """A real registry and a real router following it, plus a client for both. With auth on,
+    ``admin_key`` is the registry's, sent on every registry call the helpers make."""
 
-    def __init__(self, registry: RegistryServer, router: RouterServer, http: aiohttp.ClientSession):
+    def __init__(self, registry: RegistryServer, router: RouterServer, http: aiohttp.ClientSession,
+                 admin_key: str | None = None):
         self.registry = registry
         self.router_server = router
         self.http = http
+        self.admin_key = admin_key
         self._beating: dict[str, asyncio.Task[None]] = {}
+
+    @property
+    def admin(self) -> dict[str, str]:
+        return {"X-API-Key": self.admin_key} if self.admin_key is not None else {}
 
     @property
     def router(self) -> Router:
@@ -241,7 +249,7 @@ class Mesh:
         owns a capability, so every instance of it must belong to the same service)."""
         body = {"agent_id": agent_id, "capabilities": capabilities, "metadata": metadata or {},
                 "service": service or capabilities[0]["name"]}
-        async with self.http.post(f"{self.registry.url}/register", json=body) as response:
+        async with self.http.post(f"{self.registry.url}/register", json=body, headers=self.admin) as response:
             assert response.status == 200, await response.text()
 
     async def add(self, agent: Agent | SlowConnectTarget, name: str = "echo", *, agent_id: str | None = None,
@@ -269,13 +277,14 @@ class Mesh:
             await self.until_state(agent_id)
 
     async def deregister(self, agent_id: str) -> None:
-        async with self.http.post(f"{self.registry.url}/deregister", json={"agent_id": agent_id}) as response:
+        async with self.http.post(f"{self.registry.url}/deregister", json={"agent_id": agent_id},
+                                  headers=self.admin) as response:
             assert response.status == 200, await response.text()
 
     async def heartbeat(self, *agent_ids: str, load: float = 0.0) -> None:
         for agent_id in agent_ids:
-            async with self.http.post(f"{self.registry.url}/heartbeat",
-                                      json={"agent_id": agent_id, "load": load}) as response:
+            async with self.http.post(f"{self.registry.url}/heartbeat", json={"agent_id": agent_id, "load": load},
+                                      headers=self.admin) as response:
                 assert response.status == 200, await response.text()
 
     def keep_beating(self, agent_id: str, every: float = 0.1) -> None:
@@ -296,26 +305,48 @@ class Mesh:
         await wait_for(seen, timeout=timeout, what=f"the router to see {agent_id} {state}")
 
     async def put_policy(self, name: str, body: dict[str, Any]) -> Policy:
-        async with self.http.put(f"{self.registry.url}/policies/{name}", json=body) as response:
+        async with self.http.put(f"{self.registry.url}/policies/{name}", json=body, headers=self.admin) as response:
             assert response.status == 200, await response.text()
             stored = msgspec.convert(await response.json(), Policy)
         await wait_for(lambda: self.router.mirror.policy(name) == stored, timeout=5,
                        what=f"the router to apply the policy of {name}")
         return stored
 
-    async def post(self, body: Any, *, raw: bytes | None = None) -> Answer:
+    async def new_client(self, grants: list[str], trust_level: str = "internal", name: str = "caller",
+                         **fields: Any) -> dict[str, Any]:
+        """Create a client through the registry's admin API; returns its secrets once the router knows it."""
+        body = {"name": name, "trust_level": trust_level, "grants": grants, **fields}
+        async with self.http.post(f"{self.registry.url}/clients", json=body, headers=self.admin) as response:
+            assert response.status == 201, await response.text()
+            secrets = await response.json()
+        await wait_for(lambda: self.router.mirror.auth.client_by_api_key(secrets["api_key"]) is not None, timeout=5,
+                       what=f"the router to learn client {secrets['client_id']}")
+        return secrets
+
+    async def client_action(self, client_id: str, action: str) -> dict[str, Any]:
+        """POST /clients/{id}/disable|enable|rotate on the registry, then wait until the router has the change."""
+        before = self.router.mirror.auth.clients[client_id]
+        async with self.http.post(f"{self.registry.url}/clients/{client_id}/{action}", headers=self.admin) as response:
+            assert response.status == 200, await response.text()
+            answer = await response.json()
+        await wait_for(lambda: self.router.mirror.auth.clients[client_id] is not before, timeout=5,
+                       what=f"the router to see client {client_id} {action}d")
+        return answer
+
+    async def post(self, body: Any, *, raw: bytes | None = None, headers: dict[str, str] | None = None) -> Answer:
         data = raw if raw is not None else json.dumps(body).encode()
         async with self.http.post(f"{self.url}/atp", data=data,
-                                  headers={"Content-Type": "application/json"}) as response:
+                                  headers={"Content-Type": "application/json", **(headers or {})}) as response:
             text = await response.read()
             decoded = json.loads(text) if text else None
             return Answer(response.status, decoded, CIMultiDict(response.headers))
 
-    async def call(self, name: str = "echo", payload: Any = None, **frame: Any) -> Answer:
-        return await self.post({"capability": name, "payload": payload, **frame})
+    async def call(self, name: str = "echo", payload: Any = None, *, headers: dict[str, str] | None = None,
+                   **frame: Any) -> Answer:
+        return await self.post({"capability": name, "payload": payload, **frame}, headers=headers)
 
     async def get(self, path: str) -> Any:
-        async with self.http.get(f"{self.url}{path}") as response:
+        async with self.http.get(f"{self.url}{path}", headers=self.admin) as response:
             assert response.status == 200, await response.text()
             if response.content_type == "application/json":
                 return await response.json()
@@ -352,19 +383,22 @@ QUIET_LIFECYCLE = {"silence_timeout": 30.0, "health_interval": 30.0, "evict_afte
 async def start_mesh(start_registry: Callable[..., Awaitable[RegistryServer]],
                      http: aiohttp.ClientSession) -> AsyncIterator[StartMesh]:
     """Start a registry and a router following it: ``follow="hub"`` (in process, as `agentreach up`)
-    or ``follow="http"`` (over `GET /watch`, as `agentreach router --registry URL`)."""
+    or ``follow="http"`` (over `GET /watch`, as `agentreach router --registry URL`). Authentication is
+    off unless ``auth=True`` (registry and router both); ``router_settings`` sets other router fields."""
     meshes: list[Mesh] = []
 
     async def start(follow: str = "hub", routing: RouterSettings = RouterSettings(),
-                    registry: RegistryServer | None = None, max_body: int = DEFAULT_MAX_BODY,
-                    **lifecycle: Any) -> Mesh:
+                    registry: RegistryServer | None = None, max_body: int = DEFAULT_MAX_BODY, auth: bool = False,
+                    router_settings: dict[str, Any] | None = None, **lifecycle: Any) -> Mesh:
         if registry is None:
-            registry = await start_registry(**{**QUIET_LIFECYCLE, **lifecycle})
-        settings = RouterServerSettings(port=0, routing=routing, max_body=max_body,
-                                        registry_url=registry.url if follow == "http" else None)
+            registry = await start_registry(**{**QUIET_LIFECYCLE, **lifecycle}, auth=auth)
+        admin_key = (registry.settings.data_dir / ADMIN_KEY_FILE).read_text().strip() if auth else None
+        settings = RouterServerSettings(port=0, routing=routing, max_body=max_body, auth=auth,
+                                        registry_url=registry.url if follow == "http" else None,
+                                        registry_key=admin_key, **(router_settings or {}))
         router = RouterServer(settings, hub=registry.hub if follow == "hub" else None)
         await router.start()
-        mesh = Mesh(registry, router, http)
+        mesh = Mesh(registry, router, http, admin_key)
         meshes.append(mesh)
         await wait_for(lambda: router.mirror.synced, timeout=5, what="the router to load the registry")
         return mesh
@@ -450,3 +484,12 @@ async def run_load(call: Callable[[], Awaitable[Answer]], *, until: Callable[[],
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return answers
+
+
+@pytest.fixture
+async def secure(start_mesh: StartMesh, start_agent: Callable[..., Awaitable[Agent]]) -> tuple[Mesh, Agent]:
+    """A mesh with authentication on and one rest agent serving `echo`."""
+    mesh = await start_mesh(auth=True)
+    agent = await start_agent("echo-1")
+    await mesh.add(agent, "echo")
+    return mesh, agent

@@ -171,3 +171,11 @@ async def read_log_until(process: asyncio.subprocess.Process, event: str, timeou
                 return record
 
     return await asyncio.wait_for(scan(), timeout)
+
+
+async def issue_token(http: aiohttp.ClientSession, registry_url: str, admin_key: str, service: str) -> dict[str, Any]:
+    """A registration token for ``service``, issued through the registry's admin API: {token, token_id, ...}."""
+    async with http.post(f"{registry_url}/tokens", json={"service": service},
+                         headers={"X-API-Key": admin_key}) as response:
+        assert response.status == 201, await response.text()
+        return await response.json()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -25,6 +26,11 @@ def agentreach(*args: str) -> subprocess.CompletedProcess:
     (("registry",), "--silence-timeout"),
     (("wal",), "inspect"),
     (("wal", "inspect"), "data_dir"),
+    (("router",), "--admin-key"),
+    (("console",), "--auth {on,off}"),
+    (("clients",), "rotate"),
+    (("clients", "create"), "--grant"),
+    (("tokens", "create"), "--service"),
 ])
 def test_every_command_has_help(command, expected):
     result = agentreach(*command, "--help")
@@ -63,16 +69,21 @@ def _free_port() -> int:
 
 
 async def test_up_demo_starts_a_live_mesh_to_call_at_once(tmp_path, http):
+    """With auth on (the default): the demo agents register with their tokens, and the demo
+    caller's key (kept in DATA_DIR/demo/) calls through the router."""
     registry_port, router_port, console_port = _free_port(), _free_port(), _free_port()
+    data_dir = tmp_path / "demo"
     process = subprocess.Popen(
-        [sys.executable, "-m", "console.cli", "up", "--demo", "--data-dir", str(tmp_path / "demo"),
+        [sys.executable, "-m", "console.cli", "up", "--demo", "--data-dir", str(data_dir),
          "--registry-port", str(registry_port), "--router-port", str(router_port),
          "--console-port", str(console_port), "--log-level", "warning"],
-        cwd=ROOT)
+        cwd=ROOT, env={**os.environ, "AGENTREACH_AUTH": "on"})
     try:
         async def healthy() -> bool:
+            admin = (data_dir / "admin.key").read_text().strip() if (data_dir / "admin.key").exists() else ""
             try:
-                async with http.get(f"http://127.0.0.1:{registry_port}/agents") as response:
+                async with http.get(f"http://127.0.0.1:{registry_port}/agents",
+                                    headers={"X-API-Key": admin}) as response:
                     agents = (await response.json())["agents"]
             except OSError:
                 return False
@@ -81,15 +92,18 @@ async def test_up_demo_starts_a_live_mesh_to_call_at_once(tmp_path, http):
 
         await wait_for(healthy, timeout=20, what="three healthy demo agents")
         frame = {"capability": "order.query", "payload": {"text": "where is my order A-1002"}}
+        caller = {"X-API-Key": (data_dir / "demo" / "demo-caller.key").read_text().strip()}
+
         async def answered() -> dict | None:
-            async with http.post(f"http://127.0.0.1:{router_port}/atp", json=frame) as response:
+            async with http.post(f"http://127.0.0.1:{router_port}/atp", json=frame, headers=caller) as response:
                 return await response.json() if response.status == 200 else None
 
         answer = await wait_for(answered, timeout=5, what="the router to route order.query")
         assert answer["result"] == {"order_id": "A-1002", "status": "packing"}
         async def console_up() -> bool:
             try:
-                async with http.get(f"http://127.0.0.1:{console_port}/api/overview") as response:
+                async with http.get(f"http://127.0.0.1:{console_port}/api/overview",
+                                    headers={"X-API-Key": (data_dir / "admin.key").read_text().strip()}) as response:
                     return response.status == 200
             except OSError:
                 return False

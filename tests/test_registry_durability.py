@@ -37,7 +37,8 @@ async def test_registrations_survive_a_restart(start_registry, http, tmp_path):
 
 def _start_registry_process(data_dir: Path) -> tuple[subprocess.Popen, str]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "console.cli", "registry", "--port", "0", "--data-dir", str(data_dir)],
+        # Not a test of auth: agents register without tokens.
+        [sys.executable, "-m", "console.cli", "registry", "--port", "0", "--data-dir", str(data_dir), "--auth", "off"],
         stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
     deadline = time.monotonic() + 20
     assert process.stderr is not None
@@ -45,6 +46,8 @@ def _start_registry_process(data_dir: Path) -> tuple[subprocess.Popen, str]:
         line = process.stderr.readline()
         if not line:
             break
+        if not line.startswith("{"):
+            continue  # the plain-text start-up warning that auth is off
         event = json.loads(line)
         if event["event"] == "registry listening":
             # Keep reading its log so a full pipe never blocks the registry.

@@ -15,7 +15,8 @@ async def state_of(http, registry, agent_id):
 
 
 async def test_pending_healthy_demoted_evicted(start_registry, http, agent):
-    registry = await start_registry(**FAST)
+    # Checks 0.3 s apart: the demoted instance stays queryable for ~1 s even on a loaded machine.
+    registry = await start_registry(**{**FAST, "health_interval": 0.3})
     await post(http, f"{registry.url}/register", registration("a1", "life.cap", base_url=agent.url))
     assert await state_of(http, registry, "a1") == "pending"
     await post(http, f"{registry.url}/heartbeat", {"agent_id": "a1", "load": 0.2})

@@ -263,7 +263,7 @@ async def test_the_doc_examples_run_as_pasted_against_agentreach_up(http, tmp_pa
     command = [str(script)] if script.exists() else [sys.executable, "-m", "console.cli"]
     up = subprocess.Popen([*command, "up", "--registry-port", str(ports["registry"]), "--router-port",
                            str(ports["router"]), "--console-port", str(free_port(0)),
-                           "--data-dir", str(tmp_path / "data"), "--log-level", "warning"], cwd=ROOT)
+                           "--data-dir", str(tmp_path / "data"), "--log-level", "warning", "--auth", "off"], cwd=ROOT)
     echo = subprocess.Popen([sys.executable, "bench/router_bench.py", "echo", "--port", str(ports["echo"])], cwd=ROOT)
     try:
         await wait_up(http, f"http://127.0.0.1:{ports['registry']}/healthz", up)

@@ -22,7 +22,7 @@ CAPABILITIES = {
 @pytest.fixture
 async def semantic_mesh(start_registry, start_agent, http):
     registry = await start_registry(silence_timeout=60, health_interval=60)
-    settings = RouterServerSettings(port=0, routing=RouterSettings(),
+    settings = RouterServerSettings(port=0, routing=RouterSettings(), auth=False,
                                     semantic=SemanticSettings(enabled=True))
     router = RouterServer(settings, hub=registry.hub)
     await router.start()

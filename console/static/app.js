@@ -3,6 +3,7 @@
 
 import { get, LiveFeed } from "./lib/api.js";
 import { replace, h } from "./lib/dom.js";
+import { renderSignIn, signOut } from "./lib/signin.js";
 
 const pages = [
   [/^\/?$/, "overview", () => import("./pages/overview.js")],
@@ -64,8 +65,18 @@ async function route(context) {
 }
 
 async function start() {
+  const session = await get("/api/session");
+  document.getElementById("auth-banner").hidden = session.auth !== "off";
+  if (!session.signed_in) {
+    document.body.dataset.signedOut = "";
+    renderSignIn(main);
+    return;
+  }
+  const signOutButton = document.getElementById("sign-out");
+  signOutButton.hidden = session.auth === "off";
+  signOutButton.addEventListener("click", signOut);
+  window.addEventListener("console:signed-out", () => location.reload(), { once: true });
   const config = await get("/api/config");
-  document.getElementById("auth-banner").hidden = config.auth !== "off";
   const live = new LiveFeed("/api/stream?topics=overview,agents");
   live.onstatus = (ok) => showUpstream("up-live", "Live feed", { ok, error: ok ? "" : "reconnecting" });
   live.on("overview", (overview) => {

@@ -4,7 +4,8 @@ Declare capabilities (native ATP handlers with ``@sdk.capability``, or existing 
 ``register_capability``), then ``start``/``serve`` (the SDK's own aiohttp endpoint) or
 ``attach(app)`` (an existing service). From then on the SDK registers, heartbeats with load and
 health, serves ATP frames, warns about a blocked event loop, and on ``stop`` or SIGTERM
-deregisters, answers new calls ``BUSY`` and drains the ones in flight.
+deregisters, answers new calls ``BUSY`` and drains the ones in flight. An agent holding a
+registration token refuses calls the router did not sign (see :mod:`agent_reach.guard`).
 """
 
 from __future__ import annotations
@@ -20,14 +21,17 @@ from typing import Any, NamedTuple
 import aiohttp
 import msgspec
 from aiohttp import web
+from yarl import URL
 
 from agent_reach.dispatch import BusinessFailure, Dispatcher, Handler, LateCompletion, Native
+from agent_reach.guard import CallGuard
 from agent_reach.heartbeat import RegistryLink, RegistryUnavailable
 from agent_reach.inflight import Inflight
 from agent_reach.registration import Capability, HeartbeatRequest, RegisterRequest
 from agent_reach.serving import cancel, close, listen
+from agent_reach.signing import DEFAULT_WINDOW_S, signing_key
 from agent_reach.watchdog import watch_loop
-from agent_reach.wrap import HEALTH_PATH, AiohttpHost, Host, host_for
+from agent_reach.wrap import HEALTH_PATH, AiohttpHost, ExternalHost, Host, host_for
 
 __all__ = ["AgentReachSDK", "BusinessFailure", "atp_handler"]
 
@@ -64,7 +68,10 @@ class AgentReachSDK:
     def __init__(self, agent_id: str, registry_url: str, zone: str, service: str | None = None,
                  metadata: dict[str, Any] | None = None, registration_token: str | None = None,
                  heartbeat_interval: float = 3.0, direct_fallback: bool = False, max_inflight: int = 64,
-                 base_url: str | None = None, drain_timeout: float = 30.0):
+                 base_url: str | None = None, drain_timeout: float = 30.0, verify_calls: bool = True,
+                 signature_window_s: float = DEFAULT_WINDOW_S):
+        """``verify_calls`` (with a ``registration_token``): refuse calls the router did not sign,
+        within ``signature_window_s`` of this host's clock; direct fallback calls only if ``direct_fallback``."""
         self.agent_id = agent_id
         self.registry_url = registry_url
         self.zone = zone
@@ -83,7 +90,9 @@ class AgentReachSDK:
         self._paths: dict[str, str] = {}
         self._health: Callable[[], Any] | None = None
         self._host: Host | None = None
-        self._dispatcher = Dispatcher(agent_id, self.inflight, self._report_late)
+        key = signing_key(registration_token) if registration_token and verify_calls else None
+        self.guard = CallGuard(agent_id, key, direct_fallback, signature_window_s)
+        self._dispatcher = Dispatcher(agent_id, self.inflight, self._report_late, self.guard)
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._heartbeats: asyncio.Task[None] | None = None
@@ -124,6 +133,9 @@ class AgentReachSDK:
 
     def route_name(self, handler: Any) -> str | None:
         return next((name for name, routed in self._routed.items() if routed.handler is handler), None)
+
+    def route_limit(self, name: str) -> int:
+        return self._routed[name].capability.max_payload_bytes
 
     def health_check(self, check: Callable[[], Any]) -> Callable[[], Any]:
         """Use ``check`` (sync or async; False or an exception means unhealthy) for /healthz and heartbeats."""
@@ -215,6 +227,17 @@ class AgentReachSDK:
                                base_url=self.base_url, health_url=health_url,
                                metadata={"zone": self.zone, **self.metadata}, direct_fallback=self.direct_fallback)
 
+    def _arm_guard(self) -> None:
+        """Tell the guard where each capability is registered, and say plainly when calls go unchecked."""
+        self.guard.expect({capability.name: URL(capability.endpoint).path
+                           for capability in self.registration().capabilities})
+        if self.registration_token and not self.guard.active:
+            log.warning("verify_calls is off: calls that bypass the router are served",
+                        extra={"agent_id": self.agent_id})
+        elif self.guard.active and isinstance(self._host, ExternalHost):
+            log.warning("routes served outside the SDK are not verified; check X-Reach-Signature there "
+                        "with agent_reach.signing.verify", extra={"capabilities": sorted(self._routed)})
+
     async def heartbeat(self) -> HeartbeatRequest:
         _, health = await self.check_health()
         return HeartbeatRequest(agent_id=self.agent_id, load=self.inflight.load, inflight=self.inflight.count,
@@ -224,6 +247,7 @@ class AgentReachSDK:
         if self.base_url is None:
             raise ValueError("The agent's base URL is unknown: pass base_url= to AgentReachSDK or to attach()")
         self._resolve_paths()
+        self._arm_guard()
         self._session = aiohttp.ClientSession()
         self.link = RegistryLink(self._session, self.registry_url, interval=self.heartbeat_interval,
                                  registration=self.registration, heartbeat=self.heartbeat,

@@ -61,7 +61,8 @@ class ReachClient:
 
     def __init__(self, router_url: str, api_key: str | None = None, client_id: str | None = None,
                  client_secret: str | None = None, direct_fallback: bool = False, registry_url: str | None = None,
-                 connect_timeout: float = 1.0):
+                 registry_token: str | None = None, connect_timeout: float = 1.0):
+        """``registry_token``: a registration token (an agent's own), for the direct fallback's registry queries."""
         if direct_fallback and not registry_url:
             raise ValueError("direct_fallback needs registry_url: that is where agents are found without the router")
         if (client_id is None) != (client_secret is None):
@@ -70,7 +71,7 @@ class ReachClient:
         self._api_key = api_key
         self._credentials = (ClientCredentials(f"{self.router_url}/oauth/token", client_id, client_secret)
                              if client_id is not None and client_secret is not None else None)
-        self._direct = DirectRoute(registry_url) if direct_fallback and registry_url else None
+        self._direct = DirectRoute(registry_url, registry_token) if direct_fallback and registry_url else None
         self.connect_timeout = connect_timeout
         self._session: aiohttp.ClientSession | None = None
         self.last_route: RouteFacts | None = None

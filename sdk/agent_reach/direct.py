@@ -3,7 +3,9 @@
 Only instances that registered with ``direct_fallback`` are called, in the order the registry
 offers them (healthy first, least loaded first). The registry's last answer per capability is
 kept, so a caller still finds agents when the registry is down as well. Every answer is marked
-degraded: it skipped the router's policies, breakers and accounting.
+degraded: it skipped the router's policies, breakers and accounting. Calls carry
+``X-Reach-Direct: 1``, which agents that declared the fallback accept without the router's
+signature; the registry's /query needs a registration token (``registry_token``) when auth is on.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import aiohttp
 import msgspec
 
 from agent_reach.atp import ErrorCode, RequestFrame, RouteFacts, error_frame
+from agent_reach.signing import DIRECT_HEADER
 from agent_reach.transport import Answer, Unreachable, post
 
 log = logging.getLogger("agentreach.sdk")
@@ -33,22 +36,30 @@ class QueryAnswer(msgspec.Struct):
     instances: list[Instance]
 
 
+class QueryRefused(Exception):
+    """The registry wants a credential for /query that this caller did not send (or that is not valid)."""
+
+
 class DirectRoute:
-    def __init__(self, registry_url: str):
+    def __init__(self, registry_url: str, registry_token: str | None = None):
         self._url = registry_url.rstrip("/")
+        self._query_headers = {"Authorization": f"Bearer {registry_token}"} if registry_token else {}
         self._known: dict[str, list[Instance]] = {}
 
     async def _instances(self, session: aiohttp.ClientSession, capability: str) -> list[Instance] | None:
         """Fresh from the registry when it answers; its last answer when it does not; None if unknown."""
         try:
             async with session.post(f"{self._url}/query", json={"capability": capability},
-                                    timeout=aiohttp.ClientTimeout(total=2.0)) as response:
+                                    headers=self._query_headers, timeout=aiohttp.ClientTimeout(total=2.0)) as response:
                 body = await response.read()
             if response.status == 404:
                 self._known.pop(capability, None)
                 return None
             if response.status == 200:
                 self._known[capability] = msgspec.json.decode(body, type=QueryAnswer).instances
+            elif response.status in (401, 403):
+                raise QueryRefused(f"the registry refused the query (HTTP {response.status}): "
+                                   f"{body[:200].decode(errors='replace')}; pass registry_token=")
         except (aiohttp.ClientError, TimeoutError, msgspec.DecodeError) as exc:
             log.warning("registry unreachable too; using its last answer", extra={"error": repr(exc)})
         return self._known.get(capability)
@@ -56,14 +67,18 @@ class DirectRoute:
     async def send(self, session: aiohttp.ClientSession, frame: RequestFrame,
                    timeout: aiohttp.ClientTimeout, reason: str) -> Answer:
         capability = frame.capability or ""
-        found = await self._instances(session, capability) if capability else None
+        try:
+            found = await self._instances(session, capability) if capability else None
+        except QueryRefused as exc:
+            return error_frame(frame.request_id, ErrorCode.UNAUTHENTICATED, f"Router unreachable ({reason}) and {exc}")
         if found is None:
             return error_frame(frame.request_id, ErrorCode.UNKNOWN_CAPABILITY,
                                f"Router unreachable ({reason}) and the registry knows no capability {capability!r}")
         direct = [instance for instance in found if instance.direct_fallback]
         for attempt, instance in enumerate(direct, start=1):
             try:
-                answer = await post(session, instance.endpoint, frame, protocol=instance.protocol, timeout=timeout)
+                answer = await post(session, instance.endpoint, frame, protocol=instance.protocol,
+                                    headers={DIRECT_HEADER: "1"}, timeout=timeout)
             except Unreachable:
                 continue
             answer.route = RouteFacts(instance=instance.agent_id, policy="direct", attempts=attempt, degraded=True,

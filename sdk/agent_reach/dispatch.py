@@ -3,8 +3,9 @@
 The handler runs as its own task under the call's deadline (``timeout_hint``, else the declared
 ``timeout_sla_ms``). It may return (a result), raise :class:`BusinessFailure` (a declared business
 error, HTTP 200), raise anything else (``AGENT_ERROR``) or overrun (``TOTAL_TIMEOUT``, task
-cancelled). Frames that are malformed or too big never reach the handler, and while the agent
-is stopping or full every new call gets a ``BUSY`` answer.
+cancelled). Frames that are malformed or too big never reach the handler, nor do calls the
+guard refuses (not signed by the router; ``UNAUTHENTICATED``), and while the agent is stopping
+or full every new call gets a ``BUSY`` answer.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import msgspec
 from agent_reach import logs
 from agent_reach.atp import BusinessError, ErrorCode, RequestFrame, ResponseFrame, error_frame
 from agent_reach.context import CallContext, incoming_context, serving
+from agent_reach.guard import CallGuard
 from agent_reach.inflight import Inflight
 from agent_reach.registration import Capability
 
@@ -75,10 +77,11 @@ def _payload_size(frame: RequestFrame, body: bytes, limit: int) -> int:
 
 
 class Dispatcher:
-    def __init__(self, agent_id: str, inflight: Inflight, report_late: LateNotice):
+    def __init__(self, agent_id: str, inflight: Inflight, report_late: LateNotice, guard: CallGuard):
         self.agent_id = agent_id
         self.inflight = inflight
         self._report_late = report_late
+        self._guard = guard
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def handle(self, native: Native | None, name: str, body: bytes | None, headers: Mapping[str, str],
@@ -94,6 +97,9 @@ class Dispatcher:
         limit = native.capability.max_payload_bytes
         if body is None:
             return _error(request_id, ErrorCode.PAYLOAD_TOO_LARGE, f"Payload over {limit} bytes")
+        refused = self._guard.refusal(name, "POST", headers, body)
+        if refused is not None:
+            return _error(request_id, ErrorCode.UNAUTHENTICATED, refused)
         try:
             frame = _frames.decode(body)
         except msgspec.DecodeError as exc:

@@ -26,10 +26,10 @@ MAX_BACKOFF = 30.0
 
 
 class RegistryRejected(Exception):
-    """The registry refused the registration (4xx): a configuration problem retrying cannot fix."""
+    """The registry refused a registration or heartbeat (4xx, e.g. a revoked token): retrying will not fix it."""
 
-    def __init__(self, status: int, body: bytes):
-        super().__init__(f"registry refused the registration (HTTP {status}): {body.decode(errors='replace')}")
+    def __init__(self, status: int, body: bytes, what: str = "registration"):
+        super().__init__(f"registry refused the {what} (HTTP {status}): {body.decode(errors='replace')}")
         self.status = status
 
 
@@ -87,6 +87,8 @@ class RegistryLink:
                         extra={"agent_id": beat.agent_id, "answer": body.decode(errors="replace")})
             self.registered = False
             await self.register()
+        elif 400 <= status < 500:
+            raise RegistryRejected(status, body, "heartbeat")
         elif status != 200:
             raise RegistryUnavailable(f"registry answered {status} to /heartbeat")
         else:

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 
 
-async def listen(app: web.Application, host: str, port: int, *,
-                 shutdown_timeout: float = 1.0) -> tuple[web.AppRunner, int]:
-    """Serve ``app``; returns its runner and the port actually bound (``port=0`` picks a free one)."""
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
+async def listen(app: web.Application, host: str, port: int, *, shutdown_timeout: float = 1.0,
+                 **handler_args: Any) -> tuple[web.AppRunner, int]:
+    """Serve ``app``; returns its runner and the port actually bound (``port=0`` picks a free one).
+    ``handler_args`` go to aiohttp's request handler (``max_line_size``, ``max_field_size``, ...)."""
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout, **handler_args)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner, runner.addresses[0][1]

@@ -3,8 +3,8 @@
 ``@register_capability`` records a route handler and returns it unchanged, so the service behaves
 exactly as before. ``sdk.attach(app)`` adds what the mesh needs around the app, not inside the
 handlers: the SDK's lifecycle in the app's startup/shutdown, a middleware that counts in-flight
-calls and carries the router's context (``X-Reach-Context``) into handlers, and ``/healthz`` when
-the app has none. A route's path is looked up in the app when the SDK starts, because a FastAPI
+calls and carries the router's context (``X-Reach-Context``) into handlers, refuses calls the
+router did not sign when the agent holds a registration token, and ``/healthz`` when the app has none. A route's path is looked up in the app when the SDK starts, because a FastAPI
 decorator placed below ours registers the route only after ours has run.
 """
 
@@ -19,7 +19,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from agent_reach import logs
-from agent_reach.atp import new_request_id
+from agent_reach.atp import ErrorCode, error_frame, new_request_id
 from agent_reach.context import CallContext, rest_context, rest_deadline, serving
 
 if TYPE_CHECKING:
@@ -43,6 +43,36 @@ def register_capability(sdk: AgentReachSDK, name: str, protocol: str = "rest", v
         return handler
 
     return decorate
+
+
+def _refusal(headers: Mapping[str, str], code: ErrorCode, message: str) -> tuple[int, bytes]:
+    """An error frame for a call to a wrapped route that never reaches the route's handler."""
+    return code.http_status, _encoder.encode(error_frame(headers.get("X-Request-Id", ""), code, message))
+
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+
+async def _read_body(receive: Receive, limit: int) -> tuple[bytes | None, Receive]:
+    """The whole request body (None past ``limit``) and a ``receive`` that hands it to the app again."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        if size > limit:
+            return None, receive
+        if not message.get("more_body"):
+            break
+    replay: list[dict[str, Any]] = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+
+    async def replayed() -> dict[str, Any]:
+        return replay.pop() if replay else await receive()
+
+    return replay[0]["body"], replayed
 
 
 class RouteCall(contextlib.ExitStack):
@@ -93,6 +123,12 @@ class AiohttpHost:
         name = self._sdk.route_name(request.match_info.handler)
         if name is None:
             return await handler(request)
+        if self._sdk.guard.active:
+            # read() keeps the body, so the handler reads it again as usual.
+            refused = self._sdk.guard.refusal(name, request.method, request.headers, await request.read())
+            if refused is not None:
+                status, body = _refusal(request.headers, ErrorCode.UNAUTHENTICATED, refused)
+                return web.Response(body=body, status=status, content_type="application/json")
         with RouteCall(self._sdk, name, request.headers) as call:
             response = await handler(request)
             call.status = response.status
@@ -145,9 +181,7 @@ class AsgiHost:
 
     async def health(self, send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
         healthy, detail = await self.sdk.check_health()
-        await send({"type": "http.response.start", "status": 200 if healthy else 503,
-                    "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": _encoder.encode({"status": detail})})
+        await _answer(send, 200 if healthy else 503, _encoder.encode({"status": detail}))
 
 
 class _AsgiMiddleware:
@@ -164,6 +198,10 @@ class _AsgiMiddleware:
         if name is None:
             return await self.app(scope, receive, send)
         headers = CIMultiDict((key.decode("latin-1"), value.decode("latin-1")) for key, value in scope["headers"])
+        if self.host.sdk.guard.active:
+            receive = await self._admitted(name, scope["method"], headers, receive, send)
+            if receive is None:
+                return None
         with RouteCall(self.host.sdk, name, headers) as call:
             async def send_noting_status(message: dict[str, Any]) -> None:
                 if message["type"] == "http.response.start":
@@ -171,6 +209,25 @@ class _AsgiMiddleware:
                 await send(message)
 
             await self.app(scope, receive, send_noting_status)
+
+    async def _admitted(self, name: str, method: str, headers: Mapping[str, str], receive: Receive,
+                        send: Callable[[dict[str, Any]], Awaitable[None]]) -> Receive | None:
+        """The ``receive`` to hand the app (the body is read to check its signature), or None once refused."""
+        limit = self.host.sdk.route_limit(name)
+        body, receive = await _read_body(receive, limit)
+        if body is None:
+            await _answer(send, *_refusal(headers, ErrorCode.PAYLOAD_TOO_LARGE, f"Payload over {limit} bytes"))
+            return None
+        refused = self.host.sdk.guard.refusal(name, method, headers, body)
+        if refused is not None:
+            await _answer(send, *_refusal(headers, ErrorCode.UNAUTHENTICATED, refused))
+            return None
+        return receive
+
+
+async def _answer(send: Callable[[dict[str, Any]], Awaitable[None]], status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body})
 
 
 class ExternalHost:

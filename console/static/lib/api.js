@@ -1,7 +1,7 @@
 // Talking to the console's JSON API, and the live feed of server-sent events.
 
-export async function call(path, { method = "GET", body, raw } = {}) {
-  const options = { method, headers: {} };
+export async function call(path, { method = "GET", body, raw, headers = {} } = {}) {
+  const options = { method, headers: { ...headers } };
   if (raw !== undefined) {
     options.body = raw;
     options.headers["Content-Type"] = "application/json";
@@ -14,6 +14,10 @@ export async function call(path, { method = "GET", body, raw } = {}) {
     response = await fetch(path, options);
   } catch (error) {
     return { status: 0, ok: false, body: { error: "console_unreachable", message: String(error), field: null } };
+  }
+  if (response.status === 401 && response.headers.get("X-Console-Sign-In") === "required") {
+    // Signed out meanwhile (the session ran out or the console restarted): back to the sign-in form.
+    window.dispatchEvent(new CustomEvent("console:signed-out"));
   }
   const text = await response.text();
   let parsed = null;

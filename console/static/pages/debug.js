@@ -60,7 +60,7 @@ function result(answer) {
       h("pre", { class: "code", text: Object.entries(r.headers).map(([k, v]) => `${k}: ${v}`).join("\n") })));
 }
 
-export async function render(main, { query }) {
+export async function render(main, { query, config }) {
   const names = await call("/api/policies");
   const capabilities = names.ok ? names.body.policies.map((p) => p.capability) : [];
   const capability = h("input", { type: "text", value: query.get("capability") || capabilities[0] || "", list: "debug-capabilities", autocomplete: "off" });
@@ -90,13 +90,17 @@ export async function render(main, { query }) {
   }
   builder.addEventListener("submit", (event) => { event.preventDefault(); build(); });
 
+  // With auth on the router checks a caller's grants and trust level, so the call is made as a client.
+  const callerKey = config.auth === "on" ? h("input", { type: "password", autocomplete: "off", spellcheck: "false", id: "caller-key" }) : null;
   const sender = h("form", { class: "sender", "aria-label": "Send a request frame" },
     field("ATP request frame", frameText, { name: "frame", hint: "Edit it, or paste any frame: it is sent to the router exactly as written." }),
+    callerKey ? field("Caller API key", callerKey, { name: "caller_key", hint: "A client's API key (agentreach clients create): the call is checked like any caller's." }) : null,
     h("div", { class: "form-actions" }, h("button", { type: "submit", class: "btn btn-primary", id: "send-frame", text: "Send through the router" })));
   sender.addEventListener("submit", async (event) => {
     event.preventDefault();
     replace(output, h("p", { class: "muted", text: "Sending…" }));
-    const answer = await call("/api/debug", { method: "POST", raw: frameText.value });
+    const key = callerKey ? callerKey.value.trim() : "";
+    const answer = await call("/api/debug", { method: "POST", raw: frameText.value, headers: key ? { "X-Reach-Caller-Key": key } : {} });
     replace(output, answer.ok ? result(answer) : h("p", { class: "notice bad", role: "alert", text: answer.body?.message || `HTTP ${answer.status}` }));
   });
 

@@ -1,0 +1,38 @@
+"""Where the `agentreach` commands find the auth switch and the admin key.
+
+The registry writes the admin key to ``<data-dir>/admin.key`` on its first start with auth on;
+every other command (router, console, clients, tokens) reads it from there unless given one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from registry.access import ADMIN_KEY_FILE
+
+AUTH_ENV = "AGENTREACH_AUTH"
+
+
+def default_auth(environ: Mapping[str, str] = os.environ) -> str:
+    """"off" only when AGENTREACH_AUTH says so; anything else (or nothing) keeps auth on."""
+    return "off" if environ.get(AUTH_ENV, "").strip().lower() == "off" else "on"
+
+
+def admin_key_path(data_dir: Path) -> Path:
+    return data_dir / ADMIN_KEY_FILE
+
+
+def read_admin_key(data_dir: Path) -> str | None:
+    """The key stored in the data dir, or None when there is none (or it cannot be read)."""
+    try:
+        key = admin_key_path(data_dir).read_text().strip()
+    except OSError:
+        return None
+    return key or None
+
+
+def admin_key(given: str | None, data_dir: Path) -> str | None:
+    """``--admin-key`` when given, else the data dir's admin.key."""
+    return given.strip() if given else read_admin_key(data_dir)

@@ -1,0 +1,138 @@
+"""Operators' sign-in to the console with the admin key.
+
+A browser signs in once (POST /api/session with the key) and gets an HttpOnly, SameSite=Strict
+cookie holding a random session id, never the key: page scripts cannot read it, other sites
+cannot send it, and the server-sent event stream (EventSource cannot set headers) carries it.
+Scripts may send the key itself as X-API-Key or Authorization: Bearer instead. Sessions live in
+memory: a console restart signs everyone out.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Callable
+
+import msgspec
+from aiohttp import web
+from auth.headers import presented_key
+from auth.secrets import digest, matches
+from registry.api import Handler, error_response
+from registry.errors import RegistryError
+
+log = logging.getLogger("agentreach.console.signin")
+
+COOKIE = "agentreach_console"
+SESSION_SECONDS = 12 * 3600
+# Reachable without signing in: the page shell and its code, and the sign-in endpoint itself.
+OPEN_PATHS = ("/", "/api/session")
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+class SignIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    admin_key: str
+
+
+_decoder = msgspec.json.Decoder(SignIn)
+
+
+def unauthenticated(message: str, field: str = "Authorization") -> RegistryError:
+    return RegistryError(401, "unauthenticated", message, field)
+
+
+class Sessions:
+    """Signed-in browsers: session id → expiry (monotonic seconds)."""
+
+    def __init__(self, admin_key: str, ttl: float = SESSION_SECONDS, clock: Callable[[], float] = time.monotonic):
+        self._key_digest = digest(admin_key)
+        self._ttl = ttl
+        self._clock = clock
+        self._expiry: dict[str, float] = {}
+
+    def is_admin(self, key: str) -> bool:
+        return matches(key, self._key_digest)
+
+    def open(self) -> str:
+        now = self._clock()
+        self._expiry = {sid: at for sid, at in self._expiry.items() if at > now}
+        session_id = secrets.token_urlsafe(32)
+        self._expiry[session_id] = now + self._ttl
+        return session_id
+
+    def valid(self, session_id: str | None) -> bool:
+        return session_id is not None and self._expiry.get(session_id, 0.0) > self._clock()
+
+    def close(self, session_id: str | None) -> None:
+        if session_id is not None:
+            self._expiry.pop(session_id, None)
+
+
+def same_origin(request: web.Request) -> bool:
+    """A cookie-carrying change must come from the console's own page: SameSite treats every port
+    of 127.0.0.1 as one site, so an agent's page on another port could otherwise post here."""
+    origin = request.headers.get("Origin")
+    return origin is None or origin == f"{request.scheme}://{request.host}"
+
+
+class Gatekeeper:
+    """The console's sign-in endpoints and the middleware that guards everything else."""
+
+    def __init__(self, sessions: Sessions | None):
+        self.sessions = sessions  # None: auth is off
+
+    def signed_in(self, request: web.Request) -> bool:
+        if self.sessions is None:
+            return True
+        key = presented_key(request.headers)
+        if key is not None:
+            return self.sessions.is_admin(key)
+        return self.sessions.valid(request.cookies.get(COOKIE)) and (
+            request.method in SAFE_METHODS or same_origin(request))
+
+    @web.middleware
+    async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if (self.sessions is None or request.path in OPEN_PATHS or request.path.startswith("/static/")
+                or self.signed_in(request)):
+            return await handler(request)
+        response = error_response(unauthenticated(
+            "Sign in with the admin key (or send it as X-API-Key or Authorization: Bearer)"))
+        # Tells the page this is the console asking for sign-in, not an upstream refusal it relays.
+        response.headers["X-Console-Sign-In"] = "required"
+        return response
+
+    async def state(self, request: web.Request) -> web.Response:
+        return web.json_response({"auth": "off" if self.sessions is None else "on",
+                                  "signed_in": self.signed_in(request)})
+
+    async def sign_in(self, request: web.Request) -> web.Response:
+        if self.sessions is None:
+            return web.json_response({"auth": "off", "signed_in": True})
+        if not same_origin(request):
+            raise RegistryError(403, "forbidden", "Sign in from the console's own page", "Origin")
+        try:
+            key = _decoder.decode(await request.read()).admin_key.strip()
+        except msgspec.MsgspecError:
+            raise RegistryError(400, "invalid_body", 'Send {"admin_key": "..."}', "admin_key") from None
+        if not key or not self.sessions.is_admin(key):
+            log.warning("console sign-in refused: not the admin key", extra={"remote": request.remote})
+            raise unauthenticated("That is not the admin key. It is in DATA_DIR/admin.key on the registry's host.",
+                                  "admin_key")
+        response = web.json_response({"auth": "on", "signed_in": True})
+        response.set_cookie(COOKIE, self.sessions.open(), max_age=SESSION_SECONDS, path="/", httponly=True,
+                            samesite="Strict")
+        log.info("console sign-in", extra={"remote": request.remote})
+        return response
+
+    async def sign_out(self, request: web.Request) -> web.Response:
+        if self.sessions is not None:
+            self.sessions.close(request.cookies.get(COOKIE))
+        response = web.json_response({"auth": "off" if self.sessions is None else "on",
+                                      "signed_in": self.sessions is None})
+        response.del_cookie(COOKIE, path="/")
+        return response
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_get("/api/session", self.state)
+        app.router.add_post("/api/session", self.sign_in)
+        app.router.add_delete("/api/session", self.sign_out)

@@ -1,0 +1,259 @@
+"""The audit trail: one row per call in SQLite, written in batches off the request path.
+
+After an incident the question is which data flowed from which caller to which agent. So each call
+keeps who called (client and how it authenticated), what it asked for, which instance answered,
+how it ended, and the payload's size and SHA-256 digest — never the payload itself.
+
+``record()`` only appends to a bounded in-memory buffer; a background task writes the buffer with
+one ``executemany`` and one commit per batch through aiosqlite (whose own thread does the disk
+work), and deletes rows older than the retention period at start and every ``prune_interval``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Literal, cast
+
+import aiosqlite
+import msgspec
+
+from router.traces import CallTrace
+
+log = logging.getLogger("agentreach.router.audit")
+
+AuditOutcome = Literal["success", "degraded", "failed", "refused"]
+AuthMethod = Literal["api_key", "jwt"]
+
+DAY = 86_400.0
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 1000
+# Codes that mean the caller was turned away before anything was forwarded.
+REFUSAL_CODES = frozenset({"UNAUTHENTICATED", "FORBIDDEN", "TRUST_LEVEL_INSUFFICIENT"})
+
+
+class AuditEntry(msgspec.Struct, gc=False):
+    """One call as the audit trail keeps it. Field order is the table's column order."""
+
+    time: float  # unix seconds, when the call arrived
+    capability: str
+    request_id: str
+    outcome: AuditOutcome
+    latency_ms: float = 0.0
+    caller: str | None = None  # client_id; None when the caller could not be identified (or auth is off)
+    caller_name: str | None = None
+    instance: str | None = None  # agent_id of the last attempt; None when nothing was forwarded
+    trace_id: str | None = None
+    parent_request_id: str | None = None
+    error_code: str | None = None
+    payload_bytes: int = 0
+    payload_sha256: str | None = None  # hex digest of the payload bytes, never the payload
+    auth_method: AuthMethod | None = None
+
+
+class AuditFilter(msgspec.Struct, kw_only=True, frozen=True):
+    """What GET /audit may ask for; ``since`` is inclusive, ``until`` exclusive (unix seconds)."""
+
+    capability: str | None = None
+    caller: str | None = None
+    request_id: str | None = None
+    trace_id: str | None = None
+    since: float | None = None
+    until: float | None = None
+    limit: int = DEFAULT_LIMIT
+
+
+COLUMNS = tuple(AuditEntry.__struct_fields__)
+_FILTER_COLUMNS = ("capability", "caller", "request_id", "trace_id")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS audit (
+    id INTEGER PRIMARY KEY,
+    time REAL NOT NULL, capability TEXT NOT NULL, request_id TEXT NOT NULL, outcome TEXT NOT NULL,
+    latency_ms REAL NOT NULL, caller TEXT, caller_name TEXT, instance TEXT, trace_id TEXT,
+    parent_request_id TEXT, error_code TEXT, payload_bytes INTEGER NOT NULL, payload_sha256 TEXT,
+    auth_method TEXT);
+CREATE INDEX IF NOT EXISTS audit_time ON audit (time);
+CREATE INDEX IF NOT EXISTS audit_capability ON audit (capability, time);
+CREATE INDEX IF NOT EXISTS audit_caller ON audit (caller, time);
+CREATE INDEX IF NOT EXISTS audit_request_id ON audit (request_id);
+CREATE INDEX IF NOT EXISTS audit_trace_id ON audit (trace_id);
+"""
+_INSERT = f"INSERT INTO audit ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
+_SELECT = f"SELECT {', '.join(COLUMNS)} FROM audit"
+
+
+def entry_from_trace(trace: CallTrace, caller_id: str | None, caller_name: str | None,
+                     auth_method: AuthMethod | None, payload_sha256: str | None) -> AuditEntry:
+    """The audit row for a routed call; who called is passed in, the rest comes from the trace."""
+    refused = trace.error_code in REFUSAL_CODES
+    return AuditEntry(
+        time=trace.started_at, capability=trace.capability, request_id=trace.request_id,
+        outcome="refused" if refused else cast(AuditOutcome, trace.outcome),
+        latency_ms=trace.total_ms, caller=caller_id, caller_name=caller_name,
+        instance=trace.attempts[-1].instance if trace.attempts else None, trace_id=trace.trace_id,
+        parent_request_id=trace.parent_request_id, error_code=trace.error_code,
+        payload_bytes=trace.payload_bytes, payload_sha256=payload_sha256, auth_method=auth_method)
+
+
+def where(filters: AuditFilter) -> tuple[str, list[object]]:
+    """The WHERE clause and its parameters for a filter (values are always bound, never inlined)."""
+    clauses, params = [], []
+    for column in _FILTER_COLUMNS:
+        value = getattr(filters, column)
+        if value is not None:
+            clauses.append(f"{column} = ?")
+            params.append(value)
+    if filters.since is not None:
+        clauses.append("time >= ?")
+        params.append(filters.since)
+    if filters.until is not None:
+        clauses.append("time < ?")
+        params.append(filters.until)
+    return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
+
+
+class AuditLog:
+    """A bounded buffer in front of a SQLite table, drained by one background writer."""
+
+    def __init__(self, path: Path, retention_days: float, *, batch_size: int = 500, flush_interval: float = 0.5,
+                 max_buffer: int = 50_000, prune_interval: float = 600.0):
+        if retention_days <= 0:
+            raise ValueError("retention_days must be positive")
+        if not 1 <= batch_size <= max_buffer:
+            raise ValueError("batch_size must be at least 1 and at most max_buffer")
+        self.path = path
+        self.retention_days = retention_days
+        self.batch_size = batch_size
+        self.flush_interval = flush_interval
+        self.max_buffer = max_buffer
+        self.prune_interval = prune_interval
+        self.written = 0
+        self.batches = 0
+        self.dropped = 0
+        self._unreported_drops = 0
+        self._buffer: list[AuditEntry] = []
+        self._db: aiosqlite.Connection | None = None
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._writer: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def pending(self) -> int:
+        return len(self._buffer)
+
+    def record(self, entry: AuditEntry) -> None:
+        """Queue one entry: an append, or a counted drop when the buffer is full or the log stopped."""
+        buffer = self._buffer
+        if self._closed or len(buffer) >= self.max_buffer:
+            self.dropped += 1
+            self._unreported_drops += 1
+            return
+        buffer.append(entry)
+        if len(buffer) == self.batch_size:
+            self._wake.set()
+
+    async def start(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = await aiosqlite.connect(self.path)
+        await self._db.execute("PRAGMA journal_mode=WAL")
+        # FULL: one fsync per committed batch, so a batch acknowledged as written survives power loss;
+        # batching makes that a few fsyncs a second, on aiosqlite's thread, never on the event loop.
+        await self._db.execute("PRAGMA synchronous=FULL")
+        await self._db.executescript(SCHEMA)
+        await self._db.commit()
+        await self.prune()
+        log.info("audit trail open", extra={"path": str(self.path), "retention_days": self.retention_days})
+        self._writer = asyncio.create_task(self._write_forever(), name="audit-writer")
+
+    async def stop(self) -> None:
+        """Stop taking entries, let the writer finish its batch, write the rest, close."""
+        self._closed = True
+        self._wake.set()
+        if self._writer is not None:
+            await self._writer
+            self._writer = None
+        if self._db is not None:
+            try:
+                await self.flush()
+            finally:
+                await self._db.close()
+                self._db = None
+
+    async def flush(self) -> None:
+        """Write everything buffered so far, a batch per transaction; raises if the database does."""
+        async with self._lock:
+            db = self._db
+            assert db is not None, "AuditLog.start() first"
+            taken, self._buffer = self._buffer, []
+            for first in range(0, len(taken), self.batch_size):
+                batch = taken[first:first + self.batch_size]
+                try:
+                    await db.executemany(_INSERT, [msgspec.structs.astuple(entry) for entry in batch])
+                    await db.commit()
+                except Exception:
+                    self._requeue(taken[first:])
+                    await db.rollback()
+                    raise
+                self.written += len(batch)
+                self.batches += 1
+            self._report_drops()
+
+    async def prune(self, now: float | None = None) -> int:
+        """Delete rows older than the retention period; returns how many went."""
+        cutoff = (time.time() if now is None else now) - self.retention_days * DAY
+        async with self._lock:
+            assert self._db is not None, "AuditLog.start() first"
+            cursor = await self._db.execute("DELETE FROM audit WHERE time < ?", (cutoff,))
+            await self._db.commit()
+        if cursor.rowcount:
+            log.info("audit rows past retention deleted", extra={"deleted": cursor.rowcount, "before": cutoff})
+        return cursor.rowcount
+
+    async def query(self, filters: AuditFilter) -> list[AuditEntry]:
+        """Committed entries matching ``filters``, newest first."""
+        clause, params = where(filters)
+        sql = f"{_SELECT}{clause} ORDER BY time DESC, id DESC LIMIT ?"
+        async with self._lock:  # never between a batch's insert and its commit
+            assert self._db is not None, "AuditLog.start() first"
+            async with self._db.execute(sql, [*params, filters.limit]) as cursor:
+                rows = await cursor.fetchall()
+        return [AuditEntry(*row) for row in rows]
+
+    def _requeue(self, unwritten: list[AuditEntry]) -> None:
+        """Put entries a failed write took back in front, oldest first, still within the bound."""
+        merged = unwritten + self._buffer
+        overflow = len(merged) - self.max_buffer
+        if overflow > 0:
+            self.dropped += overflow
+            self._unreported_drops += overflow
+            merged = merged[:self.max_buffer]
+        self._buffer = merged
+
+    def _report_drops(self) -> None:
+        """Log drops here, once per write, rather than in record(): a full buffer must not flood the log."""
+        if self._unreported_drops:
+            log.warning("audit buffer full; entries dropped",
+                        extra={"dropped": self._unreported_drops, "dropped_total": self.dropped,
+                               "max_buffer": self.max_buffer})
+            self._unreported_drops = 0
+
+    async def _write_forever(self) -> None:
+        pruned_at = time.monotonic()
+        while not self._closed:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.flush_interval)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                await self.flush()
+                if time.monotonic() - pruned_at >= self.prune_interval:
+                    pruned_at = time.monotonic()
+                    await self.prune()
+            except Exception:
+                log.exception("audit write failed; retrying", extra={"pending": len(self._buffer)})
+                await asyncio.sleep(self.flush_interval)  # back off: the wake event may already be set again
