@@ -3,7 +3,7 @@
     python bench/audit_bench.py [--entries N] [--json out.json]
 
 Request path: the payload's SHA-256 (1 KiB payload), entry_from_trace and AuditLog.record, each
-timed over N calls. Writes: N buffered entries flushed with one executemany and one commit per
+timed over N calls. Writes: N buffered entries flushed with one statement (a JSON array) and one commit per
 batch (synchronous=FULL, WAL), for a few batch sizes, into a SQLite file in the system temp dir.
 """
 

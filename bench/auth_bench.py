@@ -1,20 +1,22 @@
 """Router throughput with caller authentication, one command: `python bench/auth_bench.py [--wrk-rounds 3]`.
 
 In one run, against the same echo agent (the one bench/router_bench.py uses, in its own process),
-three ways through a router (each router in a process of its own, following one registry with
-auth on over its watch feed):
+four ways through a router (each router in a process of its own, following one registry with
+auth on over its watch feed; the agent joined with a registration token, so every way signs what
+it forwards):
 
   off      a router with auth off: no credential
   api_key  a router with auth on, each call carrying `X-API-Key`
   jwt      the same router, each call carrying `Authorization: Bearer <JWT from /oauth/token>`
+  audited  a router with auth on and the audit trail on (SQLite), each call carrying `X-API-Key`
 
-Maximum calls/s comes from wrk (closed loop, 64 connections, rounds alternating the three, the
+Maximum calls/s comes from wrk (closed loop, 64 connections, rounds alternating the ways, the
 best round counts), with the CPU time the router process spent per call beside it: on a shared
 machine that is the steadier number. Target: api_key and jwt ≥ 0.9× off. Results: a table on
 stdout and JSON in bench/results/auth_bench.json.
 
 Subcommands used by the run: `registry --port P --data-dir D` (auth on) and
-`router --port P --registry URL --registry-key K --auth on|off`.
+`router --port P --registry URL --registry-key K --auth on|off [--audit PATH]`.
 """
 
 from __future__ import annotations
@@ -37,21 +39,25 @@ from router_bench import (  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-WAYS = ("off", "api_key", "jwt")
+WAYS = ("off", "api_key", "jwt", "audited")
 BODY = json.dumps({"capability": "echo", "payload": {"text": "hello, agent", "n": 1}})
 
 async def prepare(session: aiohttp.ClientSession, registry: str, routers: dict[str, str], echo: str,
-                  admin: dict[str, str]) -> dict[str, dict[str, str]]:
-    """Register the echo agent, make a client, get its JWT; the headers each way sends."""
+                  admin: dict[str, str]) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """Register the echo agent with a registration token, make a client, get its JWT; the headers
+    each way sends, and the registration token (for the heartbeats)."""
+    async with session.post(f"{registry}/tokens", json={"service": "echo"}, headers=admin) as response:
+        response.raise_for_status()
+        token = {"Authorization": f"Bearer {(await response.json())['token']}"}
     registration = {"agent_id": "echo-1", "service": "echo", "capabilities": [
         {"name": "echo", "protocol": "rest", "endpoint": f"{echo}/echo", "timeout_sla_ms": 5000}]}
-    async with session.post(f"{registry}/register", json=registration, headers=admin) as response:
+    async with session.post(f"{registry}/register", json=registration, headers=token) as response:
         response.raise_for_status()
     client_body = {"name": "bench", "trust_level": "internal", "grants": ["echo"]}
     async with session.post(f"{registry}/clients", json=client_body, headers=admin) as response:
         response.raise_for_status()
         client = await response.json()
-    headers = {"off": {}, "api_key": {"X-API-Key": client["api_key"]}}
+    headers = {"off": {}, "api_key": {"X-API-Key": client["api_key"]}, "audited": {"X-API-Key": client["api_key"]}}
     for _ in range(200):  # the router learns the client from the watch feed
         async with session.post(f"{routers['api_key']}/oauth/token", data={
                 "grant_type": "client_credentials", "client_id": client["client_id"],
@@ -63,7 +69,7 @@ async def prepare(session: aiohttp.ClientSession, registry: str, routers: dict[s
     else:
         raise RuntimeError("the router never learned the bench client")
     for way in WAYS:  # every way answers 200 before it is measured
-        url = routers["off" if way == "off" else "api_key"]
+        url = routers[way]
         for _ in range(200):
             async with session.post(f"{url}/atp", data=BODY, headers={"Content-Type": "application/json",
                                                                       **headers[way]}) as response:
@@ -72,13 +78,14 @@ async def prepare(session: aiohttp.ClientSession, registry: str, routers: dict[s
             await asyncio.sleep(0.05)
         else:
             raise RuntimeError(f"{way}: the router never routed the bench call")
-    return headers
+    return headers, token
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
-    ports = {name: free_port() for name in ("echo", "registry", "off", "on")}
+    ports = {name: free_port() for name in ("echo", "registry", "off", "on", "audited")}
     echo, registry = (f"http://127.0.0.1:{ports[name]}" for name in ("echo", "registry"))
-    routers = {"off": f"http://127.0.0.1:{ports['off']}", "api_key": f"http://127.0.0.1:{ports['on']}"}
+    routers = {"off": f"http://127.0.0.1:{ports['off']}", "api_key": f"http://127.0.0.1:{ports['on']}",
+               "audited": f"http://127.0.0.1:{ports['audited']}"}
     routers["jwt"] = routers["api_key"]
     with tempfile.TemporaryDirectory() as data_dir:
         processes = [spawn(__file__, "echo", "--port", str(ports["echo"])),
@@ -88,15 +95,17 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             await wait_http(f"{echo}/healthz")
             await wait_http(f"{registry}/healthz")
             admin = {"X-API-Key": (Path(data_dir) / "admin.key").read_text().strip()}
-            for auth, port in (("off", ports["off"]), ("on", ports["on"])):
+            for auth, port, audit in (("off", ports["off"], []), ("on", ports["on"], []),
+                                      ("on", ports["audited"], ["--audit", str(Path(data_dir) / "audit.db")])):
                 processes.append(spawn(__file__, "router", "--port", str(port), "--registry", registry, "--registry-key",
-                                       admin["X-API-Key"], "--auth", auth))
-            pids = {"off": processes[2].pid, "api_key": processes[3].pid, "jwt": processes[3].pid}
+                                       admin["X-API-Key"], "--auth", auth, *audit))
+            pids = {"off": processes[2].pid, "api_key": processes[3].pid, "jwt": processes[3].pid,
+                    "audited": processes[4].pid}
             for url in set(routers.values()):
                 await wait_http(f"{url}/healthz")
             async with aiohttp.ClientSession() as session:
-                headers = await prepare(session, registry, routers, echo, admin)
-                beating = asyncio.create_task(keep_alive(registry, "echo-1", admin))
+                headers, token = await prepare(session, registry, routers, echo, admin)
+                beating = asyncio.create_task(keep_alive(registry, "echo-1", token))
                 loop = asyncio.get_running_loop()
                 rounds: dict[str, list[dict[str, Any]]] = {way: [] for way in WAYS}
                 for _ in range(args.wrk_rounds):
@@ -145,10 +154,10 @@ async def serve_registry(port: int, data_dir: Path) -> None:
     await asyncio.Event().wait()
 
 
-async def serve_router(port: int, registry: str, registry_key: str, auth: bool) -> None:
+async def serve_router(port: int, registry: str, registry_key: str, auth: bool, audit: Path | None) -> None:
     from router.server import RouterServer, RouterServerSettings
     server = RouterServer(RouterServerSettings(port=port, registry_url=registry, registry_key=registry_key,
-                                               auth=auth))
+                                               auth=auth, audit_path=audit))
     await server.start()
     await asyncio.Event().wait()
 
@@ -171,6 +180,7 @@ def main() -> None:
     router.add_argument("--registry", required=True)
     router.add_argument("--registry-key", required=True)
     router.add_argument("--auth", choices=["on", "off"], required=True)
+    router.add_argument("--audit", type=Path, default=None)
     args = parser.parse_args()
     if args.command == "echo":
         from aiohttp import web
@@ -178,7 +188,7 @@ def main() -> None:
     elif args.command == "registry":
         asyncio.run(serve_registry(args.port, args.data_dir))
     elif args.command == "router":
-        asyncio.run(serve_router(args.port, args.registry, args.registry_key, args.auth == "on"))
+        asyncio.run(serve_router(args.port, args.registry, args.registry_key, args.auth == "on", args.audit))
     else:
         info = machine()
         raw = asyncio.run(bench(args))

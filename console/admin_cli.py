@@ -18,7 +18,7 @@ import aiohttp
 import msgspec
 from agent_reach.registration import TrustLevel
 
-from console.credentials import admin_key, admin_key_path
+from console.credentials import admin_key, admin_key_path, default_registry
 
 TIMEOUT = aiohttp.ClientTimeout(total=15, connect=3)
 
@@ -38,10 +38,10 @@ class CommandFailed(Exception):
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--registry", default="http://127.0.0.1:8081", metavar="URL",
-                        help="the registry (default: http://127.0.0.1:8081)")
+    parser.add_argument("--registry", default=default_registry(), metavar="URL",
+                        help="the registry (default: $AGENTREACH_REGISTRY, else http://127.0.0.1:8081)")
     parser.add_argument("--admin-key", default=None, metavar="KEY",
-                        help="the admin key (default: read DATA_DIR/admin.key)")
+                        help="the admin key (default: $AGENTREACH_ADMIN_KEY, else read DATA_DIR/admin.key)")
     parser.add_argument("--data-dir", type=Path, default=Path(".agentreach"),
                         help="where admin.key is read from without --admin-key (default: ./.agentreach)")
 

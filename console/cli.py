@@ -40,7 +40,7 @@ def _add_auth_switch(parser: argparse.ArgumentParser, what: str) -> None:
 
 def _add_admin_key(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--admin-key", default=None, metavar="KEY",
-                        help="the registry's admin key (default: read DATA_DIR/admin.key)")
+                        help="the registry's admin key (default: $AGENTREACH_ADMIN_KEY, else read DATA_DIR/admin.key)")
 
 
 def _warn_if_auth_off(args: argparse.Namespace) -> None:
@@ -55,8 +55,8 @@ def _required_admin_key(args: argparse.Namespace) -> str | None:
     when found with auth off too (the registry may still have auth on)."""
     key = admin_key(getattr(args, "admin_key", None), args.data_dir)
     if key is None and args.auth == "on":
-        raise NoAdminKey(f"`{args.command}` with auth on needs the registry's admin key: pass --admin-key, or "
-                         f"--data-dir where admin.key lives (looked for {admin_key_path(args.data_dir)})")
+        raise NoAdminKey(f"`{args.command}` with auth on needs the registry's admin key: pass --admin-key, set "
+                         f"AGENTREACH_ADMIN_KEY, or --data-dir where admin.key lives (looked for {admin_key_path(args.data_dir)})")
     return key
 
 

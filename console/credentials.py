@@ -13,6 +13,9 @@ from pathlib import Path
 from registry.access import ADMIN_KEY_FILE
 
 AUTH_ENV = "AGENTREACH_AUTH"
+# Safer than --admin-key, which other users can read in `ps`.
+ADMIN_KEY_ENV = "AGENTREACH_ADMIN_KEY"
+REGISTRY_ENV = "AGENTREACH_REGISTRY"
 
 
 def default_auth(environ: Mapping[str, str] = os.environ) -> str:
@@ -33,6 +36,11 @@ def read_admin_key(data_dir: Path) -> str | None:
     return key or None
 
 
-def admin_key(given: str | None, data_dir: Path) -> str | None:
-    """``--admin-key`` when given, else the data dir's admin.key."""
-    return given.strip() if given else read_admin_key(data_dir)
+def admin_key(given: str | None, data_dir: Path, environ: Mapping[str, str] = os.environ) -> str | None:
+    """``--admin-key`` when given, else $AGENTREACH_ADMIN_KEY, else the data dir's admin.key."""
+    given = given or environ.get(ADMIN_KEY_ENV)
+    return given.strip() if given and given.strip() else read_admin_key(data_dir)
+
+
+def default_registry(environ: Mapping[str, str] = os.environ) -> str:
+    return environ.get(REGISTRY_ENV) or "http://127.0.0.1:8081"

@@ -5,7 +5,7 @@ keeps who called (client and how it authenticated), what it asked for, which ins
 how it ended, and the payload's size and SHA-256 digest — never the payload itself.
 
 ``record()`` only appends to a bounded in-memory buffer; a background task writes the buffer with
-one ``executemany`` and one commit per batch through aiosqlite (whose own thread does the disk
+one statement (the batch as a JSON array) and one commit per batch through aiosqlite (whose own thread does the disk
 work), and deletes rows older than the retention period at start and every ``prune_interval``.
 """
 
@@ -81,7 +81,12 @@ CREATE INDEX IF NOT EXISTS audit_caller ON audit (caller, time);
 CREATE INDEX IF NOT EXISTS audit_request_id ON audit (request_id);
 CREATE INDEX IF NOT EXISTS audit_trace_id ON audit (trace_id);
 """
-_INSERT = f"INSERT INTO audit ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
+# A whole batch is one JSON array bound to one parameter and unpacked by SQLite itself: one
+# statement, one step, with the GIL released throughout. Row-by-row `executemany` takes the GIL
+# back for every row, fighting the event loop for it (measured: ~60 µs of router CPU per call).
+_FROM_JSON = ", ".join(f"json_extract(value, '$.{column}')" for column in COLUMNS)
+_INSERT = f"INSERT INTO audit ({', '.join(COLUMNS)}) SELECT {_FROM_JSON} FROM json_each(?)"
+_batch_encoder = msgspec.json.Encoder()
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM audit"
 
 
@@ -192,7 +197,7 @@ class AuditLog:
             for first in range(0, len(taken), self.batch_size):
                 batch = taken[first:first + self.batch_size]
                 try:
-                    await db.executemany(_INSERT, [msgspec.structs.astuple(entry) for entry in batch])
+                    await db.execute(_INSERT, (_batch_encoder.encode(batch).decode(),))
                     await db.commit()
                 except Exception:
                     self._requeue(taken[first:])

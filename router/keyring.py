@@ -89,7 +89,7 @@ class KeyRing:
         self._keys.append(key)
         self._by_kid[key.kid] = key
         self.prune()
-        log.warning("new token signing key", extra={"kid": key.kid, "keys": len(self._keys)})
+        log.info("new token signing key", extra={"kid": key.kid, "keys": len(self._keys)})
         return key
 
     def verifying(self, kid: str) -> Ed25519PublicKey | None:

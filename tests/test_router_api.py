@@ -5,16 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import socket
 import subprocess
-import sys
-from pathlib import Path
 
-import aiohttp
 import pytest
 from agent_reach.atp import ErrorCode
 
-from conftest import http, wait_for  # noqa: F401
+from conftest import http  # noqa: F401
+from doc_support import ROOT, doc_mesh, promised_codes
 from router_support import Mesh, mesh, start_agent, start_mesh  # noqa: F401
 
 CONTEXT = {"session_id": "s-1", "user_id": "u-7", "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736",
@@ -211,9 +208,7 @@ async def test_healthz_reports_the_registry_view(mesh: Mesh, start_agent):
 
 # --- docs/atp.md: the error table and the curl examples ----------------------------------------
 
-ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "atp.md"
-DOC_PORTS = {"router": 8080, "registry": 8081, "echo": 9000}
 
 
 def test_the_error_table_in_the_docs_is_the_protocols():
@@ -233,57 +228,15 @@ def doc_examples() -> list[tuple[str, int, str]]:
     return [(command, int(status), shown) for command, status, shown in pattern.findall(DOC.read_text())]
 
 
-def free_port(preferred: int) -> int:
-    for port in (preferred, 0):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return sock.getsockname()[1]
-    raise AssertionError("no free port")
-
-
-async def wait_up(http, url: str, process: subprocess.Popen) -> None:
-    async def up() -> bool:
-        assert process.poll() is None, f"{process.args} exited with {process.returncode}"
-        try:
-            async with http.get(url) as response:
-                return response.status == 200
-        except aiohttp.ClientError:
-            return False
-    await wait_for(up, timeout=20, what=url)
-
-
 async def test_the_doc_examples_run_as_pasted_against_agentreach_up(http, tmp_path):
     examples = doc_examples()
     assert len(examples) >= 20 and {status for _, status, _ in examples} >= {200, 204, 400, 404, 413, 503}
-    ports = {name: free_port(port) for name, port in DOC_PORTS.items()}
-    script = Path(sys.executable).parent / "agentreach"
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "console.cli"]
-    up = subprocess.Popen([*command, "up", "--registry-port", str(ports["registry"]), "--router-port",
-                           str(ports["router"]), "--console-port", str(free_port(0)),
-                           "--data-dir", str(tmp_path / "data"), "--log-level", "warning", "--auth", "off"], cwd=ROOT)
-    echo = subprocess.Popen([sys.executable, "bench/router_bench.py", "echo", "--port", str(ports["echo"])], cwd=ROOT)
-    try:
-        await wait_up(http, f"http://127.0.0.1:{ports['registry']}/healthz", up)
-        await wait_up(http, f"http://127.0.0.1:{ports['router']}/healthz", up)
-        await wait_up(http, f"http://127.0.0.1:{ports['echo']}/healthz", echo)
-
-        def on_our_ports(match: re.Match) -> str:
-            name = {port: name for name, port in DOC_PORTS.items()}[int(match.group(2))]
-            return f"{match.group(1)}:{ports[name]}"
-
+    async with doc_mesh(http, ROOT, "--data-dir", str(tmp_path / "data"), "--auth", "off") as mesh:
         for example, status, shown in examples:
-            pasted = re.sub(r"(localhost|127\.0\.0\.1):(8080|8081|9000)\b", on_our_ports, example)
+            pasted = mesh.on_our_ports(example)
             result = await asyncio.to_thread(subprocess.run, ["bash", "-c", pasted], capture_output=True,
                                              text=True, timeout=30)
             got = result.stdout.splitlines()[0] if result.stdout else result.stderr
             assert got.startswith(f"HTTP/1.1 {status} "), f"{example}\n-> {result.stdout}{result.stderr}"
-            for promised in re.findall(r'"error_code":"[A-Z_]+"|"code":-32\d{3}|"error":"[a-z_]+"', shown):
+            for promised in promised_codes(shown):
                 assert promised in result.stdout, f"{example}\n-> {result.stdout}"
-    finally:
-        for process in (up, echo):
-            process.terminate()
-        for process in (up, echo):
-            process.wait(timeout=20)

@@ -1,0 +1,82 @@
+"""Running the docs' examples as pasted: `agentreach up` and the echo agent on the documented
+ports (or free ones, rewritten into each example), started as real processes."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+
+from conftest import wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC_PORTS = {"router": 8080, "registry": 8081, "echo": 9000}
+_DOC_URL = re.compile(r"(localhost|127\.0\.0\.1):(8080|8081|9000)\b")
+
+
+def free_port(preferred: int) -> int:
+    for port in (preferred, 0):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return sock.getsockname()[1]
+    raise AssertionError("no free port")
+
+
+def agentreach_command() -> list[str]:
+    script = Path(sys.executable).parent / "agentreach"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "console.cli"]
+
+
+async def wait_up(http: aiohttp.ClientSession, url: str, process: subprocess.Popen) -> None:
+    async def up() -> bool:
+        assert process.poll() is None, f"{process.args} exited with {process.returncode}"
+        try:
+            async with http.get(url) as response:
+                return response.status == 200
+        except aiohttp.ClientError:
+            return False
+    await wait_for(up, timeout=20, what=url)
+
+
+class DocMesh:
+    """`agentreach up` and the echo agent, on ``ports``; ``on_our_ports`` rewrites a doc example."""
+
+    def __init__(self, ports: dict[str, int]):
+        self.ports = ports
+
+    def on_our_ports(self, example: str) -> str:
+        names = {port: name for name, port in DOC_PORTS.items()}
+        return _DOC_URL.sub(lambda match: f"{match.group(1)}:{self.ports[names[int(match.group(2))]]}", example)
+
+
+@contextlib.asynccontextmanager
+async def doc_mesh(http: aiohttp.ClientSession, cwd: Path, *up_args: str) -> AsyncIterator[DocMesh]:
+    ports = {name: free_port(port) for name, port in DOC_PORTS.items()}
+    up = subprocess.Popen([*agentreach_command(), "up", "--registry-port", str(ports["registry"]), "--router-port",
+                           str(ports["router"]), "--console-port", str(free_port(0)), "--log-level", "warning",
+                           *up_args], cwd=cwd)
+    echo = subprocess.Popen([sys.executable, "bench/router_bench.py", "echo", "--port", str(ports["echo"])], cwd=ROOT)
+    try:
+        await wait_up(http, f"http://127.0.0.1:{ports['registry']}/healthz", up)
+        await wait_up(http, f"http://127.0.0.1:{ports['router']}/healthz", up)
+        await wait_up(http, f"http://127.0.0.1:{ports['echo']}/healthz", echo)
+        yield DocMesh(ports)
+    finally:
+        for process in (up, echo):
+            process.terminate()
+        for process in (up, echo):
+            process.wait(timeout=20)
+
+
+def promised_codes(shown: str) -> list[str]:
+    """The error codes an example's shown answer names, which the real answer must name too."""
+    return re.findall(r'"error_code":"[A-Z_]+"|"code":-32\d{3}|"error":"[a-z_]+"', shown)

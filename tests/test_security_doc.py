@@ -1,0 +1,55 @@
+"""docs/security.md runs as pasted: every `bash` block, in order, in one shell, in the directory
+where `agentreach up` (auth on, the default) keeps its data, each answer checked against the doc."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+
+from conftest import http  # noqa: F401  (fixture)
+from doc_support import ROOT, doc_mesh, promised_codes
+
+DOC = ROOT / "docs" / "security.md"
+BLOCK = re.compile(r"```bash\n(.*?)\n```\s*```(http|json)\n(.*?)```", re.S)
+END = "@@end-of-example@@"
+
+
+def examples() -> list[tuple[str, str, str]]:
+    """(commands, kind of answer shown, the answer shown) for every bash block followed by one."""
+    return BLOCK.findall(DOC.read_text())
+
+
+def check(commands: str, kind: str, shown: str, output: str) -> None:
+    where = f"{commands}\n-> {output}"
+    if kind == "http":
+        status = re.match(r"HTTP/1\.1 (\d{3})", shown).group(1)
+        assert output.startswith(f"HTTP/1.1 {status} "), where
+        for promised in promised_codes(shown):
+            assert promised in output, where
+    else:
+        got, promised = json.loads(output), json.loads(shown.replace("…", ""))
+        assert set(got) == set(promised), where
+        assert {key: got[key] for key in ("service", "name", "trust_level", "grants", "token_type", "scope")
+                if key in promised} == {key: promised[key] for key in
+                                        ("service", "name", "trust_level", "grants", "token_type", "scope")
+                                        if key in promised}, where
+
+
+async def test_the_security_walkthrough_runs_as_pasted(http, tmp_path):
+    blocks = examples()
+    assert len(blocks) >= 15
+    async with doc_mesh(http, tmp_path) as mesh:
+        script = "\n".join(f"{mesh.on_our_ports(commands)}\necho {END}" for commands, _, _ in blocks)
+        environment = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
+                       "AGENTREACH_REGISTRY": f"http://127.0.0.1:{mesh.ports['registry']}"}
+        environment.pop("AGENTREACH_ADMIN_KEY", None)
+        result = await asyncio.to_thread(subprocess.run, ["bash", "-c", script], capture_output=True, text=True,
+                                         timeout=120, cwd=tmp_path, env=environment)
+        outputs = result.stdout.split(f"{END}\n")
+        assert len(outputs) == len(blocks) + 1, result.stdout + result.stderr
+        for (commands, kind, shown), output in zip(blocks, outputs):
+            check(commands, kind, shown, output.strip())
