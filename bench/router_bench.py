@@ -6,8 +6,12 @@ same offered rates, three ways to reach it:
   direct   the load generator calls the echo agent itself
   proxy    through a bare aiohttp pass-through proxy in its own process (no logic: the floor
            for a Python proxy)
-  router   through `agentreach router` (its own process, following `agentreach registry` over
-           its watch feed): POST /atp with a frame
+  router   through `agentreach router --no-audit` (its own process, following `agentreach
+           registry` over its watch feed): POST /atp with a frame; routing alone
+  audited  the same with the audit trail on (SQLite, one row per call), as `agentreach router`
+           runs by default
+
+Authentication is off in both routers: bench/auth_bench.py measures it on against off.
 
 Latency comes from an open-loop load generator in its own process: it sends at a fixed rate on a
 timer whatever the answers do, and times each call from the moment it was due, so a slow target
@@ -45,7 +49,7 @@ from aiohttp import web
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 PAYLOAD = {"text": "hello, agent", "n": 1}
-TARGETS = ("direct", "proxy", "router")
+TARGETS = ("direct", "proxy", "router", "audited")
 
 
 # --- the echo agent ----------------------------------------------------------------------------
@@ -227,30 +231,33 @@ async def keep_alive(registry: str, agent_id: str, headers: dict[str, str] | Non
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
-    ports = {name: free_port() for name in ("echo", "proxy", "registry", "router")}
+    ports = {name: free_port() for name in ("echo", "proxy", "registry", "router", "audited")}
     echo = f"http://127.0.0.1:{ports['echo']}"
     registry = f"http://127.0.0.1:{ports['registry']}"
     urls = {"direct": f"{echo}/echo", "proxy": f"http://127.0.0.1:{ports['proxy']}/echo",
-            "router": f"http://127.0.0.1:{ports['router']}/atp"}
+            "router": f"http://127.0.0.1:{ports['router']}/atp", "audited": f"http://127.0.0.1:{ports['audited']}/atp"}
     payload = json.dumps(PAYLOAD).encode()
-    bodies = {"direct": payload, "proxy": payload,
-              "router": json.dumps({"capability": "echo", "payload": PAYLOAD}).encode()}
+    frame = json.dumps({"capability": "echo", "payload": PAYLOAD}).encode()
+    bodies = {"direct": payload, "proxy": payload, "router": frame, "audited": frame}
     with tempfile.TemporaryDirectory() as data_dir:
         processes = [
             spawn(__file__, "echo", "--port", str(ports["echo"])),
             spawn(__file__, "proxy", "--port", str(ports["proxy"]), "--upstream", urls["direct"]),
-            # The router in a process of its own (as `agentreach router` runs it), so its CPU time per
-            # call is the router's alone: `agentreach up` would add the registry's and the console's.
+            # Routers in processes of their own (as `agentreach router` runs), so the CPU time per call
+            # is a router's alone: `agentreach up` would add the registry's and the console's.
             spawn("-m", "console.cli", "router", "--port", str(ports["router"]), "--registry", registry,
-                  "--log-level", "warning"),
+                  "--log-level", "warning", "--auth", "off", "--data-dir", data_dir, "--no-audit"),
+            spawn("-m", "console.cli", "router", "--port", str(ports["audited"]), "--registry", registry,
+                  "--log-level", "warning", "--auth", "off", "--data-dir", data_dir),
             spawn("-m", "console.cli", "registry", "--port", str(ports["registry"]), "--data-dir", data_dir,
-                  "--log-level", "warning"),
+                  "--log-level", "warning", "--auth", "off"),
         ]
         beating: asyncio.Task[None] | None = None
         try:
             await wait_http(f"{echo}/healthz")
             await wait_http(f"{registry}/healthz")
-            await wait_http(f"http://127.0.0.1:{ports['router']}/healthz")
+            for router in ("router", "audited"):
+                await wait_http(f"http://127.0.0.1:{ports[router]}/healthz")
             async with aiohttp.ClientSession() as session:
                 registration = {"agent_id": "echo-1", "service": "echo", "capabilities": [
                     {"name": "echo", "protocol": "rest", "endpoint": urls["direct"], "timeout_sla_ms": 5000}]}
@@ -317,9 +324,11 @@ def summarize(raw: dict[str, Any], rates: list[int]) -> dict[str, Any]:
         "added_p50_le_1ms_at_300": None if router_at_300 is None else router_at_300["added_p50_ms"] <= 1.0,
         "added_p99_le_3ms_at_300": None if router_at_300 is None else router_at_300["added_p99_ms"] <= 3.0,
         "router_max_ge_0.7x_proxy": throughput["router"] >= 0.7 * throughput["proxy"],
+        "audited_router_max_ge_0.7x_proxy": throughput["audited"] >= 0.7 * throughput["proxy"],
     }
     return {"rows": rows, "max_calls_per_s": throughput, "cpu_us_per_call": cpu,
             "router_vs_proxy_throughput": throughput["router"] / throughput["proxy"],
+            "audited_vs_proxy_throughput": throughput["audited"] / throughput["proxy"],
             "proxy_vs_router_cpu_per_call": cpu["proxy"] / cpu["router"], "targets": targets}
 
 
@@ -340,7 +349,8 @@ def print_table(info: dict[str, str], summary: dict[str, Any]) -> None:
         print(f"| {target} | {rps:.0f} | {summary['cpu_us_per_call'][target]:.0f} us |")
     print()
     print(f"router / proxy throughput: {summary['router_vs_proxy_throughput']:.2f}x "
-          f"(by CPU per call: {summary['proxy_vs_router_cpu_per_call']:.2f}x)")
+          f"(by CPU per call: {summary['proxy_vs_router_cpu_per_call']:.2f}x); audited router / proxy: "
+          f"{summary['audited_vs_proxy_throughput']:.2f}x")
     for name, met in summary["targets"].items():
         print(f"target {name}: {'met' if met else 'MISSED' if met is not None else 'not measured'}")
 

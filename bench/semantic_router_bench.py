@@ -80,7 +80,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=RESULTS) as data_dir:
         process = subprocess.Popen([sys.executable, "-m", "console.cli", "up", "--demo", "--data-dir", data_dir,
                                     "--registry-port", str(registry_port), "--router-port", str(router_port),
-                                    "--console-port", str(console_port), "--log-level", "warning"], cwd=ROOT)
+                                    "--console-port", str(console_port), "--log-level", "warning", "--auth", "off"],
+                                   cwd=ROOT)
         try:
             url = f"http://127.0.0.1:{router_port}/atp"
             rows = {}

@@ -18,6 +18,7 @@ from aiohttp import web
 from registry.api import errors_as_json
 from registry.errors import RegistryError
 from registry.views import AgentView
+from router.api import ROUTE_HEADERS
 from router.policy import DEFAULT_POLICY
 
 from console.collector import Collector
@@ -182,8 +183,9 @@ class ConsoleApi:
         """Send the body to the router's /atp exactly as written, as the caller whose API key came
         in X-Reach-Caller-Key (never as the admin), and report what came back."""
         caller_key = request.headers.get(CALLER_KEY_HEADER)
-        reply = await self.router.request("POST", "/atp", await request.read(),
-                                          credential={"X-API-Key": caller_key} if caller_key else {})
+        # The debug page shows everything the router can say, the X-Reach-* route headers included.
+        headers = {ROUTE_HEADERS: "on", **({"X-API-Key": caller_key} if caller_key else {})}
+        reply = await self.router.request("POST", "/atp", await request.read(), headers=headers)
         try:
             frame = reply.json()
         except msgspec.DecodeError:

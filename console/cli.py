@@ -115,6 +115,8 @@ def _add_router_knobs(parser: argparse.ArgumentParser) -> None:
                              "capability (default: 64)")
     parser.add_argument("--audit-retention-days", type=float, default=30.0, metavar="DAYS",
                         help="keep the audit trail (DATA_DIR/audit.db, one row per call) this long (default: 30)")
+    parser.add_argument("--no-audit", dest="audit", action="store_false",
+                        help="keep no audit trail (when something else records every call)")
 
 
 def _router_settings(args: argparse.Namespace, port: int, registry_url: str | None,
@@ -125,7 +127,8 @@ def _router_settings(args: argparse.Namespace, port: int, registry_url: str | No
     return RouterServerSettings(host=args.host, port=port, registry_url=registry_url, registry_key=registry_key,
                                 routing=RouterSettings(default_policy=args.default_policy), semantic=semantic,
                                 auth=args.auth == "on", keys_dir=args.data_dir / "keys",
-                                audit_path=args.data_dir / "audit.db", audit_retention_days=args.audit_retention_days)
+                                audit_path=args.data_dir / "audit.db" if args.audit else None,
+                                audit_retention_days=args.audit_retention_days)
 
 
 async def _serve(*parts: Callable[[], Awaitable[Any]]) -> None:

@@ -56,10 +56,10 @@ class Upstream:
         self._credential = {"X-API-Key": admin_key} if admin_key else {}
 
     async def request(self, method: str, path: str, body: bytes | None = None, params: dict[str, str] | None = None,
-                      credential: dict[str, str] | None = None) -> Reply:
-        """``credential`` replaces the admin key (the debug entry calls /atp as a caller, not as the admin)."""
+                      headers: dict[str, str] | None = None) -> Reply:
+        """``headers`` replace the admin key (the debug entry calls /atp as a caller, not as the admin)."""
         url = URL(f"{self.base_url}{path}", encoded=True)  # path segments arrive already quoted
-        headers = {**(self._credential if credential is None else credential),
+        headers = {**(self._credential if headers is None else headers),
                    **({"Content-Type": "application/json"} if body is not None else {})}
         started = time.monotonic()
         try:

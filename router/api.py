@@ -33,6 +33,8 @@ MAX_INTENT_CHARS = 1024
 MAX_TRACES_LISTED = 1000
 # Deeper JSON than any real frame needs is refused before decoding: recursion is the decoder's cost.
 MAX_JSON_DEPTH = 32
+# A request carrying this header (any value) gets the routing facts as X-Reach-* headers too.
+ROUTE_HEADERS = "X-Reach-Route-Headers"
 # All header lines together: past it, a JSON 431 before anything else is looked at.
 MAX_HEADER_BYTES = 8192
 # aiohttp's own per-line limit, the backstop: past it aiohttp answers a plain-text 400 by itself.
@@ -154,8 +156,12 @@ def guarded(handler: Handler) -> Handler:
     return run
 
 
-def answer_headers(result: CallResult) -> dict[str, str]:
-    headers = route_headers(result.frame.request_id, result.route)
+def answer_headers(result: CallResult, route_facts: bool) -> dict[str, str]:
+    """X-Request-Id always; the routing facts as X-Reach-* headers when the caller asked for them
+    (``X-Reach-Route-Headers``): the body's `route` object carries the same facts, and the headers
+    cost every call ~10 µs (measured), most of it in aiohttp's header handling."""
+    headers = route_headers(result.frame.request_id, result.route) if route_facts else \
+        {"X-Request-Id": result.frame.request_id}
     if result.retry_after is not None:
         headers["Retry-After"] = str(result.retry_after)
     if isinstance(result.frame, ErrorFrame) and result.frame.error_code == ErrorCode.UNAUTHENTICATED:
@@ -194,7 +200,7 @@ def create_app(router: Router, *, max_body: int = DEFAULT_MAX_BODY,
             except msgspec.MsgspecError:
                 pass
             else:
-                return await answer_frame(frame, caller)
+                return await answer_frame(frame, caller, ROUTE_HEADERS in request.headers)
         try:
             body = _decoder.decode(raw)
         except msgspec.DecodeError as exc:
@@ -204,15 +210,16 @@ def create_app(router: Router, *, max_body: int = DEFAULT_MAX_BODY,
             return json_response(result.frame, 400, {"X-Request-Id": result.frame.request_id})
         if jsonrpc.is_envelope(body):
             return await rpc(body, caller)
-        return await answer_frame(to_frame(body), caller)
+        return await answer_frame(to_frame(body), caller, ROUTE_HEADERS in request.headers)
 
-    async def answer_frame(frame: RequestFrame | CallResult, caller: Caller | Unauthenticated | None) -> web.Response:
+    async def answer_frame(frame: RequestFrame | CallResult, caller: Caller | Unauthenticated | None,
+                           route_facts: bool) -> web.Response:
         if isinstance(frame, CallResult):
             result = frame
         else:  # inline, not through run(): one coroutine frame less for every await below
             with logs.bind(request_id=frame.request_id, capability=frame.capability):
                 result = await router.call(frame, caller)
-        return json_response(result.frame, result.http_status, answer_headers(result))
+        return json_response(result.frame, result.http_status, answer_headers(result, route_facts))
 
     async def rpc_one(item: Any, caller: Caller | Unauthenticated | None) -> dict[str, Any] | None:
         try:

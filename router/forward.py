@@ -61,10 +61,11 @@ _HEX = re.compile(r"[0-9a-f]+")
 
 
 def _hex_id(text: str, size: int) -> str:
-    """``text`` itself when it already is a W3C id of that size, else a stable digest of it."""
+    """``text`` itself when it already is a W3C id of that size (its first ``size`` bytes when it is
+    longer hex, as the router's own request ids are for span ids), else a stable digest of it."""
     plain = text.replace("-", "").lower()
-    if len(plain) == size * 2 and _HEX.fullmatch(plain):
-        return plain
+    if len(plain) >= size * 2 and _HEX.fullmatch(plain) and plain[:size * 2].strip("0"):
+        return plain[:size * 2]
     return hashlib.blake2b(text.encode(), digest_size=size).hexdigest()
 
 

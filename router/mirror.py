@@ -36,8 +36,12 @@ class RegistryMirror:
         self.alerts: AlertConfig | None = None
         self.auth = AuthBook()
         self._offers: dict[str, dict[str, Capability]] = {}
+        # offers() answers per capability, built on first use after any change; never mutate them.
+        self._offer_lists: dict[str, list[Offer]] = {}
 
     def apply(self, event: WatchEvent) -> None:
+        if not isinstance(event, Ping):
+            self._offer_lists.clear()
         if isinstance(event, Reset):
             self._reset(event)
         elif isinstance(event, Put):
@@ -101,11 +105,16 @@ class RegistryMirror:
 
     def offers(self, capability: str) -> list[Offer] | None:
         """Every instance offering ``capability``; None when no instance does (unknown capability)."""
+        cached = self._offer_lists.get(capability)
+        if cached is not None:
+            return cached
         found = self._offers.get(capability)
         if not found:
             return None
-        return [Offer(self.instances[agent_id], offered, self.states.get(agent_id, UNKNOWN_STATE))
-                for agent_id, offered in found.items()]
+        built = self._offer_lists[capability] = [
+            Offer(self.instances[agent_id], offered, self.states.get(agent_id, UNKNOWN_STATE))
+            for agent_id, offered in found.items()]
+        return built
 
     def policy(self, capability: str) -> Policy | None:
         return self.policies.get(capability)

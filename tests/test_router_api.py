@@ -37,12 +37,20 @@ async def test_a_rest_agent_gets_the_payload_and_the_context_in_headers(mesh: Me
         {"instance": "rest-1", "policy": "least_load", "attempts": 1, "timeout_sla_ms": 5000, "capability": "echo"}
     assert "degraded" not in route  # defaults are omitted: absent means false
     assert 0 <= route["overhead_ms"] < 50
+    assert answer.headers["X-Request-Id"] == "req-42"
+    assert not [name for name in answer.headers if name.startswith("X-Reach-")], "route headers only when asked"
+
+
+async def test_the_route_facts_come_as_headers_too_when_asked(mesh: Mesh, start_agent):
+    await mesh.add(await start_agent("rest-h"))
+    answer = await mesh.call(payload={"n": 1}, request_id="req-h", headers={"X-Reach-Route-Headers": "on"})
     headers = answer.headers
     assert (headers["X-Request-Id"], headers["X-Reach-Instance"], headers["X-Reach-Policy"]) == \
-        ("req-42", "rest-1", "least_load")
+        ("req-h", "rest-h", "least_load")
     assert (headers["X-Reach-Attempts"], headers["X-Reach-Degraded"], headers["X-Reach-Timeout-Sla-Ms"]) == \
         ("1", "false", "5000")
-    assert headers["X-Reach-Capability"] == "echo" and float(headers["X-Reach-Overhead-Ms"]) >= 0
+    assert headers["X-Reach-Capability"] == "echo"
+    assert float(headers["X-Reach-Overhead-Ms"]) == answer.route["overhead_ms"]
 
 
 async def test_request_id_is_generated_and_any_trace_id_becomes_a_w3c_trace(mesh: Mesh, start_agent):

@@ -102,7 +102,7 @@ async def test_fallback_capability_answers_degraded_while_the_primary_fails(mesh
     await mesh.add(primary, "primary", healthy=False)
     await mesh.add(backup, "backup", healthy=False)
     await mesh.ready("primary-1", "backup-1")
-    answers = [await mesh.call("primary", payload=i) for i in range(8)]
+    answers = [await mesh.call("primary", payload=i, headers={"X-Reach-Route-Headers": "on"}) for i in range(8)]
     for answer in answers:
         assert answer.status == 200 and answer.body["result"]["agent"] == "backup-1"
         assert answer.route["degraded"] and answer.route["reason"] == "fallback"

@@ -150,7 +150,7 @@ async def test_healthy_instances_first_demoted_only_when_none_left(start_mesh, s
     assert silent.calls == 0
     mesh.stop_beating("alive")
     await mesh.until_state("alive", "demoted")
-    answers = [await mesh.call(payload=i) for i in range(20)]
+    answers = [await mesh.call(payload=i, headers={"X-Reach-Route-Headers": "on"}) for i in range(20)]
     assert all(answer.status == 200 for answer in answers)
     assert all(answer.route["degraded"] is True and answer.route["reason"] == "demoted" for answer in answers)
     assert answers[0].headers["X-Reach-Degraded"] == "true"

@@ -42,7 +42,7 @@ async def semantic_mesh(start_registry, start_agent, http):
 
 
 async def send(mesh, frame):
-    async with mesh.http.post(f"{mesh.url}/atp", json=frame) as response:
+    async with mesh.http.post(f"{mesh.url}/atp", json=frame, headers={"X-Reach-Route-Headers": "on"}) as response:
         return response.status, await response.json(), response.headers
 
 

@@ -11,8 +11,6 @@ import contextvars
 import logging
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import msgspec
@@ -24,14 +22,22 @@ _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"messa
 _encoder = msgspec.json.Encoder(enc_hook=str)
 
 
-@contextmanager
-def bind(**fields: Any) -> Iterator[None]:
-    """Add fields to every log line written in this context."""
-    token = _bound.set({**_bound.get(), **fields})
-    try:
-        yield
-    finally:
-        _bound.reset(token)
+class bind:  # noqa: N801  (used as a function: `with logs.bind(request_id=...):`)
+    """Add fields to every log line written in this context.
+
+    A class rather than a @contextmanager generator: it runs around every routed call, and the
+    generator machinery costs several times more than these two methods."""
+
+    __slots__ = ("_fields", "_token")
+
+    def __init__(self, **fields: Any):
+        self._fields = fields
+
+    def __enter__(self) -> None:
+        self._token = _bound.set({**_bound.get(), **self._fields})
+
+    def __exit__(self, *exc_info: object) -> None:
+        _bound.reset(self._token)
 
 
 class JsonFormatter(logging.Formatter):
