@@ -74,6 +74,11 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
     try:
         return await handler(request)
     except RegistryError as error:
+        if error.status in (401, 403):
+            # Who tried what without the right credential: the registry's side of the security record.
+            log.warning("request refused", extra={"path": request.path, "method": request.method,
+                                                  "error": error.code, "reason": error.message,
+                                                  "remote": request.remote})
         return error_response(error)
     except web.HTTPRequestEntityTooLarge as exc:
         return error_response(RegistryError(413, "payload_too_large", exc.text or "Request body too large"))

@@ -6,6 +6,7 @@ Real registries on loopback with auth on, real WAL files; secrets are checked ne
 from __future__ import annotations
 
 import asyncio
+import logging
 import stat
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -127,14 +128,17 @@ async def test_bad_trust_level_and_unknown_fields_are_refused(secured: RegistryS
     assert (status, body["error"], body["field"]) == (400, "unknown_field", "admin")
 
 
-async def test_registration_tokens_bind_agents_to_one_service(secured: RegistryServer,
-                                                              http: aiohttp.ClientSession) -> None:
+async def test_registration_tokens_bind_agents_to_one_service(secured: RegistryServer, http: aiohttp.ClientSession,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="agentreach.registry.api")
     key = admin_key(secured)
     _, weather = await call(http, "POST", f"{secured.url}/tokens", key, {"service": "weather"})
     _, orders = await call(http, "POST", f"{secured.url}/tokens", key, {"service": "orders"})
 
     status, body = await call(http, "POST", f"{secured.url}/register", None, registration("w-1", "weather.now"))
     assert (status, body["error"]) == (401, "unauthenticated")
+    [refused] = [r for r in caplog.records if r.getMessage() == "request refused"]
+    assert (refused.path, refused.error, refused.remote) == ("/register", "unauthenticated", "127.0.0.1")
     status, body = await call(http, "POST", f"{secured.url}/register", weather["token"],
                               registration("w-1", "weather.now"))
     assert status == 200 and body["service"] == "weather"
