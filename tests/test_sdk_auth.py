@@ -124,9 +124,12 @@ async def test_forged_tampered_and_stale_signatures_are_refused(secure, make_age
                                 headers={"X-Request-Id": request_id, SIGNATURE_HEADER: signature})
 
     body = frame_bytes("alpha.echo", "genuine", "r-1")
-    # The positive control: a correct signature made outside the router is accepted.
-    assert (await send(body, sign(key, "POST", "/atp/alpha.echo", "r-1", body)))[0] == 200
+    # The positive control: a correct signature made outside the router is accepted, once.
+    genuine = sign(key, "POST", "/atp/alpha.echo", "r-1", body)
+    assert (await send(body, genuine))[0] == 200
     assert ran == ["genuine"]
+    status, answer = await send(body, genuine)
+    assert (status, answer["error_code"]) == (401, "UNAUTHENTICATED") and "replayed" in answer["error_message"]
 
     tampered = frame_bytes("alpha.echo", "tampered", "r-1")
     cases = {

@@ -17,6 +17,7 @@ import aiohttp
 import msgspec
 import pytest
 from agent_reach.serving import close, listen
+from agent_reach.guard import SeenNonces
 from agent_reach.signing import SIGNATURE_HEADER, sign, signature, signing_key, verify
 from aiohttp import web
 from multidict import CIMultiDict
@@ -39,8 +40,9 @@ def test_the_key_is_the_registry_s_derivation():
 
 def test_a_signature_verifies_for_exactly_the_request_it_signs():
     header = sign(KEY, "POST", "/atp/echo", "req-1", b'{"payload":1}', now=NOW)
-    version, stamp, digest = header.split(",")
-    assert version == "v1" and stamp == f"t={int(NOW)}" and len(digest) == 2 + 64
+    version, stamp, nonce, digest = header.split(",")
+    assert version == "v1" and stamp == f"t={int(NOW)}" and len(nonce) == 2 + 24 and len(digest) == 2 + 64
+    assert sign(KEY, "POST", "/atp/echo", "req-1", b'{"payload":1}', now=NOW) != header, "a fresh nonce each time"
     assert verify(header, KEY, "POST", "/atp/echo", "req-1", b'{"payload":1}', now=NOW + 1) is None
     mismatch = "signature does not match"
     changed = [("GET", "/atp/echo", "req-1", b'{"payload":1}'), ("POST", "/atp/other", "req-1", b'{"payload":1}'),
@@ -60,8 +62,13 @@ def test_the_window_bounds_a_signature_s_age_both_ways():
     assert verify(header, KEY, "POST", "/p", "r", b"", now=NOW + 200, window_s=300) is None
 
 
-@pytest.mark.parametrize("header", [None, "", "v2,t=1800000000,s=" + "0" * 64, "v1,t=soon,s=" + "0" * 64,
-                                    "v1,t=1800000000,s=abc", "v1", "garbage"])
+NONCE = "0123456789abcdef01234567"
+
+
+@pytest.mark.parametrize("header", [None, "", f"v2,t=1800000000,n={NONCE},s=" + "0" * 64,
+                                    f"v1,t=soon,n={NONCE},s=" + "0" * 64, f"v1,t=1800000000,n={NONCE},s=abc",
+                                    "v1,t=1800000000,s=" + "0" * 64, "v1,t=1800000000,n=zz,s=" + "0" * 64,
+                                    "v1", "garbage"])
 def test_a_missing_or_malformed_header_is_refused_with_its_reason(header):
     reason = verify(header, KEY, "POST", "/p", "r", b"", now=NOW)
     assert reason is not None
@@ -70,10 +77,23 @@ def test_a_missing_or_malformed_header_is_refused_with_its_reason(header):
 
 def test_a_signature_for_another_timestamp_does_not_verify():
     # Moving the stamp within the window must not keep the signature valid: t is signed too.
-    digest = signature(KEY, int(NOW), "POST", "/p", "r", b"x")
-    assert verify(f"v1,t={int(NOW) + 1},s={digest}", KEY, "POST", "/p", "r", b"x", now=NOW).startswith(
+    digest = signature(KEY, int(NOW), NONCE, "POST", "/p", "r", b"x")
+    assert verify(f"v1,t={int(NOW) + 1},n={NONCE},s={digest}", KEY, "POST", "/p", "r", b"x", now=NOW).startswith(
         "signature does not match")
-    assert verify(f"v1,t={int(NOW)},s={digest.upper()}", KEY, "POST", "/p", "r", b"x", now=NOW) is None
+    assert verify(f"v1,t={int(NOW)},n={'f' * 24},s={digest}", KEY, "POST", "/p", "r", b"x", now=NOW).startswith(
+        "signature does not match"), "the nonce is signed too"
+    assert verify(f"v1,t={int(NOW)},n={NONCE},s={digest.upper()}", KEY, "POST", "/p", "r", b"x", now=NOW) is None
+
+
+def test_a_nonce_is_accepted_once_while_its_signature_could_verify():
+    seen = SeenNonces(window_s=60, limit=3)
+    assert seen.first_time("a" * 24, int(NOW), NOW)
+    assert not seen.first_time("a" * 24, int(NOW), NOW + 59), "a replay inside the window"
+    assert seen.first_time("b" * 24, int(NOW), NOW)
+    assert seen.first_time("a" * 24, int(NOW), NOW + 61), "forgotten once its signature is stale anyway"
+    for nonce in ("c", "d", "e"):
+        assert seen.first_time(nonce * 24, int(NOW) + 61, NOW + 61)
+    assert len(seen) == 3, "bounded: the oldest go first"
 
 
 class Seen(msgspec.Struct):

@@ -8,16 +8,49 @@ carries a signature must carry a valid one, marked or not.
 
 The path checked is the one the agent registered for the capability, not the one the request
 arrived on, so an agent behind a proxy that rewrites paths still verifies the router's intent.
+Each signature carries a nonce; one already accepted is refused as a replay for as long as its
+signature could still verify.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 
-from agent_reach.signing import DEFAULT_WINDOW_S, DIRECT_HEADER, SIGNATURE_HEADER, verify
+from agent_reach.signing import DEFAULT_WINDOW_S, DIRECT_HEADER, SIGNATURE_HEADER, parse, verify
 
 log = logging.getLogger("agentreach.sdk")
+
+# Nonces remembered at most; past it the oldest are forgotten first (~20 MB at the limit).
+MAX_REMEMBERED = 200_000
+
+
+class SeenNonces:
+    """Nonces of accepted signatures, each kept until its signature leaves the window."""
+
+    def __init__(self, window_s: float, limit: int = MAX_REMEMBERED):
+        self.window_s = window_s
+        self.limit = limit
+        # Insertion order is nearly expiry order (timestamps arrive nearly in order), so expired
+        # nonces are found at the front.
+        self._until: dict[str, float] = {}
+
+    def __len__(self) -> int:
+        return len(self._until)
+
+    def first_time(self, nonce: str, timestamp: int, now: float) -> bool:
+        """Remember ``nonce``; False when it was accepted before (a replay)."""
+        until = self._until
+        while until:
+            oldest = next(iter(until))
+            if until[oldest] >= now and len(until) < self.limit:
+                break
+            del until[oldest]
+        if nonce in until:
+            return False
+        until[nonce] = timestamp + self.window_s
+        return True
 
 
 class CallGuard:
@@ -28,6 +61,7 @@ class CallGuard:
         self.direct_fallback = direct_fallback
         self.window_s = window_s
         self._paths: dict[str, str] = {}
+        self._seen = SeenNonces(window_s)
 
     @property
     def active(self) -> bool:
@@ -53,6 +87,12 @@ class CallGuard:
             reason = verify(signed, self.key, method, self._paths.get(capability, ""), request_id, body,
                             window_s=self.window_s)
             if reason is None:
-                return None
+                if not self._replayed(signed or ""):
+                    return None
+                reason = "replayed: this signed request was already accepted"
         log.warning("call_refused", extra={"capability": capability, "request_id": request_id, "reason": reason})
         return f"Agent {self.agent_id} refused the call: {reason}"
+
+    def _replayed(self, verified: str) -> bool:
+        stamp = parse(verified)
+        return stamp is None or not self._seen.first_time(stamp.nonce, stamp.timestamp, time.time())

@@ -2,20 +2,26 @@
 
 The key is derived from the agent's registration token (HMAC-SHA256 with a fixed label): the
 registry stores it with the token, the router signs with it, and the agent derives it from the
-token it already holds, so no second secret is distributed. The signature binds the time, the
-HTTP method, the target path, the request id and the body's SHA-256:
+token it already holds, so no second secret is distributed. The signature binds the time, a
+random nonce (so an agent can refuse a replayed request), the HTTP method, the target path, the
+request id and the body's SHA-256:
 
-    X-Reach-Signature: v1,t=<unix seconds>,s=<hex HMAC-SHA256(key, "t\\nMETHOD\\npath\\nrequest_id\\nsha256(body)")>
+    X-Reach-Signature: v1,t=<unix seconds>,n=<24 hex>,s=<hex HMAC-SHA256(key,
+                       "t\\nnonce\\nMETHOD\\npath\\nrequest_id\\nsha256(body)")>
 
 Only the path can hold a newline (once decoded) and every other field has a fixed form, so the
-signed string parses one way only. Pure functions: no clock unless ``now`` is left out.
+signed string parses one way only. Pure functions: no clock or randomness unless ``now`` or
+``nonce`` is left out.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import os
+import re
 import time
+from typing import NamedTuple
 
 SIGNATURE_HEADER = "X-Reach-Signature"
 # Sent by a caller's direct fallback (router unreachable); accepted unsigned only by agents that declared it.
@@ -31,24 +37,35 @@ def signing_key(registration_token: str) -> str:
     return hmac.new(registration_token.encode(), _LABEL, hashlib.sha256).hexdigest()
 
 
-def signature(key: str, timestamp: int, method: str, path: str, request_id: str, body: bytes) -> str:
-    signed = f"{timestamp}\n{method}\n{path}\n{request_id}\n{hashlib.sha256(body).hexdigest()}"
+def signature(key: str, timestamp: int, nonce: str, method: str, path: str, request_id: str, body: bytes) -> str:
+    signed = f"{timestamp}\n{nonce}\n{method}\n{path}\n{request_id}\n{hashlib.sha256(body).hexdigest()}"
     return hmac.digest(key.encode(), signed.encode(), "sha256").hex()
 
 
-def sign(key: str, method: str, path: str, request_id: str, body: bytes, now: float | None = None) -> str:
+def sign(key: str, method: str, path: str, request_id: str, body: bytes, now: float | None = None,
+         nonce: str | None = None) -> str:
     """The ``X-Reach-Signature`` value for one request."""
     timestamp = int(time.time() if now is None else now)
-    return f"{VERSION},t={timestamp},s={signature(key, timestamp, method, path, request_id, body)}"
+    nonce = nonce or os.urandom(12).hex()
+    return f"{VERSION},t={timestamp},n={nonce},s={signature(key, timestamp, nonce, method, path, request_id, body)}"
 
 
-def _parse(header: str) -> tuple[int, str] | None:
+class Signed(NamedTuple):
+    timestamp: int
+    nonce: str
+    digest: str
+
+
+_NONCE = re.compile(r"[0-9a-f]{24}")
+
+
+def parse(header: str) -> Signed | None:
     version, _, rest = header.partition(",")
     fields = dict(part.partition("=")[::2] for part in rest.split(","))
-    stamp, digest = fields.get("t", ""), fields.get("s", "")
-    if version.strip() != VERSION or not stamp.isdigit() or len(digest) != 64:
+    stamp, nonce, digest = fields.get("t", ""), fields.get("n", ""), fields.get("s", "")
+    if version.strip() != VERSION or not stamp.isdigit() or not _NONCE.fullmatch(nonce) or len(digest) != 64:
         return None
-    return int(stamp), digest
+    return Signed(int(stamp), nonce, digest)
 
 
 def verify(header: str | None, key: str, method: str, path: str, request_id: str, body: bytes,
@@ -56,15 +73,15 @@ def verify(header: str | None, key: str, method: str, path: str, request_id: str
     """None when ``header`` signs this request within ``window_s`` of ``now``; else why not."""
     if not header:
         return f"missing {SIGNATURE_HEADER}: calls must come through the router"
-    parsed = _parse(header)
+    parsed = parse(header)
     if parsed is None:
-        return f"malformed {SIGNATURE_HEADER} (expected {VERSION},t=<unix seconds>,s=<64 hex>)"
-    timestamp, presented = parsed
+        return f"malformed {SIGNATURE_HEADER} (expected {VERSION},t=<unix seconds>,n=<24 hex>,s=<64 hex>)"
+    timestamp, nonce, presented = parsed
     age = (time.time() if now is None else now) - timestamp
     if abs(age) > window_s:
         when = f"{age:.0f} s ago" if age > 0 else f"{-age:.0f} s in the future"
         return f"stale signature: signed {when}, outside ±{window_s:.0f} s (check both hosts' clocks)"
-    expected = signature(key, timestamp, method, path, request_id, body)
+    expected = signature(key, timestamp, nonce, method, path, request_id, body)
     if not hmac.compare_digest(expected, presented.lower()):
         return "signature does not match this request (wrong key, or method, path, request id or body changed)"
     return None
