@@ -117,6 +117,9 @@ def _add_router_knobs(parser: argparse.ArgumentParser) -> None:
                         help="keep the audit trail (DATA_DIR/audit.db, one row per call) this long (default: 30)")
     parser.add_argument("--no-audit", dest="audit", action="store_false",
                         help="keep no audit trail (when something else records every call)")
+    parser.add_argument("--traced-successes-per-second", type=int, default=1000, metavar="N",
+                        help="trace at most N plain successes a second (every failed, degraded or refused call "
+                             "is traced; the audit trail keeps every call); 0 traces every call (default: 1000)")
 
 
 def _router_settings(args: argparse.Namespace, port: int, registry_url: str | None,
@@ -125,7 +128,9 @@ def _router_settings(args: argparse.Namespace, port: int, registry_url: str | No
                                 threshold=args.semantic_threshold, margin=args.semantic_margin,
                                 max_capabilities=args.semantic_max_capabilities)
     return RouterServerSettings(host=args.host, port=port, registry_url=registry_url, registry_key=registry_key,
-                                routing=RouterSettings(default_policy=args.default_policy), semantic=semantic,
+                                routing=RouterSettings(default_policy=args.default_policy,
+                                                       traced_successes_per_second=args.traced_successes_per_second),
+                                semantic=semantic,
                                 auth=args.auth == "on", keys_dir=args.data_dir / "keys",
                                 audit_path=args.data_dir / "audit.db" if args.audit else None,
                                 audit_retention_days=args.audit_retention_days)
@@ -295,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
 def _serve_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.command in ("up", "router"):
         _positive(args.audit_retention_days, "--audit-retention-days", parser)
+        if args.traced_successes_per_second < 0:
+            parser.error("--traced-successes-per-second must be 0 (trace every call) or more")
     if args.command == "up":
         return _up(args, parser)
     if args.command == "console":

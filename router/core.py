@@ -48,6 +48,8 @@ class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):
     panic_threshold: float = 0.5
     period_seconds: float = 60.0
     alert: AlertConfig = AlertConfig()
+    # Plain successes traced per second at most (every other call always is); 0 traces them all.
+    traced_successes_per_second: int = 1000
 
 
 class CallResult(msgspec.Struct, kw_only=True):
@@ -89,7 +91,7 @@ class Router:
         self.sticky = StickyTable()
         self.ledger = ReachLedger(period_seconds=settings.period_seconds, alert=settings.alert)
         self.decisions: Counter[str] = Counter()
-        self.traces = TraceStore()
+        self.traces = TraceStore(successes_per_second=settings.traced_successes_per_second)
         # Set by the server when it keeps an audit trail: every call, refusals included, gets a row.
         self.audit: AuditLog | None = None
         self.client_limits = ClientLimits()
@@ -168,7 +170,12 @@ class Router:
 
     def _trace(self, frame: RequestFrame, result: CallResult, started: float, started_at: float,
                payload: bytes, caller: Caller | Unauthenticated | None) -> None:
-        """Keep the call's trace, and its audit row when an audit trail is kept (refusals included)."""
+        """Keep the call's trace (sampled under load, see TraceStore), and its audit row when an
+        audit trail is kept (every call, refusals included)."""
+        outcome = self._outcome(result)
+        keep = self.traces.wants(outcome == "success", started_at)
+        if not keep and self.audit is None:
+            return
         route = result.route
         update = result.frame.context_update if isinstance(result.frame, ResponseFrame) else None
         tokens = update.get("tokens_used") if update else None
@@ -179,11 +186,12 @@ class Router:
             caller=caller.client_id if caller is not None else None,
             payload_bytes=len(payload), timeout_hint=frame.timeout_hint,
             routing_hint=hint if isinstance(hint, dict) else None, policy=route.policy, plan=result.plan,
-            degraded=route.degraded, reason=route.reason, attempts=result.tried, outcome=self._outcome(result),
+            degraded=route.degraded, reason=route.reason, attempts=result.tried, outcome=outcome,
             error_code=result.frame.error_code if isinstance(result.frame, ErrorFrame) else None,
             total_ms=round((time.monotonic() - started) * 1000, 3), overhead_ms=route.overhead_ms or 0.0,
             tokens=tokens if isinstance(tokens, int) else None)
-        self.traces.add(trace)
+        if keep:
+            self.traces.add(trace)
         if self.audit is not None:
             known = caller if isinstance(caller, Caller) else None
             self.audit.record(entry_from_trace(trace, trace.caller, known.name if known else None,

@@ -69,3 +69,6 @@ class RouterCollector(Collector):
         yield alerts
         yield GaugeMetricFamily("agentreach_router_registry_revision", "Registry revision the router has seen",
                                 value=router.mirror.revision)
+        yield CounterMetricFamily("agentreach_router_traces_sampled_out",
+                                  "Successful calls not traced: over the traced successes per second",
+                                  value=router.traces.sampled_out)

@@ -46,3 +46,14 @@ def test_a_cycle_of_parents_does_not_hang():
     tree = store.tree("x")
     assert tree.call.request_id in {"x", "y"}
     assert len(tree.children) == 1 and tree.children[0].children == []
+
+
+def test_under_load_plain_successes_are_sampled_and_everything_else_is_kept():
+    store = TraceStore(successes_per_second=2)
+    second = 1_800_000_000.0
+    assert [store.wants(True, second + 0.1 * n) for n in range(4)] == [True, True, False, False]
+    assert store.wants(False, second + 0.5), "a failed, degraded or refused call is always traced"
+    assert store.sampled_out == 2
+    assert store.wants(True, second + 1.0), "a new second, a new budget"
+    unlimited = TraceStore(successes_per_second=0)
+    assert all(unlimited.wants(True, second) for _ in range(10_000)) and unlimited.sampled_out == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from router.core import RouterSettings
 from router_support import mesh, start_agent, start_mesh  # noqa: F401  (fixtures)
 
 
@@ -68,3 +69,23 @@ async def test_listing_filters_and_validates(mesh, start_agent):
         assert status == 400 and body["field"] == "limit"
     status, body = await get(mesh, "/traces/never-seen")
     assert status == 404 and body["error"] == "trace_not_found"
+
+
+async def test_over_the_budget_successes_go_untraced_and_failures_never_do(start_mesh, start_agent):
+    mesh = await start_mesh(routing=RouterSettings(traced_successes_per_second=1))
+    agent = await start_agent("trace-d")
+    await mesh.add(agent, "trace.echo")
+    for n in range(6):
+        status, _ = await send(mesh, {"request_id": f"s{n}", "capability": "trace.echo", "payload": {}})
+        assert status == 200
+    agent.status = 500
+    status, _ = await send(mesh, {"request_id": "failed-1", "capability": "trace.echo", "payload": {}})
+    assert status == 502
+    calls = (await get(mesh, "/traces?limit=100"))[1]["traces"]
+    successes = [call for call in calls if call["request_id"] != "failed-1"]
+    assert "failed-1" in {call["request_id"] for call in calls}
+    # One success traced per wall-clock second; six calls milliseconds apart span one or two seconds.
+    seconds = [int(call["started_at"]) for call in successes]
+    assert len(set(seconds)) == len(seconds) and 1 <= len(successes) < 6
+    assert mesh.router.traces.sampled_out == 6 - len(successes)
+    assert f"agentreach_router_traces_sampled_out_total {6 - len(successes)}.0" in await mesh.get("/metrics")
