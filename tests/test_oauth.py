@@ -16,7 +16,7 @@ import os
 import time
 from typing import Any
 
-import httpx
+import httpx2
 import jwt
 import pytest
 from authlib.integrations.httpx_client import AsyncOAuth2Client
@@ -296,7 +296,7 @@ async def test_the_oauth_client_library_sees_invalid_client_for_a_wrong_secret(s
     async with AsyncOAuth2Client(client["client_id"], "arc_wrong", trust_env=False) as oauth:
         with pytest.raises(Exception, match="invalid_client"):
             await oauth.fetch_token(f"{mesh.url}/oauth/token", grant_type="client_credentials")
-    async with httpx.AsyncClient(trust_env=False) as plain:
+    async with httpx2.AsyncClient(trust_env=False) as plain:
         answer = await plain.post(f"{mesh.url}/atp", json={"capability": "echo"},
                                   headers={"Authorization": "Bearer"})
     assert answer.status_code == 401
