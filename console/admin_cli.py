@@ -1,4 +1,4 @@
-"""`agentreach clients ...` and `agentreach tokens ...`: the registry's admin API from a shell.
+"""`agentreach clients|tokens|admin-key ...`: the registry's admin API from a shell.
 
 Each command is one HTTP call with the admin key; its answer is printed as JSON on stdout (so
 `jq` and scripts can read it) and any failure as one line on stderr with exit code 1.
@@ -78,9 +78,19 @@ def add_commands(commands: Any) -> None:
     revoke.add_argument("token_id", metavar="ID")
     _common(revoke)
 
+    admin = commands.add_parser("admin-key", help="replace the admin key",
+                                description="Replace the registry's admin key: the old one stops working at "
+                                            "once; the new one is printed once and written to the registry's "
+                                            "DATA_DIR/admin.key. Routers and consoles started with the old key "
+                                            "must be restarted with the new one.")
+    admin_commands = admin.add_subparsers(dest="action", required=True, metavar="ACTION")
+    _common(admin_commands.add_parser("rotate", help="a new admin key, printed once"))
+
 
 def call_for(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Call:
     """The admin API request a parsed command stands for."""
+    if args.command == "admin-key":
+        return Call("POST", "/admin-key/rotate")
     if args.command == "tokens":
         if args.action == "create":
             return Call("POST", "/tokens", {"service": args.service})

@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"agentreach: {exc}", file=sys.stderr)
             return 2
         return 0
-    if args.command in ("clients", "tokens"):
+    if args.command in ("clients", "tokens", "admin-key"):
         return admin_cli.run(args, parser)
     logs.configure(args.log_level)
     _tune_gc()

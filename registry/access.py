@@ -107,13 +107,28 @@ class Access:
             if self.book.admin is None or self.book.admin.key_digest != digest(key):
                 await self._store_admin(key)
             return None
+        return await self.rotate_admin_key(data_dir)
+
+    async def rotate_admin_key(self, data_dir: Path) -> str:
+        """A new admin key: the file first (written aside, fsynced, renamed over), then its digest in
+        the WAL. A crash in between leaves the new file, which wins at the next start."""
         key = new_secret(ADMIN_KEY_PREFIX)
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        path = data_dir / ADMIN_KEY_FILE
+        staged = path.with_suffix(".new")
+        staged.unlink(missing_ok=True)
+        descriptor = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(descriptor, "w") as file:
             file.write(key + "\n")
             file.flush()
             os.fsync(file.fileno())
+        os.replace(staged, path)
+        directory = os.open(data_dir, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
         await self._store_admin(key)
+        log.warning("admin key written", extra={"path": str(path)})
         return key
 
     async def _store_admin(self, key: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -14,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from router.policy import Policy
 from router.reach import AlertConfig
 
-from registry.access import Access
+from registry.access import ADMIN_KEY_FILE, Access
 from registry.errors import RegistryError, from_decode_error
 from registry.gate import Gate
 from registry.health import HealthChecker
@@ -93,7 +94,8 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
 
 
 def create_app(registry: Registry, checker: HealthChecker | None = None, hub: WatchHub | None = None, *,
-               max_body: int = DEFAULT_MAX_BODY, auth: bool = True) -> web.Application:
+               max_body: int = DEFAULT_MAX_BODY, auth: bool = True, data_dir: Path | None = None) -> web.Application:
+    """``data_dir`` (where admin.key lives) enables rotating the admin key over the API."""
     prometheus = metrics_registry(registry, checker)
     gate = Gate(registry.state.auth, auth)
     access = Access(registry.store, registry.state)
@@ -143,6 +145,11 @@ def create_app(registry: Registry, checker: HealthChecker | None = None, hub: Wa
 
     async def revoke_token(request: web.Request) -> web.Response:
         return json_response(await access.revoke_token(request.match_info["token_id"]))
+
+    async def rotate_admin_key(request: web.Request) -> web.Response:
+        assert data_dir is not None
+        key = await access.rotate_admin_key(data_dir)
+        return json_response({"admin_key": key, "stored_in": str(data_dir / ADMIN_KEY_FILE)})
 
     async def agents(request: web.Request) -> web.Response:
         return json_response({"agents": registry.agents()})
@@ -216,4 +223,6 @@ def create_app(registry: Registry, checker: HealthChecker | None = None, hub: Wa
             ("POST", "/clients/{client_id}/rotate", rotate_client), ("POST", "/tokens", create_token),
             ("GET", "/tokens", tokens), ("POST", "/tokens/{token_id}/revoke", revoke_token)):
         app.router.add_route(method, path, admin_only(handler))
+    if auth and data_dir is not None:
+        app.router.add_post("/admin-key/rotate", admin_only(rotate_admin_key))
     return app

@@ -69,7 +69,8 @@ class RegistryServer:
         checker = HealthChecker(self.registry, self._session)
         self.hub = WatchHub(self.registry)
         self._tasks = [asyncio.create_task(checker.run()), asyncio.create_task(self.hub.run())]
-        app = create_app(self.registry, checker, self.hub, max_body=self.settings.max_body, auth=self.settings.auth)
+        app = create_app(self.registry, checker, self.hub, max_body=self.settings.max_body, auth=self.settings.auth,
+                         data_dir=self.settings.data_dir)
         self._runner, self.port = await listen(app, self.settings.host, self.settings.port)
         log.info("registry listening", extra={"url": self.url, "data_dir": str(self.settings.data_dir),
                                              "instances": len(self.registry.state.records)})

@@ -168,6 +168,24 @@ async def test_tokens_created_listed_and_revoked(start_registry, http):
         assert response.status == 401
 
 
+async def test_the_admin_key_is_rotated_at_once_on_disk_and_in_the_log(start_registry, http, tmp_path):
+    data = tmp_path / "rotating"
+    registry = await start_registry(data_dir=data, auth=True)
+    old = registry.new_admin_key
+    rotated = await admin("admin-key", "rotate", registry=registry)
+    new = rotated["admin_key"]
+    assert new.startswith("ara_") and new != old and rotated["stored_in"] == str(data / "admin.key")
+    assert (data / "admin.key").read_text().strip() == new
+    assert stat.S_IMODE((data / "admin.key").stat().st_mode) == 0o600
+    for key, status in ((old, 401), (new, 200)):
+        async with http.get(f"{registry.url}/agents", headers={"X-API-Key": key}) as response:
+            assert response.status == status
+    await registry.stop()
+    again = await start_registry(data_dir=data, auth=True)
+    assert again.new_admin_key is None and again.registry.state.auth.is_admin(new)
+    assert not again.registry.state.auth.is_admin(old)
+
+
 async def test_the_admin_key_defaults_to_the_local_data_dirs(start_registry, tmp_path):
     registry = await start_registry(tmp_path / "work" / ".agentreach", auth=True)
     result = await agentreach("tokens", "create", "--service", "svc", "--registry", registry.url,
