@@ -6,10 +6,12 @@ The registry's state and the router's mirror both keep one, fed from the same st
 
 from __future__ import annotations
 
-from auth.records import ADMIN_KEY, CLIENT_PREFIX, TOKEN_PREFIX, AdminRecord, ClientRecord, TokenRecord
+from auth.records import (
+    ADMIN_KEY, CLIENT_PREFIX, PUBLISHED_KEY_PREFIX, TOKEN_PREFIX, AdminRecord, ClientRecord, PublishedKey, TokenRecord,
+)
 from auth.secrets import digest, matches
 
-PREFIXES = (CLIENT_PREFIX, TOKEN_PREFIX, ADMIN_KEY)
+PREFIXES = (CLIENT_PREFIX, TOKEN_PREFIX, ADMIN_KEY, PUBLISHED_KEY_PREFIX)
 
 
 class AuthBook:
@@ -17,6 +19,8 @@ class AuthBook:
         self.clients: dict[str, ClientRecord] = {}
         self.tokens: dict[str, TokenRecord] = {}
         self.admin: AdminRecord | None = None
+        # Every router's token-verifying public keys, by kid.
+        self.published_keys: dict[str, PublishedKey] = {}
         self._by_api_key: dict[str, str] = {}
         self._by_token: dict[str, str] = {}
 
@@ -35,6 +39,8 @@ class AuthBook:
             self._by_token[value.token_digest] = value.token_id
         elif key == ADMIN_KEY and isinstance(value, AdminRecord):
             self.admin = value
+        elif key.startswith(PUBLISHED_KEY_PREFIX) and isinstance(value, PublishedKey):
+            self.published_keys[value.kid] = value
 
     def delete(self, key: str) -> None:
         if key.startswith(CLIENT_PREFIX):
@@ -47,6 +53,8 @@ class AuthBook:
                 self._by_token.pop(token.token_digest, None)
         elif key == ADMIN_KEY:
             self.admin = None
+        elif key.startswith(PUBLISHED_KEY_PREFIX):
+            self.published_keys.pop(key[len(PUBLISHED_KEY_PREFIX):], None)
 
     def client_by_api_key(self, api_key: str) -> ClientRecord | None:
         """The enabled client holding this API key, if any."""

@@ -14,6 +14,7 @@ from agent_reach.registration import Name, TrustLevel
 CLIENT_PREFIX = "clients/"
 TOKEN_PREFIX = "tokens/"
 ADMIN_KEY = "settings/admin"
+PUBLISHED_KEY_PREFIX = "signing-keys/"
 
 # An exact capability name, or an explicit prefix ending in ".*" (`order.*`); never a bare "*".
 GRANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*(\.\*)?$"
@@ -52,6 +53,21 @@ class TokenRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     signing_key: str
     created_at: float
     revoked: bool = False
+
+
+Kid = Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,16}-[0-9a-f]{1,32}$")]
+# An Ed25519 public key: 32 bytes, base64url without padding (a JWK's `x`).
+PublicX = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{43}$")]
+
+
+class PublishedKey(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A router's token-verifying public key, published through the registry so that every router
+    accepts every router's tokens. ``verify_until`` is set once a newer key replaced it: tokens it
+    signed have all expired by then."""
+
+    kid: Kid
+    x: PublicX
+    verify_until: float | None = None
 
 
 class AdminRecord(msgspec.Struct, kw_only=True):
@@ -120,6 +136,10 @@ def client_key(client_id: str) -> str:
 
 def token_key(token_id: str) -> str:
     return TOKEN_PREFIX + token_id
+
+
+def published_key_key(kid: str) -> str:
+    return PUBLISHED_KEY_PREFIX + kid
 
 
 def client_view(record: ClientRecord) -> ClientView:

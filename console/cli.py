@@ -18,6 +18,7 @@ from console import admin_cli
 from console.credentials import AUTH_ENV, admin_key, admin_key_path, default_auth
 from console.demo import DemoAgents, demo_credentials
 from console.server import ConsoleServer, ConsoleSettings
+from registry.access import Access
 from registry.lifecycle import LifecycleConfig
 from registry.server import RegistryServer, RegistrySettings
 from router.core import RouterSettings
@@ -172,8 +173,12 @@ def _up(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     router_url = f"http://{args.host}:{args.router_port}"
 
     async def start_router() -> RouterServer:
-        # The router follows the registry's hub, which exists once the registry has started.
-        return await _started(RouterServer(_router_settings(args, args.router_port, None), hub=registry.hub))()
+        # The router follows the registry's hub, which exists once the registry has started, and
+        # publishes its token verifying keys straight into it (so routers started elsewhere accept its tokens).
+        assert registry.registry is not None
+        access = Access(registry.store, registry.registry.state)
+        return await _started(RouterServer(_router_settings(args, args.router_port, None), hub=registry.hub,
+                                           publish_keys=access.publish_keys))()
 
     async def start_demo() -> DemoAgents:
         # Credentials are minted in process, once the registry (and its admin key) exist.

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import msgspec
 from auth.records import (
-    ADMIN_KEY, AdminRecord, ClientCreate, ClientRecord, ClientSecrets, ClientView, IssuedToken, TokenCreate,
-    TokenRecord, TokenView, client_key, client_view, token_key, token_view,
+    ADMIN_KEY, AdminRecord, ClientCreate, ClientRecord, ClientSecrets, ClientView, IssuedToken, PublishedKey,
+    TokenCreate, TokenRecord, TokenView, client_key, client_view, published_key_key, token_key, token_view,
 )
 from agent_reach.signing import signing_key
 from auth.secrets import (
@@ -94,6 +94,13 @@ class Access:
         await self.store.put(token_key(token_id), encode_value(revoked))
         log.warning("registration token revoked", extra={"token_id": token_id, "service": record.service})
         return token_view(revoked)
+
+    async def publish_keys(self, keys: list[PublishedKey]) -> None:
+        """Store routers' verifying keys; one already stored as given is not written again."""
+        for key in keys:
+            if self.book.published_keys.get(key.kid) != key:
+                await self.store.put(published_key_key(key.kid), encode_value(key))
+                log.info("token verifying key published", extra={"kid": key.kid, "verify_until": key.verify_until})
 
     async def ensure_admin_key(self, data_dir: Path) -> str | None:
         """Create the admin key on first start: stored as ``<data_dir>/admin.key`` (0600), its digest in

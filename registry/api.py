@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 from agent_reach.registration import AgentRef, CapabilityRef, HeartbeatRequest, Name, RegisterRequest
 from aiohttp import web
-from auth.records import ClientCreate, TokenCreate, client_view
+from auth.records import ClientCreate, PublishedKey, TokenCreate, client_view
 from prometheus_client import CONTENT_TYPE_LATEST
 from router.policy import Policy
 from router.reach import AlertConfig
@@ -30,7 +30,7 @@ REGISTRY_KEY = web.AppKey("registry", Registry)
 
 _decoders = {t: msgspec.json.Decoder(t)
              for t in (RegisterRequest, HeartbeatRequest, AgentRef, CapabilityRef, Policy, AlertConfig, ClientCreate,
-                       TokenCreate)}
+                       TokenCreate, list[PublishedKey])}
 _encoder = msgspec.json.Encoder()
 
 
@@ -146,6 +146,15 @@ def create_app(registry: Registry, checker: HealthChecker | None = None, hub: Wa
     async def revoke_token(request: web.Request) -> web.Response:
         return json_response(await access.revoke_token(request.match_info["token_id"]))
 
+    async def published_keys(request: web.Request) -> web.Response:
+        return json_response({"keys": list(registry.state.auth.published_keys.values())})
+
+    async def publish_keys(request: web.Request) -> web.Response:
+        """PUT /signing-keys: a router's verifying keys (a JSON list), so other routers accept its tokens."""
+        keys = await decode(request, list[PublishedKey])
+        await access.publish_keys(keys)
+        return json_response({"keys": keys})
+
     async def rotate_admin_key(request: web.Request) -> web.Response:
         assert data_dir is not None
         key = await access.rotate_admin_key(data_dir)
@@ -221,7 +230,8 @@ def create_app(registry: Registry, checker: HealthChecker | None = None, hub: Wa
             ("POST", "/clients/{client_id}/disable", disable_client),
             ("POST", "/clients/{client_id}/enable", enable_client),
             ("POST", "/clients/{client_id}/rotate", rotate_client), ("POST", "/tokens", create_token),
-            ("GET", "/tokens", tokens), ("POST", "/tokens/{token_id}/revoke", revoke_token)):
+            ("GET", "/tokens", tokens), ("POST", "/tokens/{token_id}/revoke", revoke_token),
+            ("GET", "/signing-keys", published_keys), ("PUT", "/signing-keys", publish_keys)):
         app.router.add_route(method, path, admin_only(handler))
     if auth and data_dir is not None:
         app.router.add_post("/admin-key/rotate", admin_only(rotate_admin_key))

@@ -6,7 +6,9 @@ from typing import Any
 
 import msgspec
 from agent_reach.registration import Capability, RegisterRequest, known_metadata
-from auth.records import ADMIN_KEY, CLIENT_PREFIX, TOKEN_PREFIX, AdminRecord, ClientRecord, TokenRecord
+from auth.records import (
+    ADMIN_KEY, CLIENT_PREFIX, PUBLISHED_KEY_PREFIX, TOKEN_PREFIX, AdminRecord, ClientRecord, PublishedKey, TokenRecord,
+)
 from router.policy import Policy
 from router.reach import AlertConfig
 from yarl import URL
@@ -38,6 +40,7 @@ class InstanceRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
 RECORD_TYPES: list[tuple[str, type]] = [
     (INSTANCE_PREFIX, InstanceRecord), (POLICY_PREFIX, Policy), (ALERTS_KEY, AlertConfig),
     (CLIENT_PREFIX, ClientRecord), (TOKEN_PREFIX, TokenRecord), (ADMIN_KEY, AdminRecord),
+    (PUBLISHED_KEY_PREFIX, PublishedKey),
 ]
 
 _encoder = msgspec.msgpack.Encoder()

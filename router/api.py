@@ -313,12 +313,12 @@ def create_app(router: Router, *, max_body: int = DEFAULT_MAX_BODY,
 
     async def jwks(request: web.Request) -> web.Response:
         assert auth is not None
-        return json_response(auth.issuer.keys.jwks())
+        return json_response(auth.issuer.jwks())
 
     async def rotate_keys(request: web.Request) -> web.Response:
         assert auth is not None
         key = auth.issuer.keys.rotate()
-        return json_response({"kid": key.kid, "jwks": auth.issuer.keys.jwks()})
+        return json_response({"kid": key.kid, "jwks": auth.issuer.jwks()})
 
     def admin(handler: Handler) -> Handler:
         """Operator endpoints: the admin key, as X-API-Key or Authorization: Bearer, when auth is on."""

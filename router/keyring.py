@@ -8,18 +8,18 @@ expired (the successor's creation + token ttl + leeway). With ``keys_dir`` the k
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import msgspec
+from auth.records import PublishedKey
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from jwt.algorithms import OKPAlgorithm
 
 log = logging.getLogger("agentreach.router.keys")
 
@@ -35,6 +35,20 @@ class SigningKey(msgspec.Struct, frozen=True):
     @property
     def public(self) -> Ed25519PublicKey:
         return self.private.public_key()
+
+
+def public_x(key: Ed25519PublicKey) -> str:
+    """The key as a JWK's `x`: its 32 raw bytes, base64url without padding."""
+    raw = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def from_x(x: str) -> Ed25519PublicKey:
+    return Ed25519PublicKey.from_public_bytes(base64.urlsafe_b64decode(x + "="))
+
+
+def jwk(kid: str, x: str) -> dict[str, str]:
+    return {"kty": "OKP", "crv": "Ed25519", "x": x, "kid": kid, "alg": ALGORITHM, "use": "sig"}
 
 
 class KeyRingError(Exception):
@@ -99,11 +113,13 @@ class KeyRing:
             return None
         return key.public
 
-    def jwks(self) -> dict[str, Any]:
-        """The public keys that verify tokens now, as a JWK set (RFC 7517)."""
-        now = self._wall_clock()
-        return {"keys": [{**OKPAlgorithm.to_jwk(key.public, as_dict=True), "kid": key.kid, "alg": ALGORITHM,
-                          "use": "sig"} for index, key in enumerate(self._keys) if self._usable(index, now)]}
+    def published(self) -> list[PublishedKey]:
+        """This ring's verifying keys as the registry publishes them to every router: the current
+        one open-ended, each older one until its last token has expired."""
+        return [PublishedKey(kid=key.kid, x=public_x(key.public),
+                             verify_until=None if index == len(self._keys) - 1 else
+                             retained_until(self._keys[index + 1].created_at, self.ttl, self.leeway))
+                for index, key in enumerate(self._keys)]
 
     def prune(self) -> None:
         """Forget (and delete the files of) keys whose every token has expired."""

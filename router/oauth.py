@@ -18,11 +18,12 @@ import jwt
 import msgspec
 from auth.book import AuthBook
 from auth.grants import narrow
-from auth.records import ClientRecord
+from auth.records import ClientRecord, PublishedKey
 from auth.secrets import matches
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from multidict import MultiMapping
 
-from router.keyring import ALGORITHM, KeyRing
+from router.keyring import ALGORITHM, KeyRing, from_x, jwk
 
 AUDIENCE = "agentreach"
 GRANT_TYPE = "client_credentials"
@@ -70,13 +71,39 @@ class Credentials(msgspec.Struct, frozen=True):
 
 
 class TokenIssuer:
+    """Issues tokens with this router's keys; accepts those signed by this router's keys or by any
+    key another router published through the registry (``published``), so callers may use any router."""
+
     def __init__(self, keys: KeyRing, issuer: str, ttl: int, leeway: float,
+                 published: Callable[[], Mapping[str, PublishedKey]] = dict,
                  wall_clock: Callable[[], float] = time.time):
         self.keys = keys
         self.issuer = issuer
         self.ttl = ttl
         self.leeway = leeway
+        self._published = published
         self._wall_clock = wall_clock
+        self._decoded: dict[str, tuple[str, Ed25519PublicKey]] = {}
+
+    def verifying(self, kid: str) -> Ed25519PublicKey | None:
+        """The public key for ``kid``: this router's own, else a published one still within its time."""
+        own = self.keys.verifying(kid)
+        if own is not None:
+            return own
+        record = self._published().get(kid)
+        if record is None or (record.verify_until is not None and self._wall_clock() > record.verify_until):
+            return None
+        decoded = self._decoded.get(kid)
+        if decoded is None or decoded[0] != record.x:
+            decoded = self._decoded[kid] = (record.x, from_x(record.x))
+        return decoded[1]
+
+    def jwks(self) -> dict[str, Any]:
+        """Every key that verifies tokens now, this router's and the published ones, as a JWK set (RFC 7517)."""
+        now = self._wall_clock()
+        keys = {**self._published(), **{key.kid: key for key in self.keys.published()}}
+        return {"keys": [jwk(key.kid, key.x) for key in keys.values()
+                         if key.verify_until is None or now <= key.verify_until]}
 
     def issue(self, client: ClientRecord, grants: list[str]) -> TokenAnswer:
         now = int(self._wall_clock())
@@ -96,7 +123,7 @@ class TokenIssuer:
         if header.get("alg") != ALGORITHM:
             return f"Tokens must be signed with {ALGORITHM}"
         kid = header.get("kid")
-        key = self.keys.verifying(kid) if isinstance(kid, str) else None
+        key = self.verifying(kid) if isinstance(kid, str) else None
         if key is None:
             return "The token's signing key is unknown or retired"
         try:

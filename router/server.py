@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ import aiohttp
 import msgspec
 from agent_reach.serving import cancel, close, listen
 from aiohttp import web
+from auth.records import PublishedKey
 
 from registry.watch import WatchHub
 from router.audit import AuditLog
@@ -23,6 +25,7 @@ from router.forward import Forwarder
 from router.keyring import KeyRing
 from router.mirror import RegistryMirror
 from router.oauth import TokenIssuer
+from router.publish import PublishKeys, PublishRefused, publish_over_http
 from router.semantic.settings import SemanticSettings, SemanticUnavailable
 
 if TYPE_CHECKING:
@@ -59,11 +62,16 @@ class RouterServerSettings(msgspec.Struct, kw_only=True):
 class RouterServer:
     """A router following a registry: in process through its hub, or over HTTP."""
 
-    def __init__(self, settings: RouterServerSettings, hub: WatchHub | None = None):
+    def __init__(self, settings: RouterServerSettings, hub: WatchHub | None = None,
+                 publish_keys: PublishKeys | None = None):
+        """``publish_keys`` stores this router's verifying keys in the registry, so every router accepts
+        its tokens; by default over HTTP (`PUT /signing-keys`) when following a registry by URL."""
         if hub is None and settings.registry_url is None:
             raise ValueError("a router needs a registry: a WatchHub in process or a registry URL")
         self.settings = settings
         self._hub = hub
+        self._publish_keys = publish_keys
+        self._published: list[PublishedKey] = []
         self.mirror = RegistryMirror()
         self.router: Router | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -99,6 +107,10 @@ class RouterServer:
             self.router.audit = self.audit
         if self.settings.auth:
             self.auth = self._authenticator()
+            if self._publish_keys is None and self.settings.registry_url is not None:
+                self._publish_keys = functools.partial(publish_over_http, self._session,
+                                                       self.settings.registry_url.rstrip("/"), self.settings.registry_key)
+            await self._share_keys()
         else:
             log.warning("caller authentication is OFF: anyone can call any capability (development only)")
         if self._hub is not None:
@@ -120,7 +132,8 @@ class RouterServer:
         settings = self.settings
         keys = KeyRing(settings.keys_dir, settings.token_ttl_seconds, settings.token_leeway_seconds)
         keys.load()
-        issuer = TokenIssuer(keys, settings.token_issuer, settings.token_ttl_seconds, settings.token_leeway_seconds)
+        issuer = TokenIssuer(keys, settings.token_issuer, settings.token_ttl_seconds, settings.token_leeway_seconds,
+                             published=lambda: self.mirror.auth.published_keys)
         return Authenticator(self.mirror, issuer, settings.client_qps)
 
     async def _housekeeping(self) -> None:
@@ -140,6 +153,21 @@ class RouterServer:
             self.router.book.forget(set(self.mirror.instances))
             if self.auth is not None:
                 self.auth.issuer.keys.prune()
+                await self._share_keys()
+
+    async def _share_keys(self) -> None:
+        """Publish this router's verifying keys when they changed (started, rotated, retired); a
+        failure is retried on the next tick, and meanwhile only this router accepts its new tokens."""
+        assert self.auth is not None
+        keys = self.auth.issuer.keys.published()
+        if self._publish_keys is None or keys == self._published:
+            return
+        try:
+            await self._publish_keys(keys)
+        except (aiohttp.ClientError, asyncio.TimeoutError, PublishRefused) as exc:
+            log.warning("could not publish the token verifying keys; retrying", extra={"error": repr(exc)})
+            return
+        self._published = keys
 
     async def stop(self) -> None:
         if self._stopped:

@@ -300,3 +300,48 @@ async def test_the_oauth_client_library_sees_invalid_client_for_a_wrong_secret(s
         answer = await plain.post(f"{mesh.url}/atp", json={"capability": "echo"},
                                   headers={"Authorization": "Bearer"})
     assert answer.status_code == 401
+
+
+async def test_every_router_accepts_every_routers_tokens_through_the_published_keys(start_mesh, start_agent):
+    short = {"token_ttl_seconds": 3, "token_leeway_seconds": 0}
+    first = await start_mesh(follow="http", auth=True, router_settings=short)
+    second = await start_mesh(follow="http", auth=True, registry=first.registry, router_settings=short)
+    agent = await start_agent("echo-1")
+    await first.add(agent, "echo")
+    await wait_for(lambda: second.router.mirror.offers("echo"), what="the second router to see the agent")
+    client = await first.new_client(["echo"])
+    await wait_for(lambda: second.router.mirror.auth.clients.get(client["client_id"]), what="the client everywhere")
+    from_first = await token_for(first, client)
+    kid = jwt.get_unverified_header(from_first)["kid"]
+    await wait_for(lambda: kid in second.router.mirror.auth.published_keys, what="the first router's key published")
+    assert (await second.call("echo", headers=bearer(from_first))).status == 200
+    async with second.http.get(f"{second.url}/.well-known/jwks.json") as response:
+        assert kid in {key["kid"] for key in (await response.json())["keys"]}
+
+    # The first router rotates: its old key stays valid everywhere until its tokens have expired.
+    async with first.http.post(f"{first.url}/oauth/keys/rotate", headers=first.admin) as response:
+        assert response.status == 200
+    await wait_for(lambda: second.router.mirror.auth.published_keys[kid].verify_until is not None,
+                   what="the old key's end published")
+    assert (await second.call("echo", headers=bearer(from_first))).status == 200
+
+    async def refused_everywhere() -> bool:
+        return (await second.call("echo", headers=bearer(from_first))).status == 401
+    await wait_for(refused_everywhere, timeout=8, interval=0.1, what="the old token to expire at the second router")
+
+
+async def test_publishing_keys_needs_the_admin_key_and_well_formed_keys(start_registry, http):
+    registry = await start_registry(auth=True)
+    good = [{"kid": "1795977423326-2ef907f9", "x": "A" * 43}]
+    async with http.put(f"{registry.url}/signing-keys", json=good) as response:
+        assert response.status == 401
+    admin = {"X-API-Key": registry.new_admin_key}
+    for bad, field in (([{"kid": "../etc", "x": "A" * 43}], "[0].kid"), ([{"kid": "1-a", "x": "short"}], "[0].x"),
+                       ([{"kid": "1-a", "x": "A" * 43, "private": "d"}], "[0].private")):
+        async with http.put(f"{registry.url}/signing-keys", json=bad, headers=admin) as response:
+            body = await response.json()
+            assert (response.status, body["field"]) == (400, field), body
+    async with http.put(f"{registry.url}/signing-keys", json=good, headers=admin) as response:
+        assert response.status == 200
+    async with http.get(f"{registry.url}/signing-keys", headers=admin) as response:
+        assert (await response.json())["keys"] == [{**good[0], "verify_until": None}]
