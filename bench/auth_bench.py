@@ -36,6 +36,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 from router_bench import (  # noqa: E402
     best_rounds, echo_app, free_port, keep_alive, machine, spawn, stop_processes, wait_http, wrk_max,
 )
+from registry.access import read_admin_key  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -94,7 +95,10 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         try:
             await wait_http(f"{echo}/healthz")
             await wait_http(f"{registry}/healthz")
-            admin = {"X-API-Key": (Path(data_dir) / "admin.key").read_text().strip()}
+            admin_key = read_admin_key(Path(data_dir))
+            if admin_key is None:
+                raise RuntimeError("the registry wrote no admin key")
+            admin = {"X-API-Key": admin_key}
             for auth, port, audit in (("off", ports["off"], []), ("on", ports["on"], []),
                                       ("on", ports["audited"], ["--audit", str(Path(data_dir) / "audit.db")])):
                 processes.append(spawn(__file__, "router", "--port", str(port), "--registry", registry, "--registry-key",

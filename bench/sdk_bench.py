@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from registry_bench import RESULTS, RegistryProcess, free_port, machine, wrk  # noqa: E402
 
 from agent_reach import AgentReachSDK  # noqa: E402
+from agent_reach.serving import listen  # noqa: E402
 
 HOUR = 3600.0
 DEFAULT_INTERVAL = 3.0
@@ -79,9 +80,7 @@ async def bench_overhead(registry_url: str, seconds: int) -> list[dict]:
         return payload
 
     sdk.attach(app)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    runner, _ = await listen(app, "127.0.0.1", port)
     rows = []
     try:
         for label, size in (("small", 100), ("64KiB", 65536)):

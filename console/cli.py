@@ -15,10 +15,10 @@ from typing import Any
 from agent_reach import logs
 
 from console import admin_cli
-from console.credentials import AUTH_ENV, admin_key, admin_key_path, default_auth
+from console.credentials import AUTH_ENV, admin_key, default_auth
 from console.demo import DemoAgents, demo_credentials
 from console.server import ConsoleServer, ConsoleSettings
-from registry.access import Access
+from registry.access import admin_key_path
 from registry.lifecycle import LifecycleConfig
 from registry.server import RegistryServer, RegistrySettings
 from router.core import RouterSettings
@@ -176,9 +176,8 @@ def _up(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         # The router follows the registry's hub, which exists once the registry has started, and
         # publishes its token verifying keys straight into it (so routers started elsewhere accept its tokens).
         assert registry.registry is not None
-        access = Access(registry.store, registry.registry.state)
         return await _started(RouterServer(_router_settings(args, args.router_port, None), hub=registry.hub,
-                                           publish_keys=access.publish_keys))()
+                                           publish_keys=registry.registry.access.publish_keys))()
 
     async def start_demo() -> DemoAgents:
         # Credentials are minted in process, once the registry (and its admin key) exist.

@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from registry.access import ADMIN_KEY_FILE
+from registry.access import read_admin_key
 
 AUTH_ENV = "AGENTREACH_AUTH"
 # Safer than --admin-key, which other users can read in `ps`.
@@ -21,19 +21,6 @@ REGISTRY_ENV = "AGENTREACH_REGISTRY"
 def default_auth(environ: Mapping[str, str] = os.environ) -> str:
     """"off" only when AGENTREACH_AUTH says so; anything else (or nothing) keeps auth on."""
     return "off" if environ.get(AUTH_ENV, "").strip().lower() == "off" else "on"
-
-
-def admin_key_path(data_dir: Path) -> Path:
-    return data_dir / ADMIN_KEY_FILE
-
-
-def read_admin_key(data_dir: Path) -> str | None:
-    """The key stored in the data dir, or None when there is none (or it cannot be read)."""
-    try:
-        key = admin_key_path(data_dir).read_text().strip()
-    except OSError:
-        return None
-    return key or None
 
 
 def admin_key(given: str | None, data_dir: Path, environ: Mapping[str, str] = os.environ) -> str | None:

@@ -104,7 +104,7 @@ async def _client_key(access: Access, name: str, grants: list[str], path: Path) 
 
 async def demo_credentials(registry: Registry, data_dir: Path) -> DemoCredentials:
     """Mint (or reuse) the demo's credentials in process, through the registry's own Access."""
-    access, folder = Access(registry.store, registry.state), data_dir / "demo"
+    access, folder = registry.access, data_dir / "demo"
     tokens = {service: await _service_token(access, service, folder / f"{service}.token")
               for service in DEMO_SERVICES}
     orders_key = await _client_key(access, ORDERS_CLIENT, ORDERS_GRANTS, folder / f"{ORDERS_CLIENT}.key")

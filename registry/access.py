@@ -32,6 +32,19 @@ log = logging.getLogger("agentreach.registry.access")
 ADMIN_KEY_FILE = "admin.key"
 
 
+def admin_key_path(data_dir: Path) -> Path:
+    return data_dir / ADMIN_KEY_FILE
+
+
+def read_admin_key(data_dir: Path) -> str | None:
+    """The key stored in the data dir, or None when there is none (or it cannot be read)."""
+    try:
+        key = admin_key_path(data_dir).read_text().strip()
+    except OSError:
+        return None
+    return key or None
+
+
 class Access:
     def __init__(self, store: Store, state: RegistryState, wall_clock: Callable[[], float] = time.time):
         self.store = store
@@ -108,9 +121,8 @@ class Access:
 
         A key file without its record (a wiped WAL) is taken as the truth and its digest stored again.
         """
-        path = data_dir / ADMIN_KEY_FILE
-        if path.exists():
-            key = path.read_text().strip()
+        key = read_admin_key(data_dir)
+        if key is not None:
             if self.book.admin is None or self.book.admin.key_digest != digest(key):
                 await self._store_admin(key)
             return None
@@ -120,7 +132,7 @@ class Access:
         """A new admin key: the file first (written aside, fsynced, renamed over), then its digest in
         the WAL. A crash in between leaves the new file, which wins at the next start."""
         key = new_secret(ADMIN_KEY_PREFIX)
-        path = data_dir / ADMIN_KEY_FILE
+        path = admin_key_path(data_dir)
         staged = path.with_suffix(".new")
         staged.unlink(missing_ok=True)
         descriptor = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from router.policy import Policy
 from router.reach import AlertConfig
 
-from registry.access import ADMIN_KEY_FILE, Access
+from registry.access import admin_key_path
 from registry.errors import RegistryError, from_decode_error
 from registry.gate import Gate
 from registry.health import HealthChecker
@@ -98,7 +98,7 @@ def create_app(registry: Registry, checker: HealthChecker | None = None, hub: Wa
     """``data_dir`` (where admin.key lives) enables rotating the admin key over the API."""
     prometheus = metrics_registry(registry, checker)
     gate = Gate(registry.state.auth, auth)
-    access = Access(registry.store, registry.state)
+    access = registry.access
 
     async def register(request: web.Request) -> web.Response:
         token = gate.agent(request.headers)
@@ -158,7 +158,7 @@ def create_app(registry: Registry, checker: HealthChecker | None = None, hub: Wa
     async def rotate_admin_key(request: web.Request) -> web.Response:
         assert data_dir is not None
         key = await access.rotate_admin_key(data_dir)
-        return json_response({"admin_key": key, "stored_in": str(data_dir / ADMIN_KEY_FILE)})
+        return json_response({"admin_key": key, "stored_in": str(admin_key_path(data_dir))})
 
     async def agents(request: web.Request) -> web.Response:
         return json_response({"agents": registry.agents()})

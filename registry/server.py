@@ -11,7 +11,6 @@ import msgspec
 from agent_reach.serving import cancel, close, listen
 from aiohttp import web
 
-from registry.access import Access
 from registry.api import DEFAULT_MAX_BODY, create_app
 from registry.health import HealthChecker
 from registry.lifecycle import LifecycleConfig
@@ -62,7 +61,7 @@ class RegistryServer:
         self.replay = await asyncio.get_running_loop().run_in_executor(None, self.store.open)
         self.registry = Registry(self.store, self.settings.lifecycle)
         if self.settings.auth:
-            self.new_admin_key = await Access(self.store, self.registry.state).ensure_admin_key(self.settings.data_dir)
+            self.new_admin_key = await self.registry.access.ensure_admin_key(self.settings.data_dir)
         else:
             log.warning("authentication is OFF: anyone can register agents and change policies (development only)")
         self._session = aiohttp.ClientSession()

@@ -14,6 +14,7 @@ import msgspec
 from agent_reach.registration import HeartbeatRequest, RegisterRequest
 from auth.records import TokenRecord
 
+from registry.access import Access
 from registry.errors import RegistryError
 from registry.lifecycle import QUERY_ORDER, LifecycleConfig, Status, record_heartbeat, status_of
 from router.policy import Policy, PolicyError, validate_policy
@@ -54,6 +55,8 @@ class Registry:
         # Instances whose soft state changed since the watch hub last looked: it publishes only those.
         self.touched: set[str] = set()
         self.state.load(store.snapshot())
+        # Who may use the mesh (clients, registration tokens, the admin key), kept in the same store.
+        self.access = Access(store, self.state, wall_clock)
         self._unwatch = store.watch(self._apply)
 
     def _apply(self, change: Change) -> None:

@@ -133,14 +133,14 @@ class Router:
         result = await self._call_capability(frame, capability, offers, started, len(payload), caller)
         if match is not None:
             result.route.match_score, result.route.intent_candidates = match.score, match.candidates
-        self._trace(frame, result, started, started_at, payload, caller)
+        outcome = self._outcome(result)
+        self._trace(frame, result, outcome, started, started_at, payload, caller)
         code = result.frame.error_code if isinstance(result.frame, ErrorFrame) else None
         if code == ErrorCode.UNKNOWN_CAPABILITY:
             # Not a capability's call: counting it would let any caller invent metric labels.
             self.decisions["unknown_capability"] += 1
         else:
-            self.ledger.record(capability, self._outcome(result), code, (time.monotonic() - started) * 1000,
-                               time.time())
+            self.ledger.record(capability, outcome, code, (time.monotonic() - started) * 1000, time.time())
         return result
 
     def _admit(self, caller: Caller | Unauthenticated, started: float) -> Refusal | None:
@@ -165,14 +165,13 @@ class Router:
                                       "reason": refusal.message})
         result = self._error(frame, refusal.code, refusal.message, RouteFacts(capability=frame.capability), started)
         result.retry_after = refusal.retry_after
-        self._trace(frame, result, started, started_at, _payload_encoder.encode(frame.payload), caller)
+        self._trace(frame, result, "failed", started, started_at, _payload_encoder.encode(frame.payload), caller)
         return result
 
-    def _trace(self, frame: RequestFrame, result: CallResult, started: float, started_at: float,
+    def _trace(self, frame: RequestFrame, result: CallResult, outcome: Outcome, started: float, started_at: float,
                payload: bytes, caller: Caller | Unauthenticated | None) -> None:
         """Keep the call's trace (sampled under load, see TraceStore), and its audit row when an
         audit trail is kept (every call, refusals included)."""
-        outcome = self._outcome(result)
         keep = self.traces.wants(outcome == "success", started_at)
         if not keep and self.audit is None:
             return

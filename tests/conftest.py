@@ -10,6 +10,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from agent_reach.serving import listen
 from aiohttp import web
 
 from registry.lifecycle import LifecycleConfig
@@ -51,10 +52,7 @@ class FakeAgent:
 
         app = web.Application()
         app.router.add_get("/healthz", healthz)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        self.port = self._runner.addresses[0][1]
+        self._runner, self.port = await listen(app, "127.0.0.1", 0)
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -22,10 +22,11 @@ import msgspec
 import pytest
 from multidict import CIMultiDict
 from agent_reach import logs
+from agent_reach.serving import listen
 from aiohttp import web
 
 from conftest import wait_for
-from registry.access import ADMIN_KEY_FILE
+from registry.access import read_admin_key
 from registry.server import RegistryServer
 from router.api import DEFAULT_MAX_BODY
 from router.core import Router, RouterSettings
@@ -90,10 +91,7 @@ class Agent(_OnLoopback):
         app = web.Application()
         app.router.add_post("/call", self._call)
         app.router.add_get("/healthz", self._healthz)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", port).start()
-        self.port = self._runner.addresses[0][1]
+        self._runner, self.port = await listen(app, "127.0.0.1", port, shutdown_timeout=0.5)
         self._session = aiohttp.ClientSession()
         return self
 
@@ -392,7 +390,7 @@ async def start_mesh(start_registry: Callable[..., Awaitable[RegistryServer]],
                     router_settings: dict[str, Any] | None = None, **lifecycle: Any) -> Mesh:
         if registry is None:
             registry = await start_registry(**{**QUIET_LIFECYCLE, **lifecycle}, auth=auth)
-        admin_key = (registry.settings.data_dir / ADMIN_KEY_FILE).read_text().strip() if auth else None
+        admin_key = read_admin_key(registry.settings.data_dir) if auth else None
         settings = RouterServerSettings(port=0, routing=routing, max_body=max_body, auth=auth,
                                         registry_url=registry.url if follow == "http" else None,
                                         registry_key=admin_key, **(router_settings or {}))

@@ -17,6 +17,7 @@ import msgspec
 import pytest
 from agent_reach import AgentReachSDK
 from agent_reach.atp import RequestFrame
+from agent_reach.serving import listen
 from aiohttp import web
 from multidict import CIMultiDict
 
@@ -126,10 +127,8 @@ class StandInRouter:
         app = web.Application()
         app.router.add_post("/atp", atp)
         app.router.add_post("/completions", completions)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        self._runner, port = await listen(app, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{port}"
 
     async def stop(self) -> None:
         if self._runner is not None:

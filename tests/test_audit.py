@@ -11,6 +11,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from agent_reach.serving import listen
 from aiohttp import web
 
 from router.audit import AuditEntry, AuditFilter, AuditLog, entry_from_trace
@@ -62,11 +63,9 @@ async def serve() -> AsyncIterator[Callable[[AuditLog], Awaitable[str]]]:
     async def start(audit: AuditLog) -> str:
         app = web.Application()
         app.router.add_get("/audit", audit_handler(audit))
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        runner, port = await listen(app, "127.0.0.1", 0)
         runners.append(runner)
-        return f"http://127.0.0.1:{runner.addresses[0][1]}/audit"
+        return f"http://127.0.0.1:{port}/audit"
 
     yield start
     for runner in runners:

@@ -19,6 +19,7 @@ import msgspec
 import pytest
 from agent_reach import AgentReachSDK, ReachClient, ReachError, register_capability
 from agent_reach.heartbeat import RegistryRejected
+from agent_reach.serving import listen
 from agent_reach.signing import DIRECT_HEADER, SIGNATURE_HEADER, sign, signing_key
 from aiohttp import web
 from fastapi import FastAPI, Request
@@ -167,10 +168,8 @@ async def test_wrapped_aiohttp_and_fastapi_routes_are_guarded_too(secure, make_a
     app = web.Application()
     app.add_routes(routes)
     aio.attach(app)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
+    runner, _ = await listen(app, "127.0.0.1", port)
     teardown.push_async_callback(runner.cleanup)
-    await web.TCPSite(runner, "127.0.0.1", port).start()
 
     sock = loopback_socket()
     fast_url = f"http://127.0.0.1:{sock.getsockname()[1]}"

@@ -7,6 +7,7 @@ import logging
 
 import pytest
 from agent_reach import BusinessFailure, ReachClient, ReachError, current, register_capability
+from agent_reach.serving import listen
 from aiohttp import web
 
 from conftest import wait_for
@@ -87,10 +88,8 @@ async def test_a_wrapped_route_gets_the_routers_context_and_deadline(mesh, make_
     app = web.Application()
     app.add_routes(routes)
     sdk.attach(app)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
+    runner, _ = await listen(app, "127.0.0.1", port)
     teardown.push_async_callback(runner.cleanup)
-    await web.TCPSite(runner, "127.0.0.1", port).start()
     await mesh.until_state("wrapped-routed-1")
     async with ReachClient(mesh.url) as client:
         result = await client.call("routed.rest", {"q": 1}, context={"session_id": "s-rest"}, timeout=2)

@@ -11,6 +11,7 @@ import socket
 import pytest
 import uvicorn
 from agent_reach import AgentReachSDK, ReachClient, ReachError, atp_handler, current, register_capability
+from agent_reach.serving import listen
 from aiohttp import web
 from fastapi import FastAPI
 
@@ -124,9 +125,7 @@ async def test_aiohttp_route_registers_unchanged_next_to_native_capabilities(reg
     app = web.Application()
     app.add_routes(routes)
     sdk.attach(app)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    runner, _ = await listen(app, "127.0.0.1", port)
     try:
         view = await wait_state(http, registry.url, "aio-1", "healthy")
         endpoints = {c["name"]: (c["protocol"], c["endpoint"]) for c in view["capabilities"]}

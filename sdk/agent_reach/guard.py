@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Mapping
 
-from agent_reach.signing import DEFAULT_WINDOW_S, DIRECT_HEADER, SIGNATURE_HEADER, parse, verify
+from agent_reach.signing import DEFAULT_WINDOW_S, DIRECT_HEADER, SIGNATURE_HEADER, accepted
 
 log = logging.getLogger("agentreach.sdk")
 
@@ -84,15 +84,13 @@ class CallGuard:
                 return None
             reason = "direct calls are refused: this agent registered without direct_fallback"
         else:
-            reason = verify(signed, self.key, method, self._paths.get(capability, ""), request_id, body,
-                            window_s=self.window_s)
-            if reason is None:
-                if not self._replayed(signed or ""):
-                    return None
+            checked = accepted(signed, self.key, method, self._paths.get(capability, ""), request_id, body,
+                               window_s=self.window_s)
+            if isinstance(checked, str):
+                reason = checked
+            elif self._seen.first_time(checked.nonce, checked.timestamp, time.time()):
+                return None
+            else:
                 reason = "replayed: this signed request was already accepted"
         log.warning("call_refused", extra={"capability": capability, "request_id": request_id, "reason": reason})
         return f"Agent {self.agent_id} refused the call: {reason}"
-
-    def _replayed(self, verified: str) -> bool:
-        stamp = parse(verified)
-        return stamp is None or not self._seen.first_time(stamp.nonce, stamp.timestamp, time.time())

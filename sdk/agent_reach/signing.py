@@ -71,6 +71,14 @@ def parse(header: str) -> Signed | None:
 def verify(header: str | None, key: str, method: str, path: str, request_id: str, body: bytes,
            now: float | None = None, window_s: float = DEFAULT_WINDOW_S) -> str | None:
     """None when ``header`` signs this request within ``window_s`` of ``now``; else why not."""
+    checked = accepted(header, key, method, path, request_id, body, now, window_s)
+    return checked if isinstance(checked, str) else None
+
+
+def accepted(header: str | None, key: str, method: str, path: str, request_id: str, body: bytes,
+             now: float | None = None, window_s: float = DEFAULT_WINDOW_S) -> Signed | str:
+    """The signature when ``header`` signs this request within ``window_s`` of ``now`` (its nonce
+    is for the caller's replay check); else why not."""
     if not header:
         return f"missing {SIGNATURE_HEADER}: calls must come through the router"
     parsed = parse(header)
@@ -84,4 +92,4 @@ def verify(header: str | None, key: str, method: str, path: str, request_id: str
     expected = signature(key, timestamp, nonce, method, path, request_id, body)
     if not hmac.compare_digest(expected, presented.lower()):
         return "signature does not match this request (wrong key, or method, path, request id or body changed)"
-    return None
+    return parsed
