@@ -353,7 +353,8 @@ class Router:
         try:
             sent = frame if frame.capability == capability else msgspec.structs.replace(frame, capability=capability)
             answer = await self.forwarder.send(offer.capability.endpoint, offer.capability.protocol, sent,
-                                               attempt_timeouts, self.mirror.auth.signing_key(offer.record.token_id))
+                                               attempt_timeouts, self.mirror.auth.signing_key(offer.record.token_id),
+                                               agent_id)
         finally:
             self.book.inflight[agent_id] -= 1
         if answer.error_code in TIMEOUTS:

@@ -160,15 +160,16 @@ class Forwarder:
         self.completion_url = completion_url
 
     async def send(self, endpoint: str, protocol: str, frame: RequestFrame, timeouts: ResolvedTimeouts,
-                   signing_key: str | None = None) -> AgentAnswer:
-        """``signing_key``: the key of the registration token the instance joined with, if any."""
+                   signing_key: str | None = None, agent_id: str = "") -> AgentAnswer:
+        """``signing_key``: the key of the registration token the instance ``agent_id`` joined with, if any;
+        the signature names ``agent_id`` so that it verifies at that instance only."""
         # One coroutine, not a timing wrapper around another: every await resumes through each frame.
         build, classify = _PROTOCOLS[protocol]
         body, headers = build(frame, int(timeouts.total_s * 1000))
         headers["X-Request-Id"] = frame.request_id
         headers["traceparent"] = traceparent(frame.context, frame.request_id)
         if signing_key is not None:
-            headers[SIGNATURE_HEADER] = sign(signing_key, "POST", _path(endpoint), frame.request_id, body)
+            headers[SIGNATURE_HEADER] = sign(signing_key, agent_id, "POST", _path(endpoint), frame.request_id, body)
         if self.completion_url:
             headers["X-Reach-Completion-Url"] = self.completion_url
         client_timeout = _client_timeout(timeouts.connect_s)

@@ -126,7 +126,7 @@ async def test_forged_tampered_and_stale_signatures_are_refused(secure, make_age
 
     body = frame_bytes("alpha.echo", "genuine", "r-1")
     # The positive control: a correct signature made outside the router is accepted, once.
-    genuine = sign(key, "POST", "/atp/alpha.echo", "r-1", body)
+    genuine = sign(key, "alpha-2", "POST", "/atp/alpha.echo", "r-1", body)
     assert (await send(body, genuine))[0] == 200
     assert ran == ["genuine"]
     status, answer = await send(body, genuine)
@@ -134,15 +134,15 @@ async def test_forged_tampered_and_stale_signatures_are_refused(secure, make_age
 
     tampered = frame_bytes("alpha.echo", "tampered", "r-1")
     cases = {
-        "tampered body": (tampered, sign(key, "POST", "/atp/alpha.echo", "r-1", body), "r-1", "does not match"),
-        "wrong key": (body, sign(signing_key("art_forged"), "POST", "/atp/alpha.echo", "r-1", body), "r-1",
+        "tampered body": (tampered, sign(key, "alpha-2", "POST", "/atp/alpha.echo", "r-1", body), "r-1", "does not match"),
+        "wrong key": (body, sign(signing_key("art_forged"), "alpha-2", "POST", "/atp/alpha.echo", "r-1", body), "r-1",
                       "does not match"),
-        "stale": (body, sign(key, "POST", "/atp/alpha.echo", "r-1", body, now=time.time() - 120), "r-1",
+        "stale": (body, sign(key, "alpha-2", "POST", "/atp/alpha.echo", "r-1", body, now=time.time() - 120), "r-1",
                   "stale signature"),
-        "another capability's path": (body, sign(key, "POST", "/atp/alpha.other", "r-1", body), "r-1",
+        "another capability's path": (body, sign(key, "alpha-2", "POST", "/atp/alpha.other", "r-1", body), "r-1",
                                       "does not match"),
-        "another request id": (body, sign(key, "POST", "/atp/alpha.echo", "r-1", body), "r-2", "does not match"),
-        "malformed": (body, "v1,s=00", "r-1", "malformed"),
+        "another request id": (body, sign(key, "alpha-2", "POST", "/atp/alpha.echo", "r-1", body), "r-2", "does not match"),
+        "malformed": (body, "v2,s=00", "r-1", "malformed"),
     }
     for case, (sent, signature, request_id, reason) in cases.items():
         status, answer = await send(sent, signature, request_id)

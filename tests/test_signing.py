@@ -28,6 +28,7 @@ from router.server import RouterServer, RouterServerSettings
 from sdk_support import issue_token
 
 KEY = signing_key("art_example-token")
+AGENT = "echo-1"
 NOW = 1_800_000_000.0
 
 
@@ -39,50 +40,50 @@ def test_the_key_is_the_registry_s_derivation():
 
 
 def test_a_signature_verifies_for_exactly_the_request_it_signs():
-    header = sign(KEY, "POST", "/atp/echo", "req-1", b'{"payload":1}', now=NOW)
+    header = sign(KEY, AGENT, "POST", "/atp/echo", "req-1", b'{"payload":1}', now=NOW)
     version, stamp, nonce, digest = header.split(",")
-    assert version == "v1" and stamp == f"t={int(NOW)}" and len(nonce) == 2 + 24 and len(digest) == 2 + 64
-    assert sign(KEY, "POST", "/atp/echo", "req-1", b'{"payload":1}', now=NOW) != header, "a fresh nonce each time"
-    assert verify(header, KEY, "POST", "/atp/echo", "req-1", b'{"payload":1}', now=NOW + 1) is None
+    assert version == "v2" and stamp == f"t={int(NOW)}" and len(nonce) == 2 + 24 and len(digest) == 2 + 64
+    assert sign(KEY, AGENT, "POST", "/atp/echo", "req-1", b'{"payload":1}', now=NOW) != header, "a fresh nonce each time"
+    assert verify(header, KEY, AGENT, "POST", "/atp/echo", "req-1", b'{"payload":1}', now=NOW + 1) is None
     mismatch = "signature does not match"
     changed = [("GET", "/atp/echo", "req-1", b'{"payload":1}'), ("POST", "/atp/other", "req-1", b'{"payload":1}'),
                ("POST", "/atp/echo", "req-2", b'{"payload":1}'), ("POST", "/atp/echo", "req-1", b'{"payload":2}')]
     for method, path, request_id, body in changed:
-        assert verify(header, KEY, method, path, request_id, body, now=NOW).startswith(mismatch)
-    assert verify(header, signing_key("art_another"), "POST", "/atp/echo", "req-1", b'{"payload":1}',
+        assert verify(header, KEY, AGENT, method, path, request_id, body, now=NOW).startswith(mismatch)
+    assert verify(header, signing_key("art_another"), AGENT, "POST", "/atp/echo", "req-1", b'{"payload":1}',
                   now=NOW).startswith(mismatch)
 
 
 def test_the_window_bounds_a_signature_s_age_both_ways():
-    header = sign(KEY, "POST", "/p", "r", b"", now=NOW)
-    assert verify(header, KEY, "POST", "/p", "r", b"", now=NOW + 60) is None
-    assert verify(header, KEY, "POST", "/p", "r", b"", now=NOW - 60) is None
-    assert verify(header, KEY, "POST", "/p", "r", b"", now=NOW + 61).startswith("stale signature: signed 61 s ago")
-    assert verify(header, KEY, "POST", "/p", "r", b"", now=NOW - 61).startswith("stale signature: signed 61 s in the future")
-    assert verify(header, KEY, "POST", "/p", "r", b"", now=NOW + 200, window_s=300) is None
+    header = sign(KEY, AGENT, "POST", "/p", "r", b"", now=NOW)
+    assert verify(header, KEY, AGENT, "POST", "/p", "r", b"", now=NOW + 60) is None
+    assert verify(header, KEY, AGENT, "POST", "/p", "r", b"", now=NOW - 60) is None
+    assert verify(header, KEY, AGENT, "POST", "/p", "r", b"", now=NOW + 61).startswith("stale signature: signed 61 s ago")
+    assert verify(header, KEY, AGENT, "POST", "/p", "r", b"", now=NOW - 61).startswith("stale signature: signed 61 s in the future")
+    assert verify(header, KEY, AGENT, "POST", "/p", "r", b"", now=NOW + 200, window_s=300) is None
 
 
 NONCE = "0123456789abcdef01234567"
 
 
-@pytest.mark.parametrize("header", [None, "", f"v2,t=1800000000,n={NONCE},s=" + "0" * 64,
-                                    f"v1,t=soon,n={NONCE},s=" + "0" * 64, f"v1,t=1800000000,n={NONCE},s=abc",
-                                    "v1,t=1800000000,s=" + "0" * 64, "v1,t=1800000000,n=zz,s=" + "0" * 64,
-                                    "v1", "garbage"])
+@pytest.mark.parametrize("header", [None, "", f"v3,t=1800000000,n={NONCE},s=" + "0" * 64,
+                                    f"v2,t=soon,n={NONCE},s=" + "0" * 64, f"v2,t=1800000000,n={NONCE},s=abc",
+                                    "v2,t=1800000000,s=" + "0" * 64, "v2,t=1800000000,n=zz,s=" + "0" * 64,
+                                    "v2", "garbage"])
 def test_a_missing_or_malformed_header_is_refused_with_its_reason(header):
-    reason = verify(header, KEY, "POST", "/p", "r", b"", now=NOW)
+    reason = verify(header, KEY, AGENT, "POST", "/p", "r", b"", now=NOW)
     assert reason is not None
     assert reason.startswith("missing" if not header else "malformed")
 
 
 def test_a_signature_for_another_timestamp_does_not_verify():
     # Moving the stamp within the window must not keep the signature valid: t is signed too.
-    digest = signature(KEY, int(NOW), NONCE, "POST", "/p", "r", b"x")
-    assert verify(f"v1,t={int(NOW) + 1},n={NONCE},s={digest}", KEY, "POST", "/p", "r", b"x", now=NOW).startswith(
+    digest = signature(KEY, int(NOW), NONCE, AGENT, "POST", "/p", "r", b"x")
+    assert verify(f"v2,t={int(NOW) + 1},n={NONCE},s={digest}", KEY, AGENT, "POST", "/p", "r", b"x", now=NOW).startswith(
         "signature does not match")
-    assert verify(f"v1,t={int(NOW)},n={'f' * 24},s={digest}", KEY, "POST", "/p", "r", b"x", now=NOW).startswith(
+    assert verify(f"v2,t={int(NOW)},n={'f' * 24},s={digest}", KEY, AGENT, "POST", "/p", "r", b"x", now=NOW).startswith(
         "signature does not match"), "the nonce is signed too"
-    assert verify(f"v1,t={int(NOW)},n={NONCE},s={digest.upper()}", KEY, "POST", "/p", "r", b"x", now=NOW) is None
+    assert verify(f"v2,t={int(NOW)},n={NONCE},s={digest.upper()}", KEY, AGENT, "POST", "/p", "r", b"x", now=NOW) is None
 
 
 def test_a_nonce_is_accepted_once_while_its_signature_could_verify():
@@ -193,9 +194,9 @@ async def test_the_router_signs_calls_to_an_instance_that_joined_with_a_token(si
     for protocol in ("atp", "rest"):
         seen = await mesh.call(f"alpha.{protocol}", {"n": 1})
         header = seen.headers[SIGNATURE_HEADER]
-        assert verify(header, key, "POST", f"/{protocol}/call", seen.headers["X-Request-Id"], seen.body) is None
+        assert verify(header, key, "alpha-1", "POST", f"/{protocol}/call", seen.headers["X-Request-Id"], seen.body) is None
         # The signature is this request's, not a reusable pass.
-        assert verify(header, key, "POST", f"/{protocol}/call", seen.headers["X-Request-Id"],
+        assert verify(header, key, "alpha-1", "POST", f"/{protocol}/call", seen.headers["X-Request-Id"],
                       seen.body + b" ") is not None
 
 

@@ -9,7 +9,9 @@ carries a signature must carry a valid one, marked or not.
 The path checked is the one the agent registered for the capability, not the one the request
 arrived on, so an agent behind a proxy that rewrites paths still verifies the router's intent.
 Each signature carries a nonce; one already accepted is refused as a replay for as long as its
-signature could still verify.
+signature could still verify. A signature names the instance it was made for, and the guard checks
+it against its own agent_id, so a call captured on its way to a sibling instance (same service,
+same key, its own nonce memory) does not verify here.
 """
 
 from __future__ import annotations
@@ -84,8 +86,8 @@ class CallGuard:
                 return None
             reason = "direct calls are refused: this agent registered without direct_fallback"
         else:
-            checked = accepted(signed, self.key, method, self._paths.get(capability, ""), request_id, body,
-                               window_s=self.window_s)
+            checked = accepted(signed, self.key, self.agent_id, method, self._paths.get(capability, ""), request_id,
+                               body, window_s=self.window_s)
             if isinstance(checked, str):
                 reason = checked
             elif self._seen.first_time(checked.nonce, checked.timestamp, time.time()):

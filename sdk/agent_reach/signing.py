@@ -3,14 +3,17 @@
 The key is derived from the agent's registration token (HMAC-SHA256 with a fixed label): the
 registry stores it with the token, the router signs with it, and the agent derives it from the
 token it already holds, so no second secret is distributed. The signature binds the time, a
-random nonce (so an agent can refuse a replayed request), the HTTP method, the target path, the
-request id and the body's SHA-256:
+random nonce (so an agent can refuse a replayed request), the destination instance's agent_id
+(instances of one service share the key, and each remembers only the nonces it accepted, so
+without it a call to one instance could be replayed to its siblings), the HTTP method, the target
+path, the request id and the body's SHA-256:
 
-    X-Reach-Signature: v1,t=<unix seconds>,n=<24 hex>,s=<hex HMAC-SHA256(key,
-                       "t\\nnonce\\nMETHOD\\npath\\nrequest_id\\nsha256(body)")>
+    X-Reach-Signature: v2,t=<unix seconds>,n=<24 hex>,s=<hex HMAC-SHA256(key,
+                       "t\\nnonce\\nagent_id\\nMETHOD\\npath\\nrequest_id\\nsha256(body)")>
 
-Only the path can hold a newline (once decoded) and every other field has a fixed form, so the
-signed string parses one way only. Pure functions: no clock or randomness unless ``now`` or
+Only the path can hold a newline (once decoded) and every other field has a fixed form (an
+agent_id is a registry name), so the signed string parses one way only. A v1 signature (no
+agent_id) is refused as malformed. Pure functions: no clock or randomness unless ``now`` or
 ``nonce`` is left out.
 """
 
@@ -26,7 +29,7 @@ from typing import NamedTuple
 SIGNATURE_HEADER = "X-Reach-Signature"
 # Sent by a caller's direct fallback (router unreachable); accepted unsigned only by agents that declared it.
 DIRECT_HEADER = "X-Reach-Direct"
-VERSION = "v1"
+VERSION = "v2"
 DEFAULT_WINDOW_S = 60.0
 
 _LABEL = b"agentreach forward signing v1"
@@ -37,17 +40,18 @@ def signing_key(registration_token: str) -> str:
     return hmac.new(registration_token.encode(), _LABEL, hashlib.sha256).hexdigest()
 
 
-def signature(key: str, timestamp: int, nonce: str, method: str, path: str, request_id: str, body: bytes) -> str:
-    signed = f"{timestamp}\n{nonce}\n{method}\n{path}\n{request_id}\n{hashlib.sha256(body).hexdigest()}"
+def signature(key: str, timestamp: int, nonce: str, agent_id: str, method: str, path: str, request_id: str,
+              body: bytes) -> str:
+    signed = f"{timestamp}\n{nonce}\n{agent_id}\n{method}\n{path}\n{request_id}\n{hashlib.sha256(body).hexdigest()}"
     return hmac.digest(key.encode(), signed.encode(), "sha256").hex()
 
 
-def sign(key: str, method: str, path: str, request_id: str, body: bytes, now: float | None = None,
+def sign(key: str, agent_id: str, method: str, path: str, request_id: str, body: bytes, now: float | None = None,
          nonce: str | None = None) -> str:
-    """The ``X-Reach-Signature`` value for one request."""
+    """The ``X-Reach-Signature`` value for one request to the instance ``agent_id``."""
     timestamp = int(time.time() if now is None else now)
     nonce = nonce or os.urandom(12).hex()
-    return f"{VERSION},t={timestamp},n={nonce},s={signature(key, timestamp, nonce, method, path, request_id, body)}"
+    return f"{VERSION},t={timestamp},n={nonce},s={signature(key, timestamp, nonce, agent_id, method, path, request_id, body)}"
 
 
 class Signed(NamedTuple):
@@ -68,20 +72,22 @@ def parse(header: str) -> Signed | None:
     return Signed(int(stamp), nonce, digest)
 
 
-def verify(header: str | None, key: str, method: str, path: str, request_id: str, body: bytes,
+def verify(header: str | None, key: str, agent_id: str, method: str, path: str, request_id: str, body: bytes,
            now: float | None = None, window_s: float = DEFAULT_WINDOW_S) -> str | None:
-    """None when ``header`` signs this request within ``window_s`` of ``now``; else why not."""
-    checked = accepted(header, key, method, path, request_id, body, now, window_s)
+    """None when ``header`` signs this request to ``agent_id`` within ``window_s`` of ``now``; else why not."""
+    checked = accepted(header, key, agent_id, method, path, request_id, body, now, window_s)
     return checked if isinstance(checked, str) else None
 
 
-def accepted(header: str | None, key: str, method: str, path: str, request_id: str, body: bytes,
+def accepted(header: str | None, key: str, agent_id: str, method: str, path: str, request_id: str, body: bytes,
              now: float | None = None, window_s: float = DEFAULT_WINDOW_S) -> Signed | str:
-    """The signature when ``header`` signs this request within ``window_s`` of ``now`` (its nonce
-    is for the caller's replay check); else why not."""
+    """The signature when ``header`` signs this request to the instance ``agent_id`` within
+    ``window_s`` of ``now`` (its nonce is for the caller's replay check); else why not."""
     if not header:
         return f"missing {SIGNATURE_HEADER}: calls must come through the router"
     parsed = parse(header)
+    if parsed is None and header.startswith("v1,"):
+        return f"{SIGNATURE_HEADER} v1 is refused: it does not name the instance; the router must sign {VERSION}"
     if parsed is None:
         return f"malformed {SIGNATURE_HEADER} (expected {VERSION},t=<unix seconds>,n=<24 hex>,s=<64 hex>)"
     timestamp, nonce, presented = parsed
@@ -89,7 +95,8 @@ def accepted(header: str | None, key: str, method: str, path: str, request_id: s
     if abs(age) > window_s:
         when = f"{age:.0f} s ago" if age > 0 else f"{-age:.0f} s in the future"
         return f"stale signature: signed {when}, outside ±{window_s:.0f} s (check both hosts' clocks)"
-    expected = signature(key, timestamp, nonce, method, path, request_id, body)
+    expected = signature(key, timestamp, nonce, agent_id, method, path, request_id, body)
     if not hmac.compare_digest(expected, presented.lower()):
-        return "signature does not match this request (wrong key, or method, path, request id or body changed)"
+        return ("signature does not match this request (wrong key, signed for another instance, or method, path, "
+                "request id or body changed)")
     return parsed
