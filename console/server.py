@@ -11,7 +11,9 @@ import aiohttp
 import msgspec
 from agent_reach.serving import cancel, close, listen
 from aiohttp import web
+from registry.access import read_admin_key
 
+from console.admin_key import AdminKey
 from console.api import ConsoleApi
 from console.collector import Collector
 from console.hub import Hub
@@ -31,7 +33,8 @@ class ConsoleSettings(msgspec.Struct, kw_only=True):
     data_dir: Path = Path(".agentreach")
     # "on": operators sign in with the admin key. "off" (development): open, with a banner saying so.
     auth: Literal["on", "off"] = "on"
-    # Sent to the registry and router (their admin endpoints), and what operators sign in with.
+    # Sent to the registry and router (their admin endpoints), and what operators sign in with; after a
+    # rotation the console reads DATA_DIR/admin.key again (console/admin_key.py).
     admin_key: str | None = None
     poll_interval: float = 1.0
 
@@ -60,15 +63,17 @@ class ConsoleServer:
             raise ValueError("a console with auth on needs the admin key (ConsoleSettings.admin_key)")
         await self.store.open()
         self._session = aiohttp.ClientSession()
-        registry = Upstream(self._session, settings.registry_url, settings.admin_key)
-        router = Upstream(self._session, settings.router_url, settings.admin_key)
+        admin = AdminKey(settings.admin_key, lambda: read_admin_key(settings.data_dir)) if settings.admin_key else None
+        registry = Upstream(self._session, settings.registry_url, admin, judges_admin_key=True)
+        router = Upstream(self._session, settings.router_url, admin)
         self.collector = Collector(registry, router, self.store, self.hub, settings.poll_interval)
         await self.collector.load()
         self._task = asyncio.create_task(self.collector.run())
         config = ConsoleConfig(auth=settings.auth, registry_url=registry.base_url, router_url=router.base_url,
                                poll_interval=settings.poll_interval)
-        sessions = Sessions(settings.admin_key) if settings.auth == "on" and settings.admin_key else None
-        api = ConsoleApi(config, self.collector, self.store, self.hub, registry, router, Gatekeeper(sessions))
+        sessions = Sessions(admin) if settings.auth == "on" and admin is not None else None
+        api = ConsoleApi(config, self.collector, self.store, self.hub, registry, router,
+                         Gatekeeper(sessions, registry))
         self._runner, self.port = await listen(api.app(), settings.host, settings.port)
         log.info("console listening", extra={"url": self.url, "registry": registry.base_url,
                                             "router": router.base_url, "auth": settings.auth,

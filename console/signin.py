@@ -4,11 +4,13 @@ A browser signs in once (POST /api/session with the key) and gets an HttpOnly, S
 cookie holding a random session id, never the key: page scripts cannot read it, other sites
 cannot send it, and the server-sent event stream (EventSource cannot set headers) carries it.
 Scripts may send the key itself as X-API-Key or Authorization: Bearer instead. Sessions live in
-memory: a console restart signs everyone out.
+memory: a console restart signs everyone out, and so does a rotation of the admin key
+(console/admin_key.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
@@ -17,9 +19,11 @@ from collections.abc import Callable
 import msgspec
 from aiohttp import web
 from auth.headers import presented_key
-from auth.secrets import digest, matches
 from registry.api import Handler, error_response
 from registry.errors import RegistryError
+
+from console.admin_key import AdminKey, could_be_admin_key
+from console.upstream import Upstream
 
 log = logging.getLogger("agentreach.console.signin")
 
@@ -42,26 +46,27 @@ def unauthenticated(message: str, field: str = "Authorization") -> RegistryError
 
 
 class Sessions:
-    """Signed-in browsers: session id → expiry (monotonic seconds)."""
+    """Signed-in browsers: session id → (expiry in monotonic seconds, the admin key's generation
+    it was opened under); a session outlives neither."""
 
-    def __init__(self, admin_key: str, ttl: float = SESSION_SECONDS, clock: Callable[[], float] = time.monotonic):
-        self._key_digest = digest(admin_key)
+    def __init__(self, admin: AdminKey, ttl: float = SESSION_SECONDS, clock: Callable[[], float] = time.monotonic):
+        self.admin = admin
         self._ttl = ttl
         self._clock = clock
-        self._expiry: dict[str, float] = {}
+        self._expiry: dict[str, tuple[float, int]] = {}
 
-    def is_admin(self, key: str) -> bool:
-        return matches(key, self._key_digest)
+    def _live(self, entry: tuple[float, int] | None, now: float) -> bool:
+        return entry is not None and entry[0] > now and entry[1] == self.admin.generation
 
     def open(self) -> str:
         now = self._clock()
-        self._expiry = {sid: at for sid, at in self._expiry.items() if at > now}
+        self._expiry = {sid: entry for sid, entry in self._expiry.items() if self._live(entry, now)}
         session_id = secrets.token_urlsafe(32)
-        self._expiry[session_id] = now + self._ttl
+        self._expiry[session_id] = (now + self._ttl, self.admin.generation)
         return session_id
 
     def valid(self, session_id: str | None) -> bool:
-        return session_id is not None and self._expiry.get(session_id, 0.0) > self._clock()
+        return session_id is not None and self._live(self._expiry.get(session_id), self._clock())
 
     def close(self, session_id: str | None) -> None:
         if session_id is not None:
@@ -78,22 +83,41 @@ def same_origin(request: web.Request) -> bool:
 class Gatekeeper:
     """The console's sign-in endpoints and the middleware that guards everything else."""
 
-    def __init__(self, sessions: Sessions | None):
+    def __init__(self, sessions: Sessions | None, registry: Upstream):
         self.sessions = sessions  # None: auth is off
+        self.registry = registry
+        self._asking = asyncio.Lock()  # one question to the registry at a time, however many guesses arrive
 
-    def signed_in(self, request: web.Request) -> bool:
+    async def is_admin(self, key: str) -> bool:
+        """The console's admin key, or a key the registry accepts as its admin key (a rotation the
+        console has not noticed yet, or the key it lost track of): then the console takes it."""
+        assert self.sessions is not None
+        admin = self.sessions.admin
+        if admin.is_admin(key):
+            return True
+        if not could_be_admin_key(key):
+            return False
+        async with self._asking:
+            if admin.is_admin(key):
+                return True
+            reply = await self.registry.request("GET", "/settings/alerts", headers={"X-API-Key": key})
+            if reply.ok:
+                admin.accepted(key)
+            return reply.ok
+
+    async def signed_in(self, request: web.Request) -> bool:
         if self.sessions is None:
             return True
         key = presented_key(request.headers)
         if key is not None:
-            return self.sessions.is_admin(key)
+            return await self.is_admin(key)
         return self.sessions.valid(request.cookies.get(COOKIE)) and (
             request.method in SAFE_METHODS or same_origin(request))
 
     @web.middleware
     async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         if (self.sessions is None or request.path in OPEN_PATHS or request.path.startswith("/static/")
-                or self.signed_in(request)):
+                or await self.signed_in(request)):
             return await handler(request)
         response = error_response(unauthenticated(
             "Sign in with the admin key (or send it as X-API-Key or Authorization: Bearer)"))
@@ -103,7 +127,7 @@ class Gatekeeper:
 
     async def state(self, request: web.Request) -> web.Response:
         return web.json_response({"auth": "off" if self.sessions is None else "on",
-                                  "signed_in": self.signed_in(request)})
+                                  "signed_in": await self.signed_in(request)})
 
     async def sign_in(self, request: web.Request) -> web.Response:
         if self.sessions is None:
@@ -114,7 +138,7 @@ class Gatekeeper:
             key = _decoder.decode(await request.read()).admin_key.strip()
         except msgspec.MsgspecError:
             raise RegistryError(400, "invalid_body", 'Send {"admin_key": "..."}', "admin_key") from None
-        if not key or not self.sessions.is_admin(key):
+        if not key or not await self.is_admin(key):
             log.warning("console sign-in refused: not the admin key", extra={"remote": request.remote})
             raise unauthenticated("That is not the admin key. It is in DATA_DIR/admin.key on the registry's host.",
                                   "admin_key")

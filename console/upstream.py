@@ -13,6 +13,8 @@ import aiohttp
 import msgspec
 from yarl import URL
 
+from console.admin_key import AdminKey
+
 TIMEOUT = aiohttp.ClientTimeout(total=10, connect=2)
 _decoder = msgspec.json.Decoder()
 
@@ -48,19 +50,33 @@ def unreachable(url: URL, exc: BaseException) -> Reply:
 
 class Upstream:
     """Requests to one base URL (the registry's or the router's), each with a deadline, each
-    carrying the admin key when the console has one (their admin endpoints need it)."""
+    carrying the admin key when the console has one (their admin endpoints need it). A 401 to the
+    admin key may mean it was rotated: the key is looked up again and the call tried once more."""
 
-    def __init__(self, session: aiohttp.ClientSession, base_url: str, admin_key: str | None = None):
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, admin: AdminKey | None = None,
+                 judges_admin_key: bool = False):
         self.session = session
         self.base_url = base_url.rstrip("/")
-        self._credential = {"X-API-Key": admin_key} if admin_key else {}
+        self.admin = admin
+        # The registry's refusal of the admin key is final; a router's may only mean it lags behind.
+        self.judges_admin_key = judges_admin_key
 
     async def request(self, method: str, path: str, body: bytes | None = None, params: dict[str, str] | None = None,
                       headers: dict[str, str] | None = None) -> Reply:
         """``headers`` replace the admin key (the debug entry calls /atp as a caller, not as the admin)."""
+        if headers is not None or self.admin is None:
+            return await self._send(method, path, body, params, headers or {})
+        sent = self.admin.key
+        reply = await self._send(method, path, body, params, credential(sent))
+        if reply.status == 401 and self.admin.refused(sent, final=self.judges_admin_key):
+            reply = await self._send(method, path, body, params, credential(self.admin.key))
+        return reply
+
+    async def _send(self, method: str, path: str, body: bytes | None, params: dict[str, str] | None,
+                    headers: dict[str, str]) -> Reply:
         url = URL(f"{self.base_url}{path}", encoded=True)  # path segments arrive already quoted
-        headers = {**(self._credential if headers is None else headers),
-                   **({"Content-Type": "application/json"} if body is not None else {})}
+        if body is not None:
+            headers = {**headers, "Content-Type": "application/json"}
         started = time.monotonic()
         try:
             async with self.session.request(method, url, data=body, params=params, headers=headers,
@@ -73,3 +89,7 @@ class Upstream:
 
     async def get(self, path: str, params: dict[str, str] | None = None) -> Reply:
         return await self.request("GET", path, params=params)
+
+
+def credential(key: str | None) -> dict[str, str]:
+    return {"X-API-Key": key} if key else {}
