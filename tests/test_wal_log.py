@@ -281,7 +281,7 @@ async def test_misuse_is_refused(wal_dir: Path) -> None:
     [
         ("partial header", 9, 10),
         ("partial payload", 9, 16 + 40),
-        ("bad CRC in last record", 9, RECORD),
+        ("a sector of the last record never written", 10, 1016),
         ("zeroed space after the last record", 10, 4096),
     ],
 )
@@ -295,8 +295,11 @@ async def test_torn_tail_is_truncated_reported_and_appends_continue(
         cut(segment, last + 10)
     elif damage == "partial payload":
         cut(segment, last + 16 + 40)
-    elif damage == "bad CRC in last record":
-        flip_byte(segment, last + 16 + 50)
+    elif damage == "a sector of the last record never written":
+        record = bytearray(encode_batch(11, [b"q" * 1000]))  # at offsets 1200..2216
+        record[1536 - 1200 : 2048 - 1200] = bytes(512)
+        with open(segment, "ab") as file:
+            file.write(record)
     else:
         with open(segment, "ab") as file:
             file.write(bytes(4096))
@@ -318,6 +321,20 @@ async def test_torn_tail_is_truncated_reported_and_appends_continue(
     assert report.truncated is None
     assert replayed.indexes == list(range(1, good_records + 2))
     assert replayed.records[-1] == (good_records + 1, b"after repair")
+
+
+@pytest.mark.parametrize("offset", [9 * RECORD + 16 + 50, 9 * RECORD + 5, 9 * RECORD + 9])
+async def test_flipped_byte_in_the_last_complete_record_is_refused_not_dropped(wal_dir: Path, offset: int) -> None:
+    await write_records(wal_dir, 10)
+    [segment] = segments(wal_dir)
+    flip_byte(segment, offset)
+    size = segment.stat().st_size
+
+    with pytest.raises(WalCorruption) as raised:
+        open_log(wal_dir)
+    assert (raised.value.path, raised.value.offset) == (str(segment), 9 * RECORD)
+    assert "complete record" in raised.value.reason and segment.name in str(raised.value)
+    assert segment.stat().st_size == size
 
 
 @pytest.mark.parametrize("field", ["payload byte", "length field"])

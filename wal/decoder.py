@@ -25,8 +25,12 @@ Apply = Callable[[int, bytes], None]
 class Problem(msgspec.Struct, frozen=True):
     """The first undecodable record of a segment.
 
-    `torn` means the damage looks like an interrupted write: the record is
-    incomplete or fails its CRC and no valid record follows it in the file.
+    `torn` means the damage looks like an interrupted write and no valid
+    record follows it in the file: the record runs past the end of the file,
+    or it fails its CRC with a whole sector of it still zero (the write never
+    reached that sector, as in etcd's torn-write check). A CRC mismatch on a
+    record that fits and has every sector written is corruption of a complete
+    record: replay must refuse it, never cut it off.
     """
 
     offset: int
@@ -66,7 +70,8 @@ def scan_segment(path: str, first_index: int, apply: Apply) -> SegmentScan:
         base = 0
         buf = b""
         pos = 0
-        found: tuple[int, str, bool] | None = None
+        # (offset, reason, whether to look for valid records after it, whether it may be a torn write)
+        found: tuple[int, str, bool, bool] | None = None
         while True:
             n = len(buf)
             need = HEADER_SIZE
@@ -78,20 +83,21 @@ def scan_segment(path: str, first_index: int, apply: Apply) -> SegmentScan:
                 if following > n:
                     need = following - pos
                     if base + following > size:
-                        found = (pos, f"record of {length} payload bytes runs past the end of the file", True)
+                        found = (pos, f"record of {length} payload bytes runs past the end of the file", True, True)
                     break
                 if crc32(view[pos + 8 : end]) != crc:
-                    found = (pos, f"CRC mismatch (header claims index {index})", True)
+                    unwritten = has_unwritten_sector(view[pos:end], base + pos)
+                    found = (pos, crc_reason(index, unwritten), True, unwritten)
                     break
                 if index != expected:
-                    found = (pos, f"record index {index} where {expected} was expected", False)
+                    found = (pos, f"record index {index} where {expected} was expected", False, False)
                     break
                 apply(index, buf[pos + HEADER_SIZE : end])
                 expected += 1
                 pos = following
             view.release()
             if found is None and base + n == size and pos < n:
-                found = (pos, f"partial record header ({n - pos} of {HEADER_SIZE} bytes)", True)
+                found = (pos, f"partial record header ({n - pos} of {HEADER_SIZE} bytes)", True, True)
             if found is not None or base + n == size:
                 break
             chunk = file.read(min(max(CHUNK_BYTES, need), size - base - n))
@@ -102,13 +108,12 @@ def scan_segment(path: str, first_index: int, apply: Apply) -> SegmentScan:
             pos = 0
         problem = None
         if found is not None:
-            offset, reason, damaged_write = found
+            offset, reason, damaged, torn = found
             offset += base
-            torn = False
-            if damaged_write:
+            if damaged:
                 valid_at = find_valid_record(file, offset + ALIGNMENT, size)
-                torn = valid_at is None
-                if not torn:
+                if valid_at is not None:
+                    torn = False
                     reason += f"; a valid record follows at byte offset {valid_at}"
             problem = Problem(offset=offset, reason=reason, torn=torn)
         valid_bytes = base + pos
@@ -120,6 +125,31 @@ def scan_segment(path: str, first_index: int, apply: Apply) -> SegmentScan:
         size=size,
         problem=problem,
     )
+
+
+SECTOR_BYTES = 512
+
+
+def has_unwritten_sector(record: memoryview, file_offset: int) -> bool:
+    """Whether some sector-aligned piece of `record` (at `file_offset` in its file) is all zero bytes.
+
+    A write cut short by a crash leaves the sectors it never reached zero-filled;
+    a flipped bit in a complete record leaves none.
+    """
+    start = 0
+    while start < len(record):
+        stop = min(len(record), start + SECTOR_BYTES - (file_offset + start) % SECTOR_BYTES)
+        if not any(record[start:stop]):
+            return True
+        start = stop
+    return False
+
+
+def crc_reason(index: int, unwritten: bool) -> str:
+    """Why a record that fits in the file failed its CRC."""
+    if unwritten:
+        return f"CRC mismatch (header claims index {index}) in a record with a zero-filled sector"
+    return f"CRC mismatch (header claims index {index}) in a complete record: it was damaged after it was written"
 
 
 def find_valid_record(file: io.FileIO, start: int, size: int) -> int | None:
