@@ -53,3 +53,5 @@ async def test_the_security_walkthrough_runs_as_pasted(http, tmp_path):
         assert len(outputs) == len(blocks) + 1, result.stdout + result.stderr
         for (commands, kind, shown), output in zip(blocks, outputs):
             check(commands, kind, shown, output.strip())
+    # Secrets stay out of the working tree (where git would pick them up): only the data dir is left.
+    assert sorted(path.name for path in tmp_path.iterdir()) == [".agentreach"]
