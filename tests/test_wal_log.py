@@ -185,56 +185,76 @@ async def test_on_commit_sees_index_order_on_the_loop_thread_before_append_retur
 
 
 FAILING_WRITE = r"""
-import asyncio, json, resource, signal, sys
+import asyncio, json, resource, signal, sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-from wal import WalError, WriteAheadLog
+from wal import WalUnavailable, WriteAheadLog
 
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 directory = Path(sys.argv[2])
 committed = []
+
+async def until(condition):
+    deadline = time.monotonic() + 20
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
 
 async def main():
     log = WriteAheadLog(directory, on_commit=lambda index, payload: committed.append(index))
     log.open(lambda index, data: None, lambda index, payload: None)
     for _ in range(10):
         await log.append(b"a" * 100)
-    size = sorted(directory.glob("*.seg"))[-1].stat().st_size
-    resource.setrlimit(resource.RLIMIT_FSIZE, (size + 60, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    [segment] = sorted(directory.glob("*.seg"))
+    size = segment.stat().st_size
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size + 60, hard))
     results = await asyncio.gather(*(log.append(b"b" * 100) for _ in range(20)), return_exceptions=True)
     try:
         await log.append(b"c")
         refused = False
-    except WalError:
+    except WalUnavailable:
         refused = True
+    health = log.health
+    # The repair cuts the half-written batch off at once, but cannot finish while the disk refuses writes.
+    await until(lambda: segment.stat().st_size == size and log.stats.outages == 1)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    await until(lambda: log.health.writable)
+    after = await log.append(b"d" * 100)
     await log.close()
     print(json.dumps({
         "committed": committed,
         "results": sorted({type(result).__name__ for result in results}),
         "causes": sorted({type(result.__cause__).__name__ for result in results}),
         "refused": refused,
+        "health": [health.writable, health.problem],
+        "after": after,
+        "segments": sorted(path.name for path in directory.glob("*.seg")),
     }))
 
 asyncio.run(main())
 """
 
 
-async def test_failed_write_fails_its_batch_and_stops_the_log(wal_dir: Path) -> None:
+async def test_failed_write_is_refused_cut_back_and_repaired_when_the_disk_takes_writes_again(wal_dir: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-c", FAILING_WRITE, str(ROOT), str(wal_dir)], capture_output=True, text=True, timeout=30
+        [sys.executable, "-c", FAILING_WRITE, str(ROOT), str(wal_dir)], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
     outcome = json.loads(done.stdout)
     assert outcome == {
-        "committed": list(range(1, 11)),
-        "results": ["WalError"],
+        "committed": list(range(1, 11)) + [11],
+        "results": ["WalUnavailable"],
         "causes": ["OSError"],
         "refused": True,
+        "health": [False, "File too large"],
+        "after": 11,
+        "segments": ["00000000000000000001.seg", "00000000000000000011.seg"],
     }
     log, report, replayed = open_log(wal_dir)
-    assert report.truncated is not None and report.truncated.bytes_dropped == 60
-    assert replayed.indexes == list(range(1, 11))
-    assert await log.append(b"next") == 11
+    assert report.truncated is None  # nothing half-written was left behind for replay to misread
+    assert replayed.records == [(n, b"a" * 100) for n in range(1, 11)] + [(11, b"d" * 100)]
+    assert await log.append(b"next") == 12
     await log.close()
 
 

@@ -21,3 +21,8 @@ class WalCorruption(WalError):
         self.offset = offset
         self.reason = reason
         super().__init__(f"{self.path} at byte offset {offset}: {reason}")
+
+
+class WalUnavailable(WalError):
+    """The disk refuses writes (full, read-only, failing): nothing was acknowledged, and the log
+    repairs itself and takes appends again once the disk does."""

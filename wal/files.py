@@ -6,12 +6,7 @@ os.write may write less than asked; both rules live here once.
 
 from __future__ import annotations
 
-import fcntl
 import os
-
-from .errors import WalError
-
-LOCK_NAME = "LOCK"
 
 
 def fsync_dir(directory: str | os.PathLike[str]) -> None:
@@ -39,23 +34,11 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[written:]
 
 
-def ensure_directory(directory: str | os.PathLike[str]) -> None:
-    """Create `directory` (and parents) durably if it does not exist yet."""
-    path = os.path.abspath(directory)
-    if os.path.isdir(path):
-        return
-    parent = os.path.dirname(path)
-    ensure_directory(parent)
-    os.mkdir(path)
-    fsync_dir(parent)
-
-
-def lock_directory(directory: str | os.PathLike[str]) -> int:
-    """Take an exclusive lock so two processes never append to the same log."""
-    fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+def truncate_durably(path: str | os.PathLike[str], size: int) -> None:
+    """Cut `path` back to `size` bytes through a fresh descriptor and make the new length durable."""
+    fd = os.open(path, os.O_WRONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        os.ftruncate(fd, size)
+        os.fsync(fd)
+    finally:
         os.close(fd)
-        raise WalError(f"{os.fspath(directory)} is already open (another WriteAheadLog holds its LOCK)") from None
-    return fd

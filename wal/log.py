@@ -9,8 +9,10 @@ except in open(), which runs before serving.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -19,8 +21,8 @@ import msgspec
 
 from .decoder import Apply
 from .encoder import MAX_PAYLOAD
-from .errors import WalError
-from .files import ensure_directory, lock_directory
+from .errors import WalError, WalUnavailable
+from .private import open_private, private_dirs
 from .replay import ReplayReport, recover
 from .snapshot import remove_snapshots_before, write_snapshot
 from .writer import SegmentWriter
@@ -28,6 +30,9 @@ from .writer import SegmentWriter
 log = logging.getLogger("agentreach.wal")
 
 DEFAULT_SEGMENT_BYTES = 16 * 1024 * 1024
+LOCK_NAME = "LOCK"
+# Repair attempts after a failed write back off from the first to the last delay, doubling.
+REPAIR_BACKOFF = (0.05, 5.0)
 
 
 class WalStats(msgspec.Struct, frozen=True):
@@ -42,14 +47,25 @@ class WalStats(msgspec.Struct, frozen=True):
     syncs: int
     segments: int
     snapshot_index: int
+    outages: int
+
+
+class WalHealth(msgspec.Struct, frozen=True):
+    """Whether the log takes appends; when not, why and since when (wall clock)."""
+
+    writable: bool
+    problem: str | None = None
+    since: float | None = None
 
 
 class WriteAheadLog:
     """An append-only, crash-safe record log with group commit.
 
     Call open() once, then append() and snapshot() from one event loop, then
-    close(). A failed write stops the log for good (fail-stop): a half-written
-    batch must never be followed by more records.
+    close(). A failed write fails its batch and everything queued (never
+    acknowledged), refuses appends with WalUnavailable, and repairs the log in
+    the background with backoff until the disk takes writes again. A failed
+    on_commit stops the log for good: memory no longer matches the log.
     """
 
     def __init__(
@@ -73,6 +89,9 @@ class WriteAheadLog:
         self._flusher: asyncio.Task[None] | None = None
         self._snapshot_lock = asyncio.Lock()
         self._failure: BaseException | None = None
+        self._outage: WalHealth | None = None
+        self._repair: asyncio.Task[None] | None = None
+        self._outages = 0
         self._closed = False
         self._last_index = 0
         self._snapshot_index = 0
@@ -93,18 +112,34 @@ class WriteAheadLog:
             syncs=writer.syncs if writer else 0,
             segments=writer.segment_count if writer else 0,
             snapshot_index=self._snapshot_index,
+            outages=self._outages,
         )
 
+    @property
+    def health(self) -> WalHealth:
+        if self._failure is not None:
+            return WalHealth(writable=False, problem=f"the log stopped: {self._failure}; restart to recover")
+        return self._outage or WalHealth(writable=True)
+
     def open(self, apply_snapshot: Apply, apply_record: Apply) -> ReplayReport:
-        """Replay the snapshot and the records after it, repairing a torn tail; blocks."""
+        """Replay the snapshot and the records after it, repairing a torn tail; blocks.
+
+        A directory the process cannot write raises WalUnavailable, one line naming path and cause.
+        """
         if self._writer is not None or self._closed:
             raise WalError("open() may be called only once")
-        ensure_directory(self._directory)
-        lock_fd = lock_directory(self._directory)
+        try:
+            private_dirs(self._directory)
+            lock_fd = lock_directory(self._directory)
+        except OSError as exc:
+            raise unusable(self._directory, exc) from exc
         try:
             recovery = recover(self._directory, apply_snapshot, apply_record)
             report = recovery.report
             self._writer = SegmentWriter(self._directory, recovery.segments, report.last_index + 1, self._segment_bytes)
+        except OSError as exc:
+            os.close(lock_fd)
+            raise unusable(self._directory, exc) from exc
         except BaseException:
             os.close(lock_fd)
             raise
@@ -154,6 +189,9 @@ class WriteAheadLog:
         self._closed = True
         if self._flusher is not None:
             await asyncio.gather(self._flusher, return_exceptions=True)
+        if self._repair is not None:
+            self._repair.cancel()
+            await asyncio.gather(self._repair, return_exceptions=True)
         async with self._snapshot_lock:
             if self._writer is None:
                 return
@@ -163,7 +201,9 @@ class WriteAheadLog:
 
     def _check_usable(self) -> None:
         if self._failure is not None:
-            raise WalError("the log stopped after a failed write; restart to recover") from self._failure
+            raise WalError("the log stopped after on_commit failed; restart to recover") from self._failure
+        if self._outage is not None:
+            raise WalUnavailable(f"storage is refusing writes: {self._outage.problem}")
         if self._closed:
             raise WalError("the log is closed")
         if self._writer is None:
@@ -188,6 +228,9 @@ class WriteAheadLog:
                 payloads = [payload for payload, _ in batch]
                 try:
                     first = await loop.run_in_executor(self._executor, self._writer.write_batch, payloads)
+                except OSError as exc:
+                    self._begin_outage(exc, batch)
+                    return
                 except BaseException as exc:
                     self._fail(exc, batch, f"writing a batch of {len(batch)} records failed")
                     if not isinstance(exc, Exception):
@@ -222,10 +265,67 @@ class WriteAheadLog:
             exc_info=exc,
             extra={"wal_dir": self._directory, "last_index": self._last_index, "records": len(batch)},
         )
+        self._refuse(batch, exc, WalError(f"{what}; the log refuses further appends"))
+
+    def _refuse(self, batch: list[tuple[bytes, asyncio.Future[int]]], cause: BaseException, error: WalError) -> None:
+        """Fail `batch` and everything queued behind it with `error` (caused by `cause`)."""
+        error.__cause__ = cause
         doomed = batch + list(self._pending)
         self._pending.clear()
         for _, future in doomed:
             if not future.done():
-                error = WalError(f"{what}; the log refuses further appends")
-                error.__cause__ = exc
                 future.set_exception(error)
+
+    def _begin_outage(self, exc: OSError, batch: list[tuple[bytes, asyncio.Future[int]]]) -> None:
+        """Fail this batch and the queue (none of it was acknowledged) and start repairing."""
+        problem = describe_os_error(exc)
+        self._outage = WalHealth(writable=False, problem=problem, since=time.time())
+        self._outages += 1
+        log.error(
+            "write-ahead log cannot write (%s); refusing changes until the disk takes writes again",
+            problem,
+            extra={"wal_dir": self._directory, "last_index": self._last_index, "records": len(batch)},
+        )
+        self._refuse(batch, exc, WalUnavailable(f"storage is refusing writes: {problem}"))
+        self._repair = asyncio.get_running_loop().create_task(self._repair_until_writable())
+
+    async def _repair_until_writable(self) -> None:
+        """Retry the writer's recover() with doubling delays; the log takes appends once it succeeds."""
+        loop = asyncio.get_running_loop()
+        delay, longest = REPAIR_BACKOFF
+        while True:
+            try:
+                await loop.run_in_executor(self._executor, self._writer.recover)
+                break
+            except OSError as exc:
+                self._outage = msgspec.structs.replace(self._outage, problem=describe_os_error(exc))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, longest)
+        log.warning(
+            "write-ahead log writable again after %.1f s; appends continue in a new segment",
+            time.time() - self._outage.since,
+            extra={"wal_dir": self._directory, "last_index": self._last_index},
+        )
+        self._outage = None
+        self._repair = None
+
+
+def describe_os_error(exc: OSError) -> str:
+    """`path: No space left on device`, the way an operator reads it."""
+    reason = exc.strerror or str(exc)
+    return f"{exc.filename}: {reason}" if exc.filename else reason
+
+
+def unusable(directory: str, exc: OSError) -> WalUnavailable:
+    return WalUnavailable(f"cannot use the write-ahead log directory {directory}: {describe_os_error(exc)}")
+
+
+def lock_directory(directory: str) -> int:
+    """Take an exclusive lock so two processes never append to the same log."""
+    fd = open_private(os.path.join(directory, LOCK_NAME), os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise WalError(f"{directory} is already open (another WriteAheadLog holds its LOCK)") from None
+    return fd

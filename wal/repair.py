@@ -9,12 +9,12 @@ acknowledged records may be gone, so it stops start-up with WalCorruption.
 from __future__ import annotations
 
 import logging
-import os
 
 import msgspec
 
 from .decoder import SegmentScan
 from .errors import WalCorruption
+from .files import truncate_durably
 
 log = logging.getLogger("agentreach.wal")
 
@@ -58,12 +58,7 @@ def truncate_tail(scan: SegmentScan) -> TailTruncation:
     """Cut the segment back to its last good record and make the new length durable."""
     assert scan.problem is not None
     offset = scan.problem.offset
-    fd = os.open(scan.path, os.O_WRONLY)
-    try:
-        os.ftruncate(fd, offset)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    truncate_durably(scan.path, offset)
     truncation = TailTruncation(
         path=scan.path,
         offset=offset,

@@ -13,6 +13,7 @@ import re
 import msgspec
 
 from .files import fsync_dir, write_all
+from .private import open_private
 
 SUFFIX = ".seg"
 _NAME = re.compile(r"^(\d{20})" + re.escape(SUFFIX) + "$")
@@ -43,7 +44,7 @@ def list_segments(directory: str) -> list[SegmentFile]:
 def create_segment(directory: str, first_index: int) -> SegmentFile:
     """Create an empty segment and make its directory entry durable before use."""
     path = os.path.join(directory, segment_name(first_index))
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    fd = open_private(path, os.O_WRONLY | os.O_EXCL)
     try:
         os.fsync(fd)
     finally:
@@ -52,8 +53,25 @@ def create_segment(directory: str, first_index: int) -> SegmentFile:
     return SegmentFile(first_index, path)
 
 
+def replace_segment(directory: str, first_index: int) -> SegmentFile:
+    """create_segment, first removing a file of that name left by a failed write.
+
+    Such a file holds no acknowledged record: it is the empty segment whose
+    first write failed, or one a failed rollover created but never used.
+    """
+    try:
+        os.remove(os.path.join(directory, segment_name(first_index)))
+    except FileNotFoundError:
+        pass
+    return create_segment(directory, first_index)
+
+
 class ActiveSegment:
-    """The one segment being appended to; every write is followed by fdatasync."""
+    """The one segment being appended to; every write is followed by fdatasync.
+
+    `size` counts synced bytes only: after a failed write or sync it is where
+    the segment must be cut back to.
+    """
 
     def __init__(self, segment: SegmentFile) -> None:
         self._fd = os.open(segment.path, os.O_WRONLY | os.O_APPEND)
@@ -62,8 +80,8 @@ class ActiveSegment:
     def write_durably(self, data: bytes) -> None:
         """Append `data` and return only once it is on stable storage."""
         write_all(self._fd, data)
-        self.size += len(data)
         os.fdatasync(self._fd)
+        self.size += len(data)
 
     def close(self) -> None:
         os.close(self._fd)

@@ -23,6 +23,7 @@ import zlib
 import msgspec
 
 from .files import fsync_dir, remove_files, write_all
+from .private import open_private
 
 MAGIC = b"ARSNAP01"
 HEADER = struct.Struct("<8sQQII")
@@ -69,11 +70,14 @@ def write_snapshot(directory: str, index: int, data: bytes) -> SnapshotFile:
     final = os.path.join(directory, snapshot_name(index))
     temp = final + TEMP_SUFFIX
     crc = zlib.crc32(data, zlib.crc32(_COVERED.pack(index, len(data))))
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = open_private(temp, os.O_WRONLY | os.O_TRUNC)
     try:
         write_all(fd, HEADER.pack(MAGIC, index, len(data), crc, 0))
         write_all(fd, data)
         os.fsync(fd)
+    except OSError:
+        os.remove(temp)  # a full disk must not also keep a half snapshot's space
+        raise
     finally:
         os.close(fd)
     os.rename(temp, final)

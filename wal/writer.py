@@ -1,4 +1,4 @@
-"""The disk side of appending: batches, rollover and compaction of segments.
+"""The disk side of appending: batches, rollover, compaction, and recovery after a failed write.
 
 A SegmentWriter is confined to the log's single writer thread, so segment
 state needs no locks and every disk mutation happens in one serial order:
@@ -7,11 +7,18 @@ a compaction can never interleave with half of a batch.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Sequence
 
 from .encoder import encode_batch
-from .files import remove_files
-from .segment import ActiveSegment, SegmentFile, covered_count, create_segment
+from .errors import WalUnavailable
+from .files import remove_files, truncate_durably, write_all
+from .private import open_private
+from .segment import ActiveSegment, SegmentFile, covered_count, create_segment, replace_segment
+
+PROBE_NAME = "PROBE"
+MIN_PROBE_BYTES = 4096
 
 
 class SegmentWriter:
@@ -21,7 +28,10 @@ class SegmentWriter:
         self._directory = directory
         self._segments = list(segments)
         self._segment_bytes = segment_bytes
-        self._active = ActiveSegment(self._segments[-1])
+        self._active: ActiveSegment | None = ActiveSegment(self._segments[-1])
+        # After a failed write: the synced length to cut the active segment back to, and the bytes it failed on.
+        self._synced = 0
+        self._needed = 0
         self.next_index = next_index
         self.syncs = 0
 
@@ -30,14 +40,46 @@ class SegmentWriter:
         return len(self._segments)
 
     def write_batch(self, payloads: Sequence[bytes]) -> int:
-        """Durably append `payloads` as consecutive records; return the first one's index."""
-        if self._active.size >= self._segment_bytes:
-            self._roll()
-        first = self.next_index
-        self._active.write_durably(encode_batch(first, payloads))
+        """Durably append `payloads` as consecutive records; return the first one's index.
+
+        On any OSError the active segment is abandoned (its descriptor closed,
+        never synced again) and the writer refuses batches until recover().
+        """
+        if self._active is None:
+            raise WalUnavailable("the last write failed and the log is not repaired yet")
+        data = encode_batch(self.next_index, payloads)
+        try:
+            if self._active.size >= self._segment_bytes:
+                self._roll()
+            self._active.write_durably(data)
+        except OSError:
+            self._abandon(len(data))
+            raise
         self.syncs += 1
+        first = self.next_index
         self.next_index += len(payloads)
         return first
+
+    def recover(self) -> None:
+        """Make the log appendable again after a failed write, or raise OSError to be retried.
+
+        After a failed write or fsync the page cache's view of the segment is
+        unknown (fsyncgate), so nothing more is written to it: it is cut back to
+        the length last synced (no half batch left for replay to misread), the
+        disk must take as many bytes as the failed batch, and appends continue in
+        a new segment file.
+        """
+        assert self._active is None, "recover() is only for a writer whose write failed"
+        truncate_durably(self._segments[-1].path, self._synced)
+        probe_space(self._directory, max(self._needed, MIN_PROBE_BYTES))
+        segment = replace_segment(self._directory, self.next_index)
+        active = ActiveSegment(segment)
+        self.syncs += 2
+        if self._segments[-1].first_index == segment.first_index:
+            self._segments[-1] = segment
+        else:
+            self._segments.append(segment)
+        self._active = active
 
     def release_through(self, index: int) -> int:
         """Remove every segment whose records are all <= `index`; return how many.
@@ -47,7 +89,7 @@ class SegmentWriter:
         are forgotten before their files go, so a failed removal leaves files
         that the next open() lists as covered and the next snapshot removes.
         """
-        if self._active.size > 0 and self.next_index - 1 <= index:
+        if self._active is not None and self._active.size > 0 and self.next_index - 1 <= index:
             self._roll()
         count = covered_count(self._segments, index)
         released = self._segments[:count]
@@ -56,11 +98,35 @@ class SegmentWriter:
         return count
 
     def close(self) -> None:
-        self._active.close()
+        if self._active is not None:
+            self._active.close()
+            self._active = None
 
     def _roll(self) -> None:
         segment = create_segment(self._directory, self.next_index)
         self.syncs += 2  # create_segment fsyncs the new file and its directory
+        active = ActiveSegment(segment)
         self._active.close()
-        self._active = ActiveSegment(segment)
+        self._active = active
         self._segments.append(segment)
+
+    def _abandon(self, needed: int) -> None:
+        active = self._active
+        self._synced = active.size
+        self._needed = needed
+        self._active = None
+        with contextlib.suppress(OSError):
+            active.close()
+
+
+def probe_space(directory: str, size: int) -> None:
+    """Write and sync `size` bytes aside, then delete them: raises OSError while the disk cannot take them."""
+    path = os.path.join(directory, PROBE_NAME)
+    fd = open_private(path, os.O_WRONLY | os.O_TRUNC)
+    try:
+        write_all(fd, bytes(size))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.remove(path)
