@@ -1,6 +1,7 @@
 """The same intent-detection service after joining Agent Reach (the seed article's example, section 4.3).
 
-    agentreach up                              # a registry on :8081
+    agentreach up                              # the mesh: registry :8081, router :8080, auth on
+    export AGENTREACH_TOKEN=$(agentreach tokens create --service intent | jq -r .token)
     python examples/intent_fastapi_after.py    # serves POST /internal/intent on :8000 as intent.detect
 
 Compared with intent_fastapi_before.py: the SDK is created and attached, the route is decorated
@@ -8,6 +9,7 @@ with register_capability, and moved to /internal/intent so callers go through th
 """
 
 import os
+from urllib.parse import urlsplit
 
 from agent_reach import AgentReachSDK, logs, register_capability
 from fastapi import FastAPI
@@ -16,9 +18,10 @@ from pydantic import BaseModel
 app = FastAPI()
 reach_sdk = AgentReachSDK(
     agent_id="intent-agent-prod-01",
-    registry_url=os.environ.get("AGENT_REACH_REGISTRY", "http://127.0.0.1:8081"),
+    registry_url=os.environ.get("AGENTREACH_REGISTRY", "http://127.0.0.1:8081"),
     zone="cn-east-1",
     base_url=os.environ.get("INTENT_BASE_URL", "http://127.0.0.1:8000"),
+    registration_token=os.environ.get("AGENTREACH_TOKEN"),
 )
 reach_sdk.attach(app)
 
@@ -54,4 +57,4 @@ if __name__ == "__main__":
     import uvicorn
 
     logs.configure()
-    uvicorn.run(app, host="127.0.0.1", port=8000)
+    uvicorn.run(app, host="127.0.0.1", port=urlsplit(reach_sdk.base_url).port)

@@ -4,11 +4,12 @@ ports (or free ones, rewritten into each example), started as real processes."""
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -16,8 +17,9 @@ import aiohttp
 from conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC_PORTS = {"router": 8080, "registry": 8081, "echo": 9000}
-_DOC_URL = re.compile(r"(localhost|127\.0\.0\.1):(8080|8081|9000)\b")
+DOC_PORTS = {"router": 8080, "registry": 8081, "echo": 9000, "agent": 9001}
+_DOC_URL = re.compile(r"(localhost|127\.0\.0\.1)(\"?, ?|:)(8080|8081|9000|9001)\b")
+VENV_BIN = Path(sys.executable).parent
 
 
 def free_port(preferred: int) -> int:
@@ -55,7 +57,42 @@ class DocMesh:
 
     def on_our_ports(self, example: str) -> str:
         names = {port: name for name, port in DOC_PORTS.items()}
-        return _DOC_URL.sub(lambda match: f"{match.group(1)}:{self.ports[names[int(match.group(2))]]}", example)
+        return _DOC_URL.sub(lambda match: f"{match.group(1)}{match.group(2)}{self.ports[names[int(match.group(3))]]}",
+                            example)
+
+    @property
+    def registry_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['registry']}"
+
+    @property
+    def router_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['router']}"
+
+
+def doc_environment(mesh: DocMesh) -> dict[str, str]:
+    """A shell with the venv active, pointed at ``mesh``'s registry, knowing no admin key but the data dir's."""
+    environment = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}", "AGENTREACH_REGISTRY": mesh.registry_url,
+                   "PYTHONUNBUFFERED": "1"}
+    environment.pop("AGENTREACH_ADMIN_KEY", None)
+    return environment
+
+
+def venv_commands(commands: str) -> str:
+    """Shell lines as the README writes them (`.venv/bin/agentreach`), run from another directory."""
+    return commands.replace(".venv/bin/", f"{VENV_BIN}/")
+
+
+@contextlib.contextmanager
+def python_process(cwd: Path, name: str, args: list[str], env: dict[str, str]) -> Iterator[subprocess.Popen]:
+    """This interpreter running ``args`` in ``cwd``, its output in ``cwd/<name>.log``; stopped on leaving
+    (SIGTERM, as Ctrl-C or a supervisor would)."""
+    with open(cwd / f"{name}.log", "wb") as log:
+        process = subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            yield process
+        finally:
+            process.terminate()
+            process.wait(timeout=20)
 
 
 @contextlib.asynccontextmanager

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import subprocess
-import sys
 
 from conftest import http  # noqa: F401  (fixture)
-from doc_support import ROOT, doc_mesh, promised_codes
+from doc_support import ROOT, doc_environment, doc_mesh, promised_codes
 
 DOC = ROOT / "docs" / "security.md"
 BLOCK = re.compile(r"```bash\n(.*?)\n```\s*```(http|json)\n(.*?)```", re.S)
@@ -44,11 +42,8 @@ async def test_the_security_walkthrough_runs_as_pasted(http, tmp_path):
     assert len(blocks) >= 15
     async with doc_mesh(http, tmp_path) as mesh:
         script = "\n".join(f"{mesh.on_our_ports(commands)}\necho {END}" for commands, _, _ in blocks)
-        environment = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
-                       "AGENTREACH_REGISTRY": f"http://127.0.0.1:{mesh.ports['registry']}"}
-        environment.pop("AGENTREACH_ADMIN_KEY", None)
         result = await asyncio.to_thread(subprocess.run, ["bash", "-c", script], capture_output=True, text=True,
-                                         timeout=120, cwd=tmp_path, env=environment)
+                                         timeout=120, cwd=tmp_path, env=doc_environment(mesh))
         outputs = result.stdout.split(f"{END}\n")
         assert len(outputs) == len(blocks) + 1, result.stdout + result.stderr
         for (commands, kind, shown), output in zip(blocks, outputs):
