@@ -14,7 +14,7 @@ from typing import Literal, TypeVar
 import msgspec
 from agent_reach.atp import ErrorCode
 from auth.grants import DEFAULT_REQUIRED_TRUST, granted, trust_allows
-from auth.headers import bearer, presented_key
+from auth.headers import api_key, bearer, presented_key
 from auth.records import ClientRecord
 
 from router.mirror import Offer, RegistryMirror
@@ -76,9 +76,9 @@ class Authenticator:
         self._tokens: dict[str, _CachedToken] = {}
 
     def authenticate(self, headers: Mapping[str, str]) -> Caller | Unauthenticated:
-        api_key = headers.get("X-API-Key")
-        if api_key is not None:
-            return self._by_api_key(api_key)
+        key = api_key(headers)
+        if key is not None:
+            return self._by_api_key(key)
         token = bearer(headers)
         if token is not None:
             return self._by_token(token)

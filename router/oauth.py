@@ -7,7 +7,6 @@ algorithm only, so `alg: none` and HS256-with-the-public-key tokens never reach 
 from __future__ import annotations
 
 import base64
-import binascii
 import secrets
 import time
 from collections.abc import Callable, Mapping
@@ -173,7 +172,7 @@ def client_credentials(form: Mapping[str, str], authorization: str | None) -> Cr
                                 error_description="Authenticate the client one way: HTTP Basic or form fields")
         try:
             client_id, colon, secret = base64.b64decode(encoded.strip(), validate=True).decode().partition(":")
-        except (binascii.Error, UnicodeDecodeError):
+        except ValueError:  # not base64 (binascii.Error), not UTF-8, or not ASCII at all
             colon = ""
         if not colon:
             return OAuthRefusal(error="invalid_client", status=401, basic=True, field="Authorization",

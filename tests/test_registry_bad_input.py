@@ -42,6 +42,8 @@ CASES = [
     ("unknown routing policy", _body(metadata={"routing_policy": "random"}),
      "invalid_field", "metadata.routing_policy"),
     ("nested metadata value", _body(metadata={"labels": {"a": 1}}), "invalid_field", "metadata"),
+    ("metadata integer past 64 bits", _body(metadata={"shards": 2**64}), "invalid_field", "metadata"),
+    ("metadata integer below -2^63", _body(metadata={"shards": -(2**63) - 1}), "invalid_field", "metadata"),
     ("body is a list", [1, 2], "invalid_field", None),
 ]
 
@@ -73,6 +75,8 @@ async def test_malformed_json_is_400(registry, http, raw):
     ({"agent_id": "a1", "inflight": -1}, "inflight"),
     ({"agent_id": "a1", "sent_at": 1700000000}, "sent_at"),
     ({"load": 0.1}, "agent_id"),
+    ({"agent_id": "a1", "inflight": 2**64}, "inflight"),
+    ({"agent_id": "a1", "metrics": {"queue": 2**64}}, "metrics[...]"),
 ])
 async def test_bad_heartbeat_is_400(registry, http, body, field):
     await post(http, f"{registry.url}/register", registration("a1", "hb.cap"))

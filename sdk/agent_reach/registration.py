@@ -19,7 +19,9 @@ Protocol = Literal["atp", "rest"]
 RoutingPolicy = Literal["least_load", "hash", "affinity"]
 TrustLevel = Literal["internal", "user_authorized", "public"]
 
-MetadataValue = str | int | float | bool
+# What msgspec (and so the WAL and the watch feed) can encode: a bigger int is refused at the edge.
+Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+MetadataValue = str | Int64 | float | bool
 
 
 class Capability(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -64,9 +66,9 @@ class RegisterRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class HeartbeatRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     agent_id: Name
     load: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.0
-    inflight: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    inflight: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)] | None = None
     health: Annotated[str, msgspec.Meta(max_length=256)] | None = None
-    metrics: Annotated[dict[Annotated[str, msgspec.Meta(max_length=128)], int | float],
+    metrics: Annotated[dict[Annotated[str, msgspec.Meta(max_length=128)], Int64 | float],
                        msgspec.Meta(max_length=64)] | None = None
 
 

@@ -1,0 +1,53 @@
+"""Hostile input at the HTTP layer gets a 4xx JSON error on registry, router and console alike:
+non-UTF-8 credential headers, bodies that do not decode, oversized request lines, numbers past 64 bits."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import http, start_registry  # noqa: F401
+from console_support import Rig, auth_rig, start_console  # noqa: F401
+from hardening_support import RawAnswer, raw_request
+from router_support import start_mesh  # noqa: F401
+
+UNDECODABLE = b"\xff\xfe"
+FRAME = b'{"capability": "echo", "payload": {}}'
+
+
+def assert_json_error(answer: RawAnswer, status: int, field: str | None = None) -> dict:
+    assert answer.status == status, (answer.status, answer.body)
+    assert answer.headers["Content-Type"].startswith("application/json"), answer.headers
+    body = answer.json()
+    assert (body.get("error") or body.get("error_code")) and (body.get("message") or body.get("error_message")), body
+    if field is not None:
+        assert body["field"] == field, body
+    return body
+
+
+def servers(rig: Rig) -> dict[str, tuple[str, str, str]]:
+    """Each server, an endpoint that needs a credential there, and its method."""
+    return {"registry": (rig.mesh.registry.url, "GET", "/agents"), "router": (rig.mesh.url, "POST", "/atp"),
+            "console": (rig.url, "GET", "/api/overview")}
+
+
+@pytest.mark.parametrize("header", [b"X-API-Key: ", b"Authorization: Bearer "], ids=["api-key", "bearer"])
+async def test_an_undecodable_credential_header_is_a_401_everywhere(auth_rig: Rig, header: bytes):
+    for name, (url, method, path) in servers(auth_rig).items():
+        name_part, value_prefix = header.split(b": ")
+        answer = await raw_request(url, method, path, [(name_part, value_prefix + UNDECODABLE)], FRAME)
+        assert_json_error(answer, 401), name
+
+
+async def test_an_undecodable_admin_key_is_a_401_on_admin_endpoints(auth_rig: Rig):
+    for url, path in ((auth_rig.mesh.url, "/reach"), (auth_rig.mesh.registry.url, "/tokens")):
+        answer = await raw_request(url, "GET", path, [(b"X-API-Key", UNDECODABLE)])
+        assert_json_error(answer, 401, "Authorization")
+
+
+async def test_undecodable_basic_credentials_are_refused_at_the_token_endpoint(auth_rig: Rig):
+    answer = await raw_request(auth_rig.mesh.url, "POST", "/oauth/token",
+                               [(b"Authorization", b"Basic " + UNDECODABLE),
+                                (b"Content-Type", b"application/x-www-form-urlencoded")],
+                               b"grant_type=client_credentials")
+    assert answer.status in (400, 401), answer.body
+    assert answer.json()["error"]
