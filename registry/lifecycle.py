@@ -34,6 +34,8 @@ class LifecycleConfig(msgspec.Struct, kw_only=True, frozen=True):
     guard_min_instances: int = 4
     # At most this share of live instances (and at least one) is evicted per sweep.
     evict_cap_fraction: float = 0.1
+    # Deregistered agent_ids kept bound to their service (registry/bindings.py), newest first.
+    kept_agent_ids: int = 10_000
 
 
 class Liveness(msgspec.Struct, kw_only=True, gc=False):

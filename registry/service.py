@@ -15,6 +15,7 @@ from agent_reach.registration import HeartbeatRequest, RegisterRequest
 from auth.records import TokenRecord
 
 from registry.access import Access
+from registry.bindings import AgentIdBinding, binding_key, bindings_to_forget
 from registry.errors import RegistryError
 from registry.lifecycle import QUERY_ORDER, LifecycleConfig, Status, record_heartbeat, status_of
 from router.policy import Policy, PolicyError, validate_policy
@@ -76,14 +77,17 @@ class Registry:
 
     async def register(self, request: RegisterRequest, token: TokenRecord | None = None) -> AgentView:
         """Store an instance. With a registration ``token`` (auth on) the instance joins the token's
-        service only, and may not replace an instance of another service."""
+        service only. An agent_id, like a capability name, belongs to one service (decision 3)."""
         if token is not None:
             if request.service not in (None, token.service):
                 raise RegistryError(403, "forbidden", f"This registration token is for service {token.service!r}, "
                                     f"not {request.service!r}", "service")
             request = msgspec.structs.replace(request, service=token.service)
-            self._check_owned(request.agent_id, token)
         record = build_record(request, self._wall_clock(), token.token_id if token is not None else None)
+        owner = self.state.agent_id_owner(record.agent_id)
+        if owner is not None and owner != record.service:
+            raise RegistryError(409, "agent_id_taken", f"Agent id {record.agent_id!r} belongs to service {owner!r}; "
+                                f"service {record.service!r} cannot take it", "agent_id", owner=owner)
         conflicts = self.state.conflicts(record)
         if conflicts:
             name, owner = conflicts[0]
@@ -130,12 +134,20 @@ class Registry:
         return Status.HEALTHY
 
     async def deregister(self, agent_id: str, token: TokenRecord | None = None) -> None:
+        """Delete the instance; its agent_id stays its service's (a binding, written first so that
+        some record names the owner at every moment)."""
         self._check_owned(agent_id, token)
-        if agent_id not in self.state.records:
+        record = self.state.records.get(agent_id)
+        if record is None:
             raise RegistryError(404, "unknown_agent", f"No instance {agent_id!r}", "agent_id")
+        binding = AgentIdBinding(service=record.service, released_at=self._wall_clock())
+        await self.store.put(binding_key(agent_id), encode_value(binding))
         await self.store.delete(instance_key(agent_id))
         self.counters.deregistrations += 1
-        log.info("instance deregistered", extra={"agent_id": agent_id})
+        log.info("instance deregistered", extra={"agent_id": agent_id, "service": record.service})
+        # One at a time, looking again after each: another deregistration may be forgetting too.
+        while forgotten := bindings_to_forget(self.state.bindings, self.config.kept_agent_ids):
+            await self.store.delete(binding_key(forgotten[0]))
 
     async def evict(self, agent_id: str, reason: str) -> None:
         record = self.state.records.get(agent_id)

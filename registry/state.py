@@ -1,8 +1,9 @@
 """The registry's in-memory view: instance records indexed by capability, plus soft liveness.
 
 It changes only by applying committed store changes (``apply``), so memory always equals
-what the log holds. Capability ownership is derived from the live records; ``claim`` reserves
-names for registrations still on their way to disk so two services cannot both win a race.
+what the log holds. Capability ownership is derived from the live records, an agent_id's service
+from its record or binding; ``claim`` reserves both for registrations still on their way to disk
+so two services cannot both win a race.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from auth.book import AuthBook
 from router.policy import Policy
 from router.reach import AlertConfig
 
+from registry.bindings import BINDING_PREFIX, decode_binding
 from registry.lifecycle import Liveness
 from registry.records import ALERTS_KEY, INSTANCE_PREFIX, POLICY_PREFIX, InstanceRecord, decode_value
 from registry.store import Change
@@ -26,8 +28,11 @@ class RegistryState:
         self.policies: dict[str, Policy] = {}
         self.alerts = AlertConfig()
         self.auth = AuthBook()
+        # agent_id -> service of the instances that deregistered, oldest first (registry/bindings.py).
+        self.bindings: dict[str, str] = {}
         self._holders: dict[str, dict[str, None]] = {}
-        self._claims: dict[str, tuple[str, int]] = {}
+        # ("capability" | "agent_id", name) -> (claiming service, registrations in flight).
+        self._claims: dict[tuple[str, str], tuple[str, int]] = {}
 
     def load(self, items: dict[str, bytes]) -> None:
         for key, value in items.items():
@@ -40,6 +45,8 @@ class RegistryState:
             self._apply_policy(change)
         elif change.key.startswith(INSTANCE_PREFIX):
             self._apply_instance(change)
+        elif change.key.startswith(BINDING_PREFIX):
+            self._apply_binding(change)
         elif self.auth.holds(change.key):
             if change.value is None:
                 self.auth.delete(change.key)
@@ -69,6 +76,12 @@ class RegistryState:
         else:
             self.liveness.pop(agent_id, None)
 
+    def _apply_binding(self, change: Change) -> None:
+        agent_id = change.key[len(BINDING_PREFIX):]
+        self.bindings.pop(agent_id, None)
+        if change.value is not None:
+            self.bindings[agent_id] = decode_binding(change.value).service
+
     def _unindex(self, agent_id: str) -> None:
         previous = self.records.get(agent_id)
         if previous is None:
@@ -85,7 +98,19 @@ class RegistryState:
         for agent_id in self._holders.get(name, ()):
             if agent_id != excluding:
                 return self.records[agent_id].service
-        claim = self._claims.get(name)
+        claim = self._claims.get(("capability", name))
+        return claim[0] if claim else None
+
+    def agent_id_owner(self, agent_id: str) -> str | None:
+        """The service an agent_id belongs to: its record's (live or evicted), else the service it
+        deregistered from, else the one registering it right now."""
+        record = self.records.get(agent_id)
+        if record is not None:
+            return record.service
+        bound = self.bindings.get(agent_id)
+        if bound is not None:
+            return bound
+        claim = self._claims.get(("agent_id", agent_id))
         return claim[0] if claim else None
 
     def conflicts(self, record: InstanceRecord) -> list[tuple[str, str]]:
@@ -98,20 +123,25 @@ class RegistryState:
         return found
 
     def claim(self, record: InstanceRecord) -> None:
-        for capability in record.capabilities:
-            _, count = self._claims.get(capability.name, (record.service, 0))
-            self._claims[capability.name] = (record.service, count + 1)
+        for name in _claimed(record):
+            _, count = self._claims.get(name, (record.service, 0))
+            self._claims[name] = (record.service, count + 1)
 
     def release(self, record: InstanceRecord) -> None:
-        for capability in record.capabilities:
-            service, count = self._claims[capability.name]
+        for name in _claimed(record):
+            service, count = self._claims[name]
             if count == 1:
-                del self._claims[capability.name]
+                del self._claims[name]
             else:
-                self._claims[capability.name] = (service, count - 1)
+                self._claims[name] = (service, count - 1)
 
     def holders(self, name: str) -> Iterator[str]:
         return iter(self._holders.get(name, ()))
 
     def has_capability(self, name: str) -> bool:
         return name in self._holders
+
+
+def _claimed(record: InstanceRecord) -> list[tuple[str, str]]:
+    """What a registration reserves until it is committed: its capability names and its agent_id."""
+    return [("capability", capability.name) for capability in record.capabilities] + [("agent_id", record.agent_id)]

@@ -91,6 +91,8 @@ class RegistryMirror:
         if key.startswith(POLICY_PREFIX):
             self.policies.pop(key[len(POLICY_PREFIX):], None)
             return
+        if not key.startswith(INSTANCE_PREFIX):
+            return
         agent_id = key[len(INSTANCE_PREFIX):]
         previous = self.instances.pop(agent_id, None)
         self.states.pop(agent_id, None)

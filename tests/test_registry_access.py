@@ -150,7 +150,7 @@ async def test_registration_tokens_bind_agents_to_one_service(secured: RegistryS
     assert (status, body["error"]) == (409, "capability_owned"), "no taking over another service's capability"
     status, body = await call(http, "POST", f"{secured.url}/register", orders["token"],
                               registration("w-1", "order.query"))
-    assert (status, body["error"], body["field"]) == (403, "forbidden", "agent_id"), "nor its instances"
+    assert (status, body["error"], body["field"]) == (409, "agent_id_taken", "agent_id"), "nor its instances"
     status, body = await call(http, "POST", f"{secured.url}/heartbeat", orders["token"], {"agent_id": "w-1"})
     assert (status, body["error"]) == (403, "forbidden")
     status, body = await call(http, "POST", f"{secured.url}/deregister", orders["token"], {"agent_id": "w-1"})

@@ -35,14 +35,17 @@ async def test_watch_sends_state_then_changes_and_resumes(start_registry, http, 
         async with http.put(f"{registry.url}/policies/w.two", json={"policy": "hash"}) as answer:
             assert answer.status == 200
         await post(http, f"{registry.url}/deregister", {"agent_id": "a1"})
-        changes = await read_events(response, 3, skip=("ping", "states"))
+        changes = await read_events(response, 4, skip=("ping", "states"))
+    # Deregistering keeps the agent_id bound to its service (agent-ids/a1) before deleting the instance.
     assert [(e["type"], e["revision"], e["key"]) for e in changes] == [
-        ("put", 2, "instances/a2"), ("put", 3, "policies/w.two"), ("delete", 4, "instances/a1")]
+        ("put", 2, "instances/a2"), ("put", 3, "policies/w.two"), ("put", 4, "agent-ids/a1"),
+        ("delete", 5, "instances/a1")]
     assert changes[1]["value"]["policy"] == "hash"
     # A follower that saw revision 2 resumes with exactly what came after it.
     async with http.get(f"{registry.url}/watch?since=2") as response:
-        resumed = await read_events(response, 3)
-    assert [(e["type"], e.get("revision")) for e in resumed] == [("put", 3), ("delete", 4), ("states", None)]
+        resumed = await read_events(response, 4)
+    assert [(e["type"], e.get("revision")) for e in resumed] == [("put", 3), ("put", 4), ("delete", 5),
+                                                                  ("states", None)]
 
 
 async def test_watch_rejects_a_bad_revision(registry, http):

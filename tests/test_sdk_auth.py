@@ -269,11 +269,13 @@ async def test_a_token_opens_the_registry_to_its_own_service_only(secure, make_a
         await squatter.start()
     assert caught.value.status == 409 and "owned by service 'beta'" in str(caught.value)
 
-    for path, body in (("/heartbeat", {"agent_id": "beta-1"}), ("/deregister", {"agent_id": "beta-1"}),
-                       ("/register", {"agent_id": "beta-1", "base_url": "http://127.0.0.1:9",
-                                      "capabilities": [{"name": "alpha.x", "endpoint": "/x"}]})):
+    for path, body, refusal in (
+            ("/heartbeat", {"agent_id": "beta-1"}, (403, "forbidden")),
+            ("/deregister", {"agent_id": "beta-1"}, (403, "forbidden")),
+            ("/register", {"agent_id": "beta-1", "base_url": "http://127.0.0.1:9",
+                           "capabilities": [{"name": "alpha.x", "endpoint": "/x"}]}, (409, "agent_id_taken"))):
         status, answer = await secure.registry_post(path, body, alpha)
-        assert (status, answer["error"]) == (403, "forbidden"), path
+        assert (status, answer["error"]) == refusal, path
     record = secure.registry.registry.state.records["beta-1"]
     assert record.service == "beta" and record.evicted_at is None
 
