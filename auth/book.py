@@ -72,6 +72,9 @@ class AuthBook:
         return self.admin is not None and matches(key, self.admin.key_digest)
 
     def signing_key(self, token_id: str | None) -> str | None:
-        """The key to sign calls to an instance registered with ``token_id``; None if unknown or revoked."""
+        """The key to sign calls to an instance registered with ``token_id``; None if unknown or revoked.
+
+        Held in the clear in a router's mirror (the watch feed opens it); the registry's own book
+        keeps tokens as the log does, sealed, and answers None."""
         token = self.tokens.get(token_id) if token_id is not None else None
         return token.signing_key if token is not None and not token.revoked else None

@@ -1,7 +1,8 @@
 """What the registry stores about who may do what: callers, agent registration tokens, the admin key.
 
 Only digests of secrets are stored (and carried over the watch feed to routers); the secrets
-themselves are shown once, when created.
+themselves are shown once, when created. The one key a router needs in the clear, a token's
+call-signing key, is stored sealed (auth.sealing) and opened for the admin-only watch feed.
 """
 
 from __future__ import annotations
@@ -42,17 +43,22 @@ class ClientRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
 class TokenRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     """An agent registration token, bound to one service.
 
-    ``signing_key`` is derived from the token (``agent_reach.signing.signing_key``): the router signs
+    The signing key is derived from the token (``agent_reach.signing.signing_key``): the router signs
     what it forwards to the service's instances with it, and the agent, holding the token, can
-    derive it too and verify. Knowing it lets one sign calls to that service, not register.
+    derive it too and verify. Knowing it lets one sign calls to that service, not register, so it
+    is never at rest in the clear: the log holds it sealed under the data dir's secrets.key
+    (``sealed_key``, bound to ``token_id``), and the registry opens it only for the watch feed,
+    whose followers (routers) get it in the clear (``signing_key``) and keep it in memory.
+    A stored record with ``signing_key`` was written before sealing; the registry reseals it at start.
     """
 
     token_id: str
     service: str
     token_digest: str
-    signing_key: str
     created_at: float
     revoked: bool = False
+    sealed_key: str | None = None
+    signing_key: str | None = None
 
 
 Kid = Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,16}-[0-9a-f]{1,32}$")]

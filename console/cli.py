@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_reach import logs
+from auth.kek import SecretsKeyError
 
 from console import admin_cli
 from console.credentials import AUTH_ENV, admin_key, default_auth
@@ -157,7 +158,7 @@ async def _serve(*parts: Callable[[], Awaitable[Any]]) -> None:
 def _run(*parts: Callable[[], Awaitable[Any]]) -> int:
     try:
         asyncio.run(_serve(*parts))
-    except (WalError, SemanticUnavailable) as exc:
+    except (WalError, SemanticUnavailable, SecretsKeyError) as exc:
         print(f"agentreach: refusing to start: {exc}", file=sys.stderr)
         return 2
     return 0

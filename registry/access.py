@@ -1,13 +1,14 @@
 """Who may use the mesh: callers (clients), agent registration tokens and the admin key.
 
 The admin API's operations, free of HTTP. Every change is a store write (the WAL); the state
-and every router's mirror learn it from the committed change, like any other record.
+and every router's mirror learn it from the committed change, like any other record. A token's
+call-signing key reaches the log sealed under the data dir's secrets.key, and is opened only for
+the admin-only watch feed (``opened``).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,9 @@ from auth.records import (
     TokenCreate, TokenRecord, TokenView, client_key, client_view, published_key_key, token_key, token_view,
 )
 from agent_reach.signing import signing_key
+from auth.kek import SECRETS_KEY_FILE, SecretsKeyError, load_kek
+from auth.keyfile import write_private
+from auth.sealing import SealError, seal, unseal
 from auth.secrets import (
     ADMIN_KEY_PREFIX, API_KEY_PREFIX, CLIENT_SECRET_PREFIX, REGISTRATION_TOKEN_PREFIX, digest, new_id, new_secret,
 )
@@ -50,6 +54,8 @@ class Access:
         self.store = store
         self.book = state.auth
         self._wall_clock = wall_clock
+        # The key-encryption key, loaded by ensure_secrets at start before any token is written or fed.
+        self._kek: bytes | None = None
 
     async def create_client(self, request: ClientCreate) -> ClientSecrets:
         client_id = new_id("cli_")
@@ -91,7 +97,7 @@ class Access:
         token = new_secret(REGISTRATION_TOKEN_PREFIX)
         record = TokenRecord(token_id=new_id("tok_"), service=request.service, token_digest=digest(token),
                              signing_key=signing_key(token), created_at=self._wall_clock())
-        await self.store.put(token_key(record.token_id), encode_value(record))
+        await self._store_token(record)
         log.info("registration token created", extra={"token_id": record.token_id, "service": record.service})
         return IssuedToken(token=token, token_id=record.token_id, service=record.service,
                            created_at=record.created_at)
@@ -104,9 +110,52 @@ class Access:
         if record is None:
             raise RegistryError(404, "token_not_found", f"No registration token {token_id!r}", "token_id")
         revoked = msgspec.structs.replace(record, revoked=True)
-        await self.store.put(token_key(token_id), encode_value(revoked))
+        await self._store_token(revoked)
         log.warning("registration token revoked", extra={"token_id": token_id, "service": record.service})
         return token_view(revoked)
+
+    async def _store_token(self, record: TokenRecord) -> None:
+        """The one way a token reaches the log: its signing key sealed, never in the clear."""
+        if record.signing_key is not None:
+            record = msgspec.structs.replace(record, signing_key=None,
+                                             sealed_key=seal(self._secrets_key(), record.token_id, record.signing_key))
+        await self.store.put(token_key(record.token_id), encode_value(record))
+
+    def _secrets_key(self) -> bytes:
+        if self._kek is None:
+            raise RuntimeError("ensure_secrets() must run before tokens are written or fed")
+        return self._kek
+
+    def ensure_secrets(self, data_dir: Path) -> None:
+        """Load the key-encryption key (made on first start) and check that it opens every sealed
+        signing key. Raises SecretsKeyError (the registry refuses to start) rather than run with keys
+        it cannot open: routers would sign nothing, and every token-holding agent refuse its calls."""
+        self._kek = load_kek(data_dir)
+        for record in self.book.tokens.values():
+            if record.sealed_key is not None:
+                try:
+                    unseal(self._kek, record.token_id, record.sealed_key)
+                except SealError as exc:
+                    raise SecretsKeyError(f"{data_dir / SECRETS_KEY_FILE}: {exc}; restore the {SECRETS_KEY_FILE} "
+                                          "this data dir was written with") from exc
+
+    async def reseal_clear_keys(self) -> int:
+        """Rewrite, sealed, the tokens whose signing key a previous version stored in the clear; how many."""
+        clear = [record for record in self.book.tokens.values() if record.signing_key is not None]
+        for record in clear:
+            await self._store_token(record)
+        if clear:
+            log.warning("signing keys stored in the clear by a previous version resealed",
+                        extra={"tokens": [record.token_id for record in clear]})
+        return len(clear)
+
+    def opened(self, value: object) -> object:
+        """A stored record as the admin-only watch feed carries it: a token's signing key in the clear,
+        for routers to sign with."""
+        if isinstance(value, TokenRecord) and value.sealed_key is not None:
+            return msgspec.structs.replace(value, sealed_key=None,
+                                           signing_key=unseal(self._secrets_key(), value.token_id, value.sealed_key))
+        return value
 
     async def publish_keys(self, keys: list[PublishedKey]) -> None:
         """Store routers' verifying keys; one already stored as given is not written again."""
@@ -133,19 +182,7 @@ class Access:
         the WAL. A crash in between leaves the new file, which wins at the next start."""
         key = new_secret(ADMIN_KEY_PREFIX)
         path = admin_key_path(data_dir)
-        staged = path.with_suffix(".new")
-        staged.unlink(missing_ok=True)
-        descriptor = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "w") as file:
-            file.write(key + "\n")
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(staged, path)
-        directory = os.open(data_dir, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        write_private(path, (key + "\n").encode(), replace=True)
         await self._store_admin(key)
         log.warning("admin key written", extra={"path": str(path)})
         return key

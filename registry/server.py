@@ -14,6 +14,7 @@ from aiohttp import web
 from registry.api import DEFAULT_MAX_BODY, create_app
 from registry.health import HealthChecker
 from registry.lifecycle import LifecycleConfig
+from registry.reseal import reseal
 from registry.service import Registry
 from registry.store import WalStore
 from registry.watch import WatchHub
@@ -60,6 +61,8 @@ class RegistryServer:
         self.settings.data_dir.mkdir(parents=True, exist_ok=True)
         self.replay = await asyncio.get_running_loop().run_in_executor(None, self.store.open)
         self.registry = Registry(self.store, self.settings.lifecycle)
+        self.registry.access.ensure_secrets(self.settings.data_dir)
+        await reseal(self.registry.access, self.store, self.settings.data_dir)
         if self.settings.auth:
             self.new_admin_key = await self.registry.access.ensure_admin_key(self.settings.data_dir)
         else:

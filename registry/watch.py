@@ -183,7 +183,8 @@ class WatchHub:
                     subscription.offer(self._event(change))
             subscription.offer(States(states=self.current_states()))
         else:
-            records = {key: decode_value(key, value) for key, value in self._registry.store.snapshot().items()}
+            records = {key: self._registry.access.opened(decode_value(key, value))
+                       for key, value in self._registry.store.snapshot().items()}
             subscription.offer(Reset(revision=revision, records=records, states=self.current_states()))
         self._subscribers.append(subscription)
         return subscription
@@ -195,7 +196,8 @@ class WatchHub:
     def _event(self, change: Change) -> Put | Delete:
         if change.value is None:
             return Delete(revision=change.revision, key=change.key)
-        return Put(revision=change.revision, key=change.key, value=decode_value(change.key, change.value))
+        return Put(revision=change.revision, key=change.key,
+                   value=self._registry.access.opened(decode_value(change.key, change.value)))
 
     def _publish(self, event: WatchEvent) -> None:
         for subscription in list(self._subscribers):

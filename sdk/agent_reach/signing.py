@@ -1,8 +1,8 @@
 """Signatures on the calls the router forwards, so an agent can tell them from calls around the mesh.
 
 The key is derived from the agent's registration token (HMAC-SHA256 with a fixed label): the
-registry stores it with the token, the router signs with it, and the agent derives it from the
-token it already holds, so no second secret is distributed. The signature binds the time, a
+registry stores it with the token (sealed), the router signs with it, and the agent derives it from
+the token it already holds, so no second secret is distributed. The signature binds the time, a
 random nonce (so an agent can refuse a replayed request), the destination instance's agent_id
 (instances of one service share the key, and each remembers only the nonces it accepted, so
 without it a call to one instance could be replayed to its siblings), the HTTP method, the target
