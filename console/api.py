@@ -18,11 +18,13 @@ from aiohttp import web
 from registry.api import errors_as_json
 from registry.errors import RegistryError
 from registry.views import AgentView
-from router.api import ROUTE_HEADERS
+from prometheus_client import CONTENT_TYPE_LATEST
+from router.api import MAX_TRACES_LISTED, ROUTE_HEADERS
 from router.policy import DEFAULT_POLICY
 
 from console.collector import Collector
 from console.hub import Hub
+from console.metrics import render
 from console.models import AgentDetail, ConsoleConfig, DebugResult, PolicyEntry, ReachView, RoutesView, TrafficStat
 from console.rollup import capability_reach
 from console.signin import Gatekeeper
@@ -60,6 +62,14 @@ def bounded_int(request: web.Request, name: str, default: int, low: int, high: i
     return int(raw)
 
 
+def callers_in(node: dict[str, Any]) -> set[str]:
+    """The caller (client) ids in a trace tree."""
+    found = {node["call"]["caller"]} if node["call"].get("caller") else set()
+    for child in node["children"]:
+        found |= callers_in(child)
+    return found
+
+
 def hours_since(request: web.Request, now: float) -> float:
     return now - bounded_int(request, "hours", 24, 1, 24 * 7) * HOUR
 
@@ -85,6 +95,15 @@ class ConsoleApi:
 
     async def index(self, request: web.Request) -> web.FileResponse:
         return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        """The console serves whether or not it can read the mesh; what it last read is said per part."""
+        return json_response({"status": "ok", "polls": self.collector.polls, **self.collector.statuses()})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        sessions = self.gatekeeper.sessions
+        body = render(self.collector, self.hub, sessions.count if sessions is not None else lambda: 0)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def get_config(self, request: web.Request) -> web.Response:
         return json_response(self.config)
@@ -139,13 +158,30 @@ class ConsoleApi:
                                         hours=await self.store.decision_hours(hours_since(request, now))))
 
     async def traces(self, request: web.Request) -> web.Response:
-        params = {"limit": str(bounded_int(request, "limit", 50, 1, 1000))}
+        """A page of the router's recent calls, newest first: ``limit`` of them after the first ``offset``."""
+        limit = bounded_int(request, "limit", 50, 1, MAX_TRACES_LISTED)
+        offset = bounded_int(request, "offset", 0, 0, MAX_TRACES_LISTED - 1)
+        params = {"limit": str(min(MAX_TRACES_LISTED, offset + limit + 1))}
         if request.query.get("capability"):
             params["capability"] = request.query["capability"]
-        return relay(await self.router.get("/traces", params))
+        reply = await self.router.get("/traces", params)
+        if not reply.ok:
+            return relay(reply)
+        traces = reply.json()["traces"]
+        return json_response({"traces": traces[offset:offset + limit], "offset": offset,
+                              "more": len(traces) > offset + limit})
 
     async def trace(self, request: web.Request) -> web.Response:
-        return relay(await self.router.get(f"/traces/{segment(request.match_info['request_id'])}"))
+        """The router's trace, and the names of the clients who made its calls (it knows their ids)."""
+        reply = await self.router.get(f"/traces/{segment(request.match_info['request_id'])}")
+        if not reply.ok:
+            return relay(reply)
+        answer = reply.json()
+        callers = callers_in(answer["tree"])
+        clients = await self.registry.get("/clients") if callers else None
+        answer["caller_names"] = {client["client_id"]: client["name"] for client in clients.json()["clients"]
+                                  if client["client_id"] in callers} if clients is not None and clients.ok else {}
+        return json_response(answer)
 
     async def policies(self, request: web.Request) -> web.Response:
         reply = await self.registry.get("/policies")
@@ -203,6 +239,8 @@ class ConsoleApi:
         self.gatekeeper.add_routes(app)
         routes = app.router
         routes.add_get("/", self.index)
+        routes.add_get("/healthz", self.healthz)
+        routes.add_get("/metrics", self.metrics)
         routes.add_static("/static", STATIC, append_version=False)
         routes.add_get("/api/config", self.get_config)
         routes.add_get("/api/overview", self.overview)

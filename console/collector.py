@@ -102,6 +102,7 @@ class Collector:
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._counted_before = 0.0
         self._pruned_at = 0.0
+        self.polls = 0
 
     async def load(self) -> None:
         """Pick up where a previous console left off, so nothing is counted twice."""
@@ -117,7 +118,11 @@ class Collector:
                 log.exception("console poll failed")
             await asyncio.sleep(self.interval)
 
+    def statuses(self) -> dict[str, UpstreamStatus]:
+        return {"registry": self.registry_status, "router": self.router_status, "traces": self.traces_status}
+
     async def tick(self) -> None:
+        self.polls += 1
         agents, reach, alerts, traces = await asyncio.gather(
             self.registry.get("/agents"), self.router.get("/reach"), self.router.get("/alerts"),
             self.router.get("/traces", {"limit": str(TRACES_PER_POLL)}))

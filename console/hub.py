@@ -28,6 +28,10 @@ class Hub:
         self._queues: dict[asyncio.Queue[Event | None], frozenset[str]] = {}
         self.latest: dict[str, Event] = {}
 
+    @property
+    def subscribers(self) -> int:
+        return len(self._queues)
+
     def wanted(self, topic: str) -> bool:
         """Whether any browser follows ``topic`` (so the collector can skip building it)."""
         return any(topic in topics for topics in self._queues.values())

@@ -29,8 +29,9 @@ log = logging.getLogger("agentreach.console.signin")
 
 COOKIE = "agentreach_console"
 SESSION_SECONDS = 12 * 3600
-# Reachable without signing in: the page shell and its code, and the sign-in endpoint itself.
-OPEN_PATHS = ("/", "/api/session")
+# Reachable without signing in: the page shell and its code, the sign-in endpoint itself, and
+# health and metrics (open on every part of the mesh, for probes and scrapers).
+OPEN_PATHS = ("/", "/api/session", "/healthz", "/metrics")
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
@@ -64,6 +65,10 @@ class Sessions:
         session_id = secrets.token_urlsafe(32)
         self._expiry[session_id] = (now + self._ttl, self.admin.generation)
         return session_id
+
+    def count(self) -> int:
+        now = self._clock()
+        return sum(self._live(entry, now) for entry in self._expiry.values())
 
     def valid(self, session_id: str | None) -> bool:
         return session_id is not None and self._live(self._expiry.get(session_id), self._clock())
