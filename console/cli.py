@@ -26,6 +26,7 @@ from router.core import RouterSettings
 from router.semantic.settings import SemanticSettings, SemanticUnavailable
 from router.server import RouterServer, RouterServerSettings
 from wal import WalError, format_inspection, inspect_wal
+from wal.private import warn_loose_modes
 
 log = logging.getLogger("agentreach.cli")
 
@@ -295,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(args.log_level)
     _tune_gc()
     _warn_if_auth_off(args)
+    warn_loose_modes(args.data_dir)
     try:
         return _serve_command(args, parser)
     except NoAdminKey as exc:

@@ -15,6 +15,7 @@ from pathlib import Path
 import aiosqlite
 import msgspec
 from router.reach import PeriodSummary, Tally
+from wal.private import create_private_file
 
 from console.models import HourRow
 from console.rollup import absorb, merged, quantile, reach_of
@@ -62,7 +63,7 @@ class ConsoleStore:
         return self._db
 
     async def open(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        create_private_file(self.path)  # 0600 before SQLite opens it: its -wal and -shm files copy the mode
         self._db = await aiosqlite.connect(self.path)
         await self._db.execute("PRAGMA journal_mode=WAL")
         await self._db.executescript(SCHEMA)

@@ -14,6 +14,7 @@ from auth.records import ClientCreate, PublishedKey, TokenCreate, client_view
 from prometheus_client import CONTENT_TYPE_LATEST
 from router.policy import Policy
 from router.reach import AlertConfig
+from wal import WalUnavailable
 
 from registry.access import admin_key_path
 from registry.errors import RegistryError, from_decode_error
@@ -81,6 +82,9 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
                                                   "error": error.code, "reason": error.message,
                                                   "remote": request.remote})
         return error_response(error)
+    except WalUnavailable as exc:
+        # Nothing was acknowledged: the change is not in the log or in memory; retry once /healthz is ok.
+        return error_response(RegistryError(503, "storage_unavailable", f"The registry cannot store changes now: {exc}"))
     except web.HTTPRequestEntityTooLarge as exc:
         return error_response(RegistryError(413, "payload_too_large", exc.text or "Request body too large"))
     except web.HTTPException as exc:
@@ -167,6 +171,11 @@ def create_app(registry: Registry, checker: HealthChecker | None = None, hub: Wa
         return json_response(registry.agent(request.match_info["agent_id"]))
 
     async def healthz(request: web.Request) -> web.Response:
+        storage = registry.store.health
+        if not storage.writable:
+            return json_response({"status": "unavailable", "error": "storage_unavailable", "field": None,
+                                  "message": f"The registry cannot store changes: {storage.problem}",
+                                  "since": storage.since, "revision": registry.store.revision}, 503)
         return json_response({"status": "ok", "revision": registry.store.revision})
 
     async def metrics(request: web.Request) -> web.Response:

@@ -58,7 +58,6 @@ class RegistryServer:
         return f"http://{self.settings.host}:{self.port}"
 
     async def start(self) -> None:
-        self.settings.data_dir.mkdir(parents=True, exist_ok=True)
         self.replay = await asyncio.get_running_loop().run_in_executor(None, self.store.open)
         self.registry = Registry(self.store, self.settings.lifecycle)
         self.registry.access.ensure_secrets(self.settings.data_dir)

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import msgspec
 
-from wal import ReplayReport, WriteAheadLog
+from wal import ReplayReport, WalHealth, WriteAheadLog
 
 log = logging.getLogger("agentreach.registry.store")
 
@@ -33,6 +33,11 @@ Listener = Callable[[Change], None]
 
 class Store(Protocol):
     revision: int
+
+    @property
+    def health(self) -> WalHealth:
+        """Whether changes can be made durable now, and if not why (a full or read-only disk)."""
+        ...
 
     async def put(self, key: str, value: bytes) -> int: ...
 
@@ -85,6 +90,10 @@ class WalStore:
     @property
     def wal(self) -> WriteAheadLog:
         return self._wal
+
+    @property
+    def health(self) -> WalHealth:
+        return self._wal.health
 
     def _load_snapshot(self, index: int, data: bytes) -> None:
         self._items = _items_decoder.decode(data)

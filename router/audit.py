@@ -21,6 +21,7 @@ import aiosqlite
 import msgspec
 
 from router.traces import CallTrace
+from wal.private import create_private_file
 
 log = logging.getLogger("agentreach.router.audit")
 
@@ -162,7 +163,7 @@ class AuditLog:
             self._wake.set()
 
     async def start(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        create_private_file(self.path)  # 0600 before SQLite opens it: its -wal and -shm files copy the mode
         self._db = await aiosqlite.connect(self.path)
         await self._db.execute("PRAGMA journal_mode=WAL")
         # FULL: one fsync per committed batch, so a batch acknowledged as written survives power loss;

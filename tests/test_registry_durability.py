@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
-import sys
-import threading
-import time
 from pathlib import Path
 
 import aiohttp
 
 from conftest import post, registration
+from storage_support import AGENTREACH, start_logged
 
 
 async def test_registrations_survive_a_restart(start_registry, http, tmp_path):
@@ -36,25 +33,10 @@ async def test_registrations_survive_a_restart(start_registry, http, tmp_path):
 
 
 def _start_registry_process(data_dir: Path) -> tuple[subprocess.Popen, str]:
-    process = subprocess.Popen(
-        # Not a test of auth: agents register without tokens.
-        [sys.executable, "-m", "console.cli", "registry", "--port", "0", "--data-dir", str(data_dir), "--auth", "off"],
-        stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
-    deadline = time.monotonic() + 20
-    assert process.stderr is not None
-    while time.monotonic() < deadline:
-        line = process.stderr.readline()
-        if not line:
-            break
-        if not line.startswith("{"):
-            continue  # the plain-text start-up warning that auth is off
-        event = json.loads(line)
-        if event["event"] == "registry listening":
-            # Keep reading its log so a full pipe never blocks the registry.
-            threading.Thread(target=process.stderr.read, daemon=True).start()
-            return process, event["url"]
-    process.kill()
-    raise AssertionError("registry process did not report listening")
+    # Not a test of auth: agents register without tokens.
+    running = start_logged([*AGENTREACH, "registry", "--port", "0", "--data-dir", str(data_dir), "--auth", "off"],
+                           ready="registry listening", timeout=20)
+    return running.process, running.url
 
 
 async def test_sigkill_during_a_registration_storm_loses_nothing_acknowledged(tmp_path):

@@ -18,7 +18,8 @@ from .private import open_private
 from .segment import ActiveSegment, SegmentFile, covered_count, create_segment, replace_segment
 
 PROBE_NAME = "PROBE"
-MIN_PROBE_BYTES = 4096
+# Room for real work, not one page, so a nearly full disk does not flap between available and full.
+MIN_PROBE_BYTES = 1 << 20
 
 
 class SegmentWriter:
