@@ -148,7 +148,7 @@ def create_app(registry: Registry, checker: HealthChecker | None = None, hub: Wa
         return json_response({"tokens": access.tokens()})
 
     async def revoke_token(request: web.Request) -> web.Response:
-        return json_response(await access.revoke_token(request.match_info["token_id"]))
+        return json_response(await registry.revoke_token(request.match_info["token_id"]))
 
     async def published_keys(request: web.Request) -> web.Response:
         return json_response({"keys": list(registry.state.auth.published_keys.values())})

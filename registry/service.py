@@ -6,13 +6,14 @@ commits it; heartbeats touch soft state alone.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
 
 import msgspec
 from agent_reach.registration import HeartbeatRequest, RegisterRequest
-from auth.records import TokenRecord
+from auth.records import TokenRecord, TokenView
 
 from registry.access import Access
 from registry.bindings import AgentIdBinding, binding_key, bindings_to_forget
@@ -58,6 +59,8 @@ class Registry:
         self.state.load(store.snapshot())
         # Who may use the mesh (clients, registration tokens, the admin key), kept in the same store.
         self.access = Access(store, self.state, wall_clock)
+        # Tokens whose revocation is on its way to the log: registrations with them are refused meanwhile.
+        self._revoking: set[str] = set()
         self._unwatch = store.watch(self._apply)
 
     def _apply(self, change: Change) -> None:
@@ -88,6 +91,8 @@ class Registry:
         if owner is not None and owner != record.service:
             raise RegistryError(409, "agent_id_taken", f"Agent id {record.agent_id!r} belongs to service {owner!r}; "
                                 f"service {record.service!r} cannot take it", "agent_id", owner=owner)
+        if token is not None and self._revoked(token.token_id):
+            raise RegistryError(401, "unauthenticated", "Unknown or revoked registration token", "Authorization")
         conflicts = self.state.conflicts(record)
         if conflicts:
             name, owner = conflicts[0]
@@ -106,6 +111,32 @@ class Registry:
         log.info("instance registered", extra={"agent_id": record.agent_id, "service": record.service,
                                               "capabilities": [c.name for c in record.capabilities]})
         return self.agent(record.agent_id)
+
+    def _revoked(self, token_id: str) -> bool:
+        """Checked with no await before the append: the token may have been revoked since the gate let
+        the request in (its body was still being read)."""
+        current = self.state.auth.tokens.get(token_id)
+        return token_id in self._revoking or current is None or current.revoked
+
+    async def revoke_token(self, token_id: str) -> TokenView:
+        """Revoke a registration token and evict its instances at once, so nothing keeps serving under it.
+
+        Evictions come first: a crash before the revocation is logged leaves evicted instances and a
+        valid token (revoking again finishes the job), never a revoked token with instances serving.
+        The second pass evicts registrations that were already on their way to the log."""
+        self._revoking.add(token_id)
+        try:
+            await self._evict_joined_with(token_id)
+            view = await self.access.revoke_token(token_id)
+            await self._evict_joined_with(token_id)
+        finally:
+            self._revoking.discard(token_id)
+        return view
+
+    async def _evict_joined_with(self, token_id: str) -> None:
+        joined = [agent_id for agent_id, record in self.state.records.items()
+                  if record.token_id == token_id and record.evicted_at is None]
+        await asyncio.gather(*(self.evict(agent_id, "registration token revoked") for agent_id in joined))
 
     def _check_owned(self, agent_id: str, token: TokenRecord | None) -> None:
         """A token's holder may act on its own service's instances only."""
