@@ -31,6 +31,7 @@ from wal import (
     inspect_wal,
 )
 from wal.encoder import encode_batch
+from wal.snapshot import write_snapshot
 
 ROOT = Path(__file__).resolve().parents[1]
 PAYLOAD = b"p" * 100
@@ -549,6 +550,41 @@ async def test_corrupt_newest_snapshot_refuses_when_its_segments_are_gone(wal_di
         open_log(wal_dir)
     message = str(raised.value)
     assert newest.name in message and "CRC mismatch" in message and "51..150" in message
+
+
+@pytest.mark.parametrize(
+    ("snapshot_index", "damaged_record", "starts"),
+    [(100, 50, True), (100, 100, False), (80, 50, False)],
+    ids=["snapshot holds every record", "damage in the final record", "records past the snapshot"],
+)
+async def test_damage_the_snapshot_covers_is_removed_and_start_up_goes_on(
+    wal_dir: Path, caplog: pytest.LogCaptureFixture, snapshot_index: int, damaged_record: int, starts: bool
+) -> None:
+    """A crash between writing a snapshot and compacting leaves segments the snapshot holds whole."""
+    await write_records(wal_dir, 100)
+    write_snapshot(str(wal_dir), snapshot_index, b"state")
+    [segment] = segments(wal_dir)
+    offset = (damaged_record - 1) * RECORD
+    flip_byte(segment, offset + 16 + 7)
+
+    if not starts:
+        with pytest.raises(WalCorruption) as raised:
+            open_log(wal_dir)
+        assert (raised.value.path, raised.value.offset) == (str(segment), offset)
+        assert segment.exists()
+        return
+    assert "open() removes the segment" in format_inspection(inspect_wal(wal_dir.parent))
+    with caplog.at_level(logging.WARNING, logger="agentreach.wal"):
+        log, report, replayed = open_log(wal_dir)
+    assert replayed.snapshot == (100, b"state") and replayed.records == []
+    assert (report.snapshot_index, report.last_index) == (100, 100)
+    assert not segment.exists()
+    [warning] = [record for record in caplog.records if record.name == "agentreach.wal"]
+    assert (warning.wal_path, warning.offset, warning.snapshot_index) == (str(segment), offset, 100)
+    assert await log.append(b"after") == 101
+    await log.close()
+    _, replayed = await replay(wal_dir)
+    assert replayed.records == [(101, b"after")]
 
 
 # --- crash safety --------------------------------------------------------------------------

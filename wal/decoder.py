@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import os
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import msgspec
 
@@ -162,14 +162,36 @@ def find_valid_record(file: io.FileIO, start: int, size: int) -> int | None:
     if start + HEADER_SIZE > size:
         return None
     file.seek(start)
-    data = file.read(size - start)
+    found = next(valid_records(file.read(size - start)), None)
+    return None if found is None else start + found[0]
+
+
+def final_record_index(path: str, damage: int) -> int | None:
+    """Index of the valid record that ends `path`, probing past the damage at byte `damage`.
+
+    Records in a segment are written in index order, so when the file ends
+    with a whole valid record, no record in it has a higher index. None when
+    the file does not end that way (the damage may be in its last record).
+    """
+    with open(path, "rb", buffering=0) as file:
+        data = file.read()
+    final = None
+    for _, index, following in valid_records(data, damage + ALIGNMENT):
+        final = (index, following)
+    return final[0] if final is not None and final[1] == len(data) else None
+
+
+def valid_records(data: bytes, start: int = 0) -> Iterator[tuple[int, int, int]]:
+    """(offset, index, end incl. padding) of each CRC-valid record in `data` from aligned offset `start` on:
+    every aligned offset is probed, and a valid record is jumped over whole."""
     view = memoryview(data)
-    unpack = HEADER.unpack_from
-    crc32 = zlib.crc32
-    last = len(data) - HEADER_SIZE
-    for pos in range(0, last + 1, ALIGNMENT):
-        length, crc, _ = unpack(data, pos)
+    pos = start
+    while pos + HEADER_SIZE <= len(data):
+        length, crc, index = HEADER.unpack_from(data, pos)
         end = pos + HEADER_SIZE + length
-        if end <= len(data) and crc32(view[pos + 8 : end]) == crc:
-            return start + pos
-    return None
+        if end <= len(data) and zlib.crc32(view[pos + 8 : end]) == crc:
+            following = (end + ALIGNMENT - 1) & ~(ALIGNMENT - 1)
+            yield pos, index, following
+            pos = following
+        else:
+            pos += ALIGNMENT

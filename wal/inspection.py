@@ -66,7 +66,7 @@ def inspect_wal(data_dir: str | os.PathLike[str]) -> WalInspection:
         scan = scan_segment(segment.path, segment.first_index, _ignore)
         problems = [sequence_gap(plan, position, last_index)]
         if scan.problem:
-            problems.append(describe(scan, is_last=position == len(plan.needed) - 1))
+            problems.append(describe(scan, position == len(plan.needed) - 1, plan.snapshot_index))
         infos.append(_info(scan, covered=False, problem="; ".join(p for p in problems if p) or None))
         last_index = scan.last_index
     snapshot = None

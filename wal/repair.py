@@ -2,19 +2,23 @@
 
 Only one kind of damage is expected after a crash: the last batch of the last
 segment was being written when the process or machine died. That tail was
-never acknowledged, so cutting it off loses nothing. Any other damage means
-acknowledged records may be gone, so it stops start-up with WalCorruption.
+never acknowledged, so cutting it off loses nothing. Damage to a last segment
+whose every record the snapshot already holds is harmless too (a crash came
+between writing the snapshot and compacting): open() removes that segment.
+Any other damage means acknowledged records may be gone, so it stops
+start-up with WalCorruption.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 
 import msgspec
 
-from .decoder import SegmentScan
+from .decoder import SegmentScan, final_record_index
 from .errors import WalCorruption
-from .files import truncate_durably
+from .files import remove_files, truncate_durably
 
 log = logging.getLogger("agentreach.wal")
 
@@ -43,12 +47,39 @@ def check_scan(scan: SegmentScan, is_last: bool) -> TailTruncation | None:
     return truncate_tail(scan)
 
 
-def describe(scan: SegmentScan, is_last: bool) -> str:
+def remove_covered(scan: SegmentScan, snapshot_index: int) -> None:
+    """Delete a damaged segment the snapshot holds entirely, saying so."""
+    assert scan.problem is not None
+    remove_files(os.path.dirname(scan.path), [scan.path])
+    log.warning(
+        "removed damaged segment %s (byte offset %d: %s): every record in it is at or below snapshot index %d",
+        scan.path,
+        scan.problem.offset,
+        scan.problem.reason,
+        snapshot_index,
+        extra={"wal_path": scan.path, "offset": scan.problem.offset, "reason": scan.problem.reason,
+               "snapshot_index": snapshot_index},
+    )
+
+
+def covered_by_snapshot(scan: SegmentScan, is_last: bool, snapshot_index: int) -> bool:
+    """Whether the scan's damage is in a last segment holding no record past the snapshot."""
+    problem = scan.problem
+    if problem is None or not is_last or snapshot_index == 0 or is_torn_tail(scan, is_last):
+        return False
+    final = final_record_index(scan.path, problem.offset)
+    return final is not None and scan.first_index <= final <= snapshot_index
+
+
+def describe(scan: SegmentScan, is_last: bool, snapshot_index: int = 0) -> str:
     """Explain a problem the way an operator needs it: what, and whether open() repairs it."""
     problem = scan.problem
     assert problem is not None
     if is_torn_tail(scan, is_last):
         return f"{problem.reason}; torn tail, open() cuts the last {scan.size - problem.offset} bytes"
+    if covered_by_snapshot(scan, is_last, snapshot_index):
+        return (f"{problem.reason}; every record in the segment is at or below snapshot index {snapshot_index}, "
+                "open() removes the segment and starts from the snapshot")
     if not is_last:
         return f"{problem.reason}; in a segment that is not the last one"
     return problem.reason

@@ -13,7 +13,7 @@ import msgspec
 
 from .decoder import Apply, scan_segment
 from .errors import WalCorruption
-from .repair import TailTruncation, check_scan
+from .repair import TailTruncation, check_scan, covered_by_snapshot, remove_covered
 from .segment import SegmentFile, covered_count, create_segment, list_segments
 from .snapshot import RejectedSnapshot, Snapshot, load_newest, remove_temporaries
 
@@ -93,18 +93,24 @@ def recover(directory: str, apply_snapshot: Apply, apply_record: Apply) -> Recov
     last_index = snapshot_index
     replayed = 0
     truncated = None
+    needed = list(plan.needed)
     for position, segment in enumerate(plan.needed):
         gap = sequence_gap(plan, position, last_index)
         if gap:
             raise WalCorruption(segment.path, 0, gap)
         apply = apply_record if segment.first_index > snapshot_index else _after(snapshot_index, apply_record)
         scan = scan_segment(segment.path, segment.first_index, apply)
-        truncated = check_scan(scan, is_last=position == len(plan.needed) - 1)
+        is_last = position == len(plan.needed) - 1
+        if covered_by_snapshot(scan, is_last, snapshot_index):
+            remove_covered(scan, snapshot_index)
+            needed.pop()
+            break
+        truncated = check_scan(scan, is_last)
         replayed += max(0, scan.last_index - max(segment.first_index - 1, snapshot_index))
         last_index = scan.last_index
 
-    segments = plan.covered + plan.needed
-    if not plan.needed or last_index < snapshot_index:
+    segments = plan.covered + needed
+    if not needed or last_index < snapshot_index:
         segments.append(create_segment(directory, snapshot_index + 1))
     last_index = max(last_index, snapshot_index)
     report = ReplayReport(
