@@ -23,7 +23,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 log = logging.getLogger("agentreach.router.keys")
 
-ALGORITHM = "EdDSA"
+# The JOSE name of Ed25519 signatures (RFC 9864), in every token and JWK this router issues.
+ALGORITHM = "Ed25519"
+# Verified too: RFC 8037's polymorphic name, now deprecated, in tokens from routers before RFC 9864.
+ACCEPTED_ALGORITHMS = (ALGORITHM, "EdDSA")
 PEM_SUFFIX = ".pem"
 
 

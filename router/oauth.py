@@ -1,7 +1,8 @@
 """OAuth2 client credentials (RFC 6749 §4.4): issuing the router's JWT access tokens and verifying them.
 
-Tokens are signed with the key ring's current Ed25519 key (EdDSA) and verified with that one
-algorithm only, so `alg: none` and HS256-with-the-public-key tokens never reach a verifier.
+Tokens are signed with the key ring's current Ed25519 key (`alg: Ed25519`, RFC 9864) and verified
+with Ed25519 only — under that name or the deprecated `EdDSA` that older routers wrote — so
+`alg: none` and HS256-with-the-public-key tokens never reach a verifier.
 """
 
 from __future__ import annotations
@@ -20,14 +21,27 @@ from auth.grants import narrow
 from auth.records import ClientRecord, PublishedKey
 from auth.secrets import matches
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from jwt.algorithms import OKPAlgorithm
 from multidict import MultiMapping
 
-from router.keyring import ALGORITHM, KeyRing, from_x, jwk
+from router.keyring import ACCEPTED_ALGORITHMS, ALGORITHM, KeyRing, from_x, jwk
 
 AUDIENCE = "agentreach"
 GRANT_TYPE = "client_credentials"
 REQUIRED_CLAIMS = ["sub", "aud", "iss", "exp", "iat", "nbf", "jti"]
 SINGLE_VALUED = ("grant_type", "scope", "client_id", "client_secret")
+
+
+def _name_ed25519() -> None:
+    """pyjwt (2.x) knows Ed25519 signatures only by the name ``EdDSA``; teach it RFC 9864's name for
+    the same algorithm, unless a newer pyjwt already knows it."""
+    try:
+        jwt.get_algorithm_by_name(ALGORITHM)
+    except NotImplementedError:
+        jwt.register_algorithm(ALGORITHM, OKPAlgorithm())
+
+
+_name_ed25519()
 
 
 class TokenClaims(msgspec.Struct, kw_only=True):
@@ -119,14 +133,14 @@ class TokenIssuer:
             header = jwt.get_unverified_header(token)
         except jwt.InvalidTokenError:
             return "The bearer token is not a JWT"
-        if header.get("alg") != ALGORITHM:
+        if header.get("alg") not in ACCEPTED_ALGORITHMS:
             return f"Tokens must be signed with {ALGORITHM}"
         kid = header.get("kid")
         key = self.verifying(kid) if isinstance(kid, str) else None
         if key is None:
             return "The token's signing key is unknown or retired"
         try:
-            claims = jwt.decode(token, key, algorithms=[ALGORITHM], audience=AUDIENCE, issuer=self.issuer,
+            claims = jwt.decode(token, key, algorithms=list(ACCEPTED_ALGORITHMS), audience=AUDIENCE, issuer=self.issuer,
                                 leeway=self.leeway, options={"require": REQUIRED_CLAIMS})
             return msgspec.convert(claims, TokenClaims)
         except jwt.ExpiredSignatureError:
