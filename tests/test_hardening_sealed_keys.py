@@ -36,6 +36,7 @@ from router.feed import follow_http
 from router.mirror import RegistryMirror
 from router.server import RouterServer, RouterServerSettings
 from sdk_support import free_port, issue_token, make_agent, teardown  # noqa: F401
+from test_cli import agentreach
 
 Serve = Callable[..., Awaitable[RegistryServer]]
 
@@ -217,3 +218,14 @@ async def test_a_reseal_cut_short_by_a_crash_is_finished_at_the_next_start(serve
     assert_nothing_usable(data, token, key)
     assert not (data / PENDING_FILE).exists()
     assert registry.registry.state.auth.token(token).service == "cut"  # type: ignore[union-attr]
+
+
+def test_the_command_refuses_a_readable_secrets_key_in_one_line(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / SECRETS_KEY_FILE).write_text(os.urandom(32).hex() + "\n")
+    (data / SECRETS_KEY_FILE).chmod(0o644)
+    done = agentreach("registry", "--port", "0", "--data-dir", str(data))
+    assert done.returncode == 2, done.stderr
+    [line] = [line for line in done.stderr.splitlines() if line.startswith("agentreach: refusing to start")]
+    assert "readable by its owner only (chmod 600)" in line and "Traceback" not in done.stderr
