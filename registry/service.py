@@ -31,6 +31,7 @@ from registry.records import (
     instance_key,
     policy_key,
 )
+from registry.retention import evicted_to_forget
 from registry.state import RegistryState
 from registry.store import Change, Store
 from registry.views import AgentView, QueryResult, agent_view, query_instance
@@ -171,11 +172,15 @@ class Registry:
         record = self.state.records.get(agent_id)
         if record is None:
             raise RegistryError(404, "unknown_agent", f"No instance {agent_id!r}", "agent_id")
-        binding = AgentIdBinding(service=record.service, released_at=self._wall_clock())
-        await self.store.put(binding_key(agent_id), encode_value(binding))
-        await self.store.delete(instance_key(agent_id))
+        await self._release(record)
         self.counters.deregistrations += 1
         log.info("instance deregistered", extra={"agent_id": agent_id, "service": record.service})
+
+    async def _release(self, record: InstanceRecord) -> None:
+        """Delete an instance record; its agent_id stays its service's (a binding, written first)."""
+        binding = AgentIdBinding(service=record.service, released_at=self._wall_clock())
+        await self.store.put(binding_key(record.agent_id), encode_value(binding))
+        await self.store.delete(instance_key(record.agent_id))
         # One at a time, looking again after each: another deregistration may be forgetting too.
         while forgotten := bindings_to_forget(self.state.bindings, self.config.kept_agent_ids):
             await self.store.delete(binding_key(forgotten[0]))
@@ -188,6 +193,10 @@ class Registry:
         await self.store.put(instance_key(agent_id), encode_value(evicted))
         self.counters.evictions += 1
         log.warning("instance evicted", extra={"agent_id": agent_id, "service": record.service, "reason": reason})
+        for forgotten in evicted_to_forget(self.state.records.values(), self._wall_clock()):
+            old = self.state.records.get(forgotten)
+            if old is not None and old.evicted_at is not None:  # not registered again meanwhile
+                await self._release(old)
 
     def query(self, name: str) -> QueryResult:
         now = self.clock()

@@ -1,0 +1,27 @@
+"""How much eviction history the registry keeps: the newest evicted records, for a day at most.
+
+An evicted instance's record stays visible in /agents (decision 5: operators want to see what
+left and when), but agents churn: kept for ever, evicted records grow without bound in memory, in
+every snapshot and in every router's mirror. Only the newest are kept; older ones are released as a
+deregistration is, so their agent_ids stay their services'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from registry.records import InstanceRecord
+
+KEPT_EVICTED = 1_000
+EVICTED_MAX_AGE = 24 * 3600.0
+
+
+def evicted_to_forget(records: Iterable[InstanceRecord], now: float, kept: int = KEPT_EVICTED,
+                      max_age: float = EVICTED_MAX_AGE) -> list[str]:
+    """agent_ids of evicted records past the newest ``kept`` or evicted over ``max_age`` seconds before
+    ``now`` (wall clock, as ``evicted_at``), oldest first."""
+    evicted = sorted((record for record in records if record.evicted_at is not None),
+                     key=lambda record: record.evicted_at)
+    surplus = len(evicted) - kept
+    return [record.agent_id for position, record in enumerate(evicted)
+            if position < surplus or now - record.evicted_at > max_age]
