@@ -57,6 +57,9 @@ class Registry:
         self.counters = Counters()
         # Instances whose soft state changed since the watch hub last looked: it publishes only those.
         self.touched: set[str] = set()
+        # Called with the agent_id when a heartbeat makes an instance healthy that was not: routers must
+        # learn that at once, not at the watch hub's next tick.
+        self.revived: list[Callable[[str], None]] = []
         self.state.load(store.snapshot())
         # Who may use the mesh (clients, registration tokens, the admin key), kept in the same store.
         self.access = Access(store, self.state, wall_clock)
@@ -153,6 +156,7 @@ class Registry:
             raise RegistryError(404, "unknown_agent", f"No live instance {request.agent_id!r}; register again",
                                 "agent_id")
         now = self.clock()
+        revived = status_of(liveness, False, now, self.config) is not Status.HEALTHY
         record_heartbeat(liveness, now)
         self.touched.add(request.agent_id)
         liveness.load = request.load
@@ -163,6 +167,9 @@ class Registry:
         if request.metrics is not None:
             liveness.metrics = request.metrics
         self.counters.heartbeats += 1
+        if revived:
+            for listener in self.revived:
+                listener(request.agent_id)
         return Status.HEALTHY
 
     async def deregister(self, agent_id: str, token: TokenRecord | None = None) -> None:

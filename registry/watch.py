@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from registry.records import RECORD_TYPES, decode_value
+from registry.records import INSTANCE_PREFIX, RECORD_TYPES, decode_value
 from registry.service import Registry
 from registry.store import Change
 
@@ -132,9 +132,11 @@ class WatchHub:
         # (moment an instance's silence timeout runs out, agent_id): when to look at it again.
         self._deadlines: list[tuple[float, str]] = []
         self._unwatch = registry.store.watch(self._on_change)
+        registry.revived.append(self._publish_revived)
 
     def close(self) -> None:
         self._unwatch()
+        self._registry.revived.remove(self._publish_revived)
         for subscription in list(self._subscribers):
             subscription.end()
 
@@ -203,7 +205,19 @@ class WatchHub:
         for subscription in list(self._subscribers):
             subscription.offer(event)
 
+    def _publish_revived(self, agent_id: str) -> None:
+        """An instance just became healthy (its first heartbeat, or back from demoted): publish it now,
+        so a router does not route its first calls as degraded while waiting for the tick."""
+        state = self._state_of(agent_id, self._registry.clock())
+        if state is not None and self._states.get(agent_id) != state:
+            self._states[agent_id] = state
+            self._publish(States(states={agent_id: state}))
+
     def _on_change(self, change: Change) -> None:
+        if change.key.startswith(INSTANCE_PREFIX):
+            # A follower forgets an instance's soft state when its record changes (a registration starts
+            # pending again), so what it was last sent is no guide to what must be sent next.
+            self._states.pop(change.key[len(INSTANCE_PREFIX):], None)
         self._history.append(change)
         if self._subscribers:
             self._publish(self._event(change))

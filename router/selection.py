@@ -41,13 +41,15 @@ class RoutePlan(msgspec.Struct, kw_only=True):
     """The instances to try, first choice first; the rest are the failover order.
 
     ``panic``: too few instances were available, so availability was ignored; the caller must
-    not filter the order by breakers again.
+    not filter the order by breakers again. ``reason``: why a degraded plan is degraded, the state
+    of its first choice ("pending" or "demoted"); None when healthy instances serve.
     """
 
     order: list[Candidate]
     policy: str
     degraded: bool
     panic: bool
+    reason: str | None = None
 
 
 class RouteRefusal(msgspec.Struct, kw_only=True):
@@ -106,7 +108,8 @@ def plan_route(
     order = _ORDERS[policy_name](pool, candidates, hash_key, rng, p2c_above)
     if sticky_agent is not None:
         order.sort(key=lambda candidate: candidate.agent_id != sticky_agent)
-    return RoutePlan(order=order, policy=policy_name, degraded=degraded, panic=panic)
+    return RoutePlan(order=order, policy=policy_name, degraded=degraded, panic=panic,
+                     reason=order[0].state if degraded else None)
 
 
 def _matching_hint(candidates: list[Candidate], routing_hint: dict[str, Any]) -> list[Candidate]:
