@@ -159,7 +159,7 @@ async def _serve(*parts: Callable[[], Awaitable[Any]]) -> None:
 def _run(*parts: Callable[[], Awaitable[Any]]) -> int:
     try:
         asyncio.run(_serve(*parts))
-    except (WalError, SemanticUnavailable, SecretsKeyError) as exc:
+    except (WalError, SemanticUnavailable, SecretsKeyError, OSError) as exc:  # OSError: a full disk, a port taken
         print(f"agentreach: refusing to start: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -113,26 +113,32 @@ async def _ok(http: aiohttp.ClientSession, url: str) -> bool:
     return (await healthz(http, url))[0] == 200
 
 
-def _start_read_only(data_dir: Path) -> subprocess.CompletedProcess:
-    script = 'mount --bind "$1" "$1" && mount -o remount,ro,bind "$1" && exec "$2" -m console.cli registry ' \
-             '--port 0 --data-dir "$1/data"'
+READ_ONLY = 'mount --bind "$1" "$1" && mount -o remount,ro,bind "$1"'
+FULL = 'mount -t tmpfs -o size=1m tmpfs "$1" && (cat /dev/zero > "$1/filler"; true)'
+
+
+def _start_on(mount: str, data_dir: Path) -> subprocess.CompletedProcess:
+    """`agentreach registry` on `data_dir`, its parent made read-only or full in a private mount namespace."""
+    script = f'{mount} && exec "$2" -m console.cli registry --port 0 --data-dir "$1/data"'
     return subprocess.run([*NAMESPACE, script, "sh", str(data_dir.parent), sys.executable], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
 
 
-async def test_start_on_a_read_only_data_dir_refuses_with_one_line(tmp_path, start_registry):
-    fresh = tmp_path / "fresh" / "data"
-    fresh.parent.mkdir()
+async def test_start_on_an_unusable_data_dir_refuses_with_one_line(tmp_path, start_registry):
     existing = tmp_path / "existing" / "data"
     server = await start_registry(existing)
     await server.stop()
-    for data_dir in (fresh, existing):
-        done = await asyncio.to_thread(_start_read_only, data_dir)
+    for mount, data_dir, cause in ((READ_ONLY, tmp_path / "fresh" / "data", "Read-only file system"),
+                                   (READ_ONLY, existing, "Read-only file system"),
+                                   (FULL, tmp_path / "full" / "data", "No space left on device")):
+        data_dir.parent.mkdir(exist_ok=True)
+        done = await asyncio.to_thread(_start_on, mount, data_dir)
         assert done.returncode == 2, done.stderr
         assert "Traceback" not in done.stderr
         [line] = [line for line in done.stderr.splitlines() if "refusing to start" in line]
-        assert line.startswith("agentreach: refusing to start: cannot use the write-ahead log directory")
-        assert str(data_dir) in line and "Read-only file system" in line
+        assert line.startswith("agentreach: refusing to start:") and cause in line
+        if mount == READ_ONLY:
+            assert f"cannot use the write-ahead log directory {data_dir}" in line
 
 
 def _modes(data_dir: Path) -> dict[str, int]:
