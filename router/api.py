@@ -24,6 +24,7 @@ from router.core import CallResult, Router
 from router.metrics import RouterCollector
 from router.oauth import OAuthRefusal
 from router.reach import health_rate
+from router.tracecontext import ParentSpan, parent_span
 
 log = logging.getLogger("agentreach.router.api")
 
@@ -175,14 +176,19 @@ def create_app(router: Router, *, max_body: int = DEFAULT_MAX_BODY,
     prometheus = CollectorRegistry(auto_describe=False)
     prometheus.register(RouterCollector(router))
 
-    async def run(frame: RequestFrame | CallResult, caller: Caller | Unauthenticated | None) -> CallResult:
+    async def run(frame: RequestFrame | CallResult, caller: Caller | Unauthenticated | None,
+                  parent: ParentSpan | None) -> CallResult:
         if isinstance(frame, CallResult):
             return frame
         with logs.bind(request_id=frame.request_id, capability=frame.capability):
-            return await router.call(frame, caller)
+            return await router.call(frame, caller, parent)
 
     async def atp(request: web.Request) -> web.StreamResponse:
         caller = auth.authenticate(request.headers) if auth is not None else None
+        # The caller's W3C trace, continued by every call in the body (an invalid one is ignored).
+        headers = request.headers
+        parent = parent_span(headers["traceparent"], ",".join(headers.getall("tracestate", ()))) \
+            if "traceparent" in headers else None
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -200,7 +206,7 @@ def create_app(router: Router, *, max_body: int = DEFAULT_MAX_BODY,
             except msgspec.MsgspecError:
                 pass
             else:
-                return await answer_frame(frame, caller, ROUTE_HEADERS in request.headers)
+                return await answer_frame(frame, caller, ROUTE_HEADERS in request.headers, parent)
         try:
             body = _decoder.decode(raw)
         except msgspec.DecodeError as exc:
@@ -209,40 +215,42 @@ def create_app(router: Router, *, max_body: int = DEFAULT_MAX_BODY,
             result = invalid_frame(RequestFrame().request_id, f"Body is not valid JSON: {exc}")
             return json_response(result.frame, 400, {"X-Request-Id": result.frame.request_id})
         if jsonrpc.is_envelope(body):
-            return await rpc(body, caller)
-        return await answer_frame(to_frame(body), caller, ROUTE_HEADERS in request.headers)
+            return await rpc(body, caller, parent)
+        return await answer_frame(to_frame(body), caller, ROUTE_HEADERS in request.headers, parent)
 
     async def answer_frame(frame: RequestFrame | CallResult, caller: Caller | Unauthenticated | None,
-                           route_facts: bool) -> web.Response:
+                           route_facts: bool, parent: ParentSpan | None) -> web.Response:
         if isinstance(frame, CallResult):
             result = frame
         else:  # inline, not through run(): one coroutine frame less for every await below
             with logs.bind(request_id=frame.request_id, capability=frame.capability):
-                result = await router.call(frame, caller)
+                result = await router.call(frame, caller, parent)
         return json_response(result.frame, result.http_status, answer_headers(result, route_facts))
 
-    async def rpc_one(item: Any, caller: Caller | Unauthenticated | None) -> dict[str, Any] | None:
+    async def rpc_one(item: Any, caller: Caller | Unauthenticated | None,
+                      parent: ParentSpan | None) -> dict[str, Any] | None:
         try:
             envelope = jsonrpc.parse_envelope(item)
         except jsonrpc.RpcError as exc:
             return jsonrpc.error_answer(exc.request_id, exc.code, exc.message)
-        frame = to_frame(jsonrpc.frame_params(envelope))
+        frame = to_frame(envelope.params)
         if isinstance(frame, CallResult):
             error = frame.frame
             assert isinstance(error, ErrorFrame)
             answer = jsonrpc.error_answer(envelope.id, jsonrpc.INVALID_PARAMS, error.error_message,
                                           msgspec.to_builtins(error))
         else:
-            answer = jsonrpc.answer(envelope.id, (await run(frame, caller)).frame)
+            answer = jsonrpc.answer(envelope.id, (await run(frame, caller, parent)).frame)
         return answer if envelope.has_id else None
 
-    async def rpc(body: Any, caller: Caller | Unauthenticated | None) -> web.Response:
+    async def rpc(body: Any, caller: Caller | Unauthenticated | None, parent: ParentSpan | None) -> web.Response:
         if isinstance(body, list):
             if not body:
                 return json_response(jsonrpc.error_answer(None, jsonrpc.INVALID_REQUEST, "Empty batch"))
-            answers = [a for a in await asyncio.gather(*(rpc_one(item, caller) for item in body)) if a is not None]
+            answers = [a for a in await asyncio.gather(*(rpc_one(item, caller, parent) for item in body))
+                       if a is not None]
             return json_response(answers) if answers else web.Response(status=204)
-        answer = await rpc_one(body, caller)
+        answer = await rpc_one(body, caller, parent)
         return json_response(answer) if answer is not None else web.Response(status=204)
 
     async def reach(request: web.Request) -> web.Response:

@@ -27,6 +27,7 @@ from router.reach import AlertConfig, Outcome, ReachLedger
 from router.semantic.outcome import IntentRefusal
 from router.selection import Candidate, RouteRefusal, choose_policy, plan_route, session_hash_key
 from router.sticky import StickyTable, sticky_key
+from router.tracecontext import CallSpan, ParentSpan, open_span
 from router.traces import AttemptTrace, CallTrace, TraceStore
 
 if TYPE_CHECKING:
@@ -41,6 +42,11 @@ CALLER_ERRORS = {ErrorCode.INVALID_FRAME, ErrorCode.PAYLOAD_TOO_LARGE, ErrorCode
                  ErrorCode.TRUST_LEVEL_INSUFFICIENT, ErrorCode.INTENT_AMBIGUOUS, ErrorCode.INTENT_UNMATCHED}
 TIMEOUTS = {ErrorCode.CONNECT_TIMEOUT, ErrorCode.FIRST_BYTE_TIMEOUT, ErrorCode.TOTAL_TIMEOUT}
 TIMED_OUT_REMEMBERED = 10_000
+# What a caller is answered when the router itself fails mid-call: the table has no code of the
+# router's own, and AGENT_ERROR (502, retryable) is what the caller can act on.
+ROUTER_FAILURE = ErrorCode.AGENT_ERROR
+# Not an ATP code (nothing is answered): what the trace and the audit row say of a cancelled call.
+CANCELLED = "CANCELLED"
 
 
 class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):
@@ -59,6 +65,9 @@ class CallResult(msgspec.Struct, kw_only=True):
     tried: list[AttemptTrace] = []
     # Seconds before a rate-limited caller may try again (the Retry-After header).
     retry_after: int | None = None
+    # False when the call was turned away before a capability was reached (auth, rate, no capability
+    # or intent): traced and audited, but kept out of the reach ledger.
+    ledgered: bool = True
 
     @property
     def http_status(self) -> int:
@@ -98,50 +107,74 @@ class Router:
         self._timed_out: OrderedDict[str, tuple[str, str, str]] = OrderedDict()
         self._rng = rng or random.Random()
 
-    async def call(self, frame: RequestFrame, caller: Caller | Unauthenticated | None = None) -> CallResult:
-        """Route one call. ``caller`` is the resolved credential, None when authentication is off."""
+    async def call(self, frame: RequestFrame, caller: Caller | Unauthenticated | None = None,
+                   parent: ParentSpan | None = None) -> CallResult:
+        """Route one call. ``caller`` is the resolved credential, None when authentication is off;
+        ``parent`` the caller's W3C span, if it sent a valid one.
+
+        However the call ends (an answer, a refusal, a bug in the router, cancellation), it is traced
+        and audited in ``finally``: an exception must not take a call out of the audit trail.
+        """
         started, started_at = time.monotonic(), time.time()
-        if "trace_id" not in frame.context:
-            # The first hop names the trace, so the agent's nested calls join this call's tree.
-            frame.context["trace_id"] = frame.request_id
+        span = open_span(frame.context, parent)
+        payload = _payload_encoder.encode(frame.payload)
+        result: CallResult | None = None
+        try:
+            result = await self._route(frame, caller, started, span, len(payload))
+        except Exception:
+            log.exception("call failed inside the router")
+            result = self._error(frame, ROUTER_FAILURE, "The router failed while handling this call (the agent may "
+                                 "have received it); the router's log has the cause",
+                                 RouteFacts(capability=frame.capability), started)
+        finally:
+            self._account(frame, result, started, started_at, payload, caller, span)
+        return result
+
+    async def _route(self, frame: RequestFrame, caller: Caller | Unauthenticated | None, started: float,
+                     span: CallSpan, size: int) -> CallResult:
         if caller is not None:
             # Before semantic matching: an unknown caller must not spend the model's time.
             refusal = self._admit(caller, started)
             if refusal is not None:
-                return self._refuse(frame, refusal, caller, started, started_at)
+                return self._refuse(frame, refusal, caller, started)
         match = None
         if not frame.capability and self.semantic is None:
             return self._error(frame, ErrorCode.INVALID_FRAME,
                                "capability is required (semantic matching is off, so intent cannot stand for it)",
-                               RouteFacts(), started)
+                               RouteFacts(), started, ledgered=False)
         if not frame.capability and frame.intent and self.semantic is not None:
             # A name always wins; only a frame without one is matched by meaning.
             match = await self.semantic.resolve(frame.intent)
             if isinstance(match, IntentRefusal):
                 self.decisions[match.code.value.lower()] += 1
                 return self._error(frame, match.code, match.message,
-                                   RouteFacts(intent_candidates=match.candidates), started)
+                                   RouteFacts(intent_candidates=match.candidates), started, ledgered=False)
             self.decisions["semantic"] += 1
-            frame = msgspec.structs.replace(frame, capability=match.capability)
+            frame.capability = match.capability  # in place: the trace and audit row name the matched capability
         capability = frame.capability or ""
         offers = self.mirror.offers(capability)
         if isinstance(caller, Caller):
             refusal = authorize(caller, capability, offers)
             if refusal is not None:
-                return self._refuse(frame, refusal, caller, started, started_at)
-        payload = _payload_encoder.encode(frame.payload)
-        result = await self._call_capability(frame, capability, offers, started, len(payload), caller)
+                return self._refuse(frame, refusal, caller, started)
+        result = await self._call_capability(frame, capability, offers, started, size, caller, span)
         if match is not None:
             result.route.match_score, result.route.intent_candidates = match.score, match.candidates
-        outcome = self._outcome(result)
-        self._trace(frame, result, outcome, started, started_at, payload, caller)
+        return result
+
+    def _account(self, frame: RequestFrame, result: CallResult | None, started: float, started_at: float,
+                 payload: bytes, caller: Caller | Unauthenticated | None, span: CallSpan) -> None:
+        """Trace, audit and count one call that ended; ``result`` is None when it was cancelled."""
+        outcome = self._outcome(result) if result is not None else "failed"
+        self._trace(frame, result, outcome, started, started_at, payload, caller, span)
+        if result is None or not result.ledgered:
+            return
         code = result.frame.error_code if isinstance(result.frame, ErrorFrame) else None
         if code == ErrorCode.UNKNOWN_CAPABILITY:
             # Not a capability's call: counting it would let any caller invent metric labels.
             self.decisions["unknown_capability"] += 1
         else:
-            self.ledger.record(capability, outcome, code, (time.monotonic() - started) * 1000, time.time())
-        return result
+            self.ledger.record(frame.capability or "", outcome, code, (time.monotonic() - started) * 1000, time.time())
 
     def _admit(self, caller: Caller | Unauthenticated, started: float) -> Refusal | None:
         """The auth step before anything else: a credential, then the client's rate."""
@@ -154,8 +187,8 @@ class Router:
                        message=f"Client {caller.client_id} is over its {caller.rate_limit_qps:g} calls/s; "
                                f"retry in {wait} s")
 
-    def _refuse(self, frame: RequestFrame, refusal: Refusal, caller: Caller | Unauthenticated, started: float,
-                started_at: float) -> CallResult:
+    def _refuse(self, frame: RequestFrame, refusal: Refusal, caller: Caller | Unauthenticated,
+                started: float) -> CallResult:
         """Answer a refused call with nothing forwarded; traced like any call, kept out of the reach
         ledger (any caller could invent capability names, and a refusal says nothing about health)."""
         self.decisions[refusal.decision] += 1
@@ -163,32 +196,36 @@ class Router:
         logger = log.info if refusal.code is ErrorCode.BUSY else log.warning
         logger("call refused", extra={"error_code": refusal.code.value, "client_id": client_id,
                                       "reason": refusal.message})
-        result = self._error(frame, refusal.code, refusal.message, RouteFacts(capability=frame.capability), started)
+        result = self._error(frame, refusal.code, refusal.message, RouteFacts(capability=frame.capability), started,
+                             ledgered=False)
         result.retry_after = refusal.retry_after
-        self._trace(frame, result, "failed", started, started_at, _payload_encoder.encode(frame.payload), caller)
         return result
 
-    def _trace(self, frame: RequestFrame, result: CallResult, outcome: Outcome, started: float, started_at: float,
-               payload: bytes, caller: Caller | Unauthenticated | None) -> None:
+    def _trace(self, frame: RequestFrame, result: CallResult | None, outcome: Outcome, started: float,
+               started_at: float, payload: bytes, caller: Caller | Unauthenticated | None, span: CallSpan) -> None:
         """Keep the call's trace (sampled under load, see TraceStore), and its audit row when an
-        audit trail is kept (every call, refusals included)."""
+        audit trail is kept (every call, refusals included); ``result`` None: the call was cancelled."""
         keep = self.traces.wants(outcome == "success", started_at)
         if not keep and self.audit is None:
             return
-        route = result.route
-        update = result.frame.context_update if isinstance(result.frame, ResponseFrame) else None
+        route = result.route if result is not None else RouteFacts()
+        answer = result.frame if result is not None else None
+        update = answer.context_update if isinstance(answer, ResponseFrame) else None
         tokens = update.get("tokens_used") if update else None
         hint = frame.context.get("routing_hint")
+        parent_request_id = frame.context.get("parent_request_id")
         trace = CallTrace(
             request_id=frame.request_id, capability=frame.capability or "", trace_id=str(frame.context["trace_id"]),
-            started_at=started_at, parent_request_id=frame.context.get("parent_request_id"),
+            started_at=started_at, parent_request_id=parent_request_id if isinstance(parent_request_id, str) else None,
             caller=caller.client_id if caller is not None else None,
             payload_bytes=len(payload), timeout_hint=frame.timeout_hint,
-            routing_hint=hint if isinstance(hint, dict) else None, policy=route.policy, plan=result.plan,
-            degraded=route.degraded, reason=route.reason, attempts=result.tried, outcome=outcome,
-            error_code=result.frame.error_code if isinstance(result.frame, ErrorFrame) else None,
+            routing_hint=hint if isinstance(hint, dict) else None, policy=route.policy,
+            plan=result.plan if result is not None else [], degraded=route.degraded, reason=route.reason,
+            attempts=result.tried if result is not None else [], outcome=outcome,
+            error_code=CANCELLED if answer is None else answer.error_code if isinstance(answer, ErrorFrame) else None,
             total_ms=round((time.monotonic() - started) * 1000, 3), overhead_ms=route.overhead_ms or 0.0,
-            tokens=tokens if isinstance(tokens, int) else None)
+            tokens=tokens if isinstance(tokens, int) else None, span_id=span.span_id,
+            parent_span_id=span.parent_span_id)
         if keep:
             self.traces.add(trace)
         if self.audit is not None:
@@ -197,7 +234,8 @@ class Router:
                                                known.via if known else None, hashlib.sha256(payload).hexdigest()))
 
     async def _call_capability(self, frame: RequestFrame, capability: str, offers: list[Offer] | None,
-                               started: float, size: int, caller: Caller | Unauthenticated | None) -> CallResult:
+                               started: float, size: int, caller: Caller | Unauthenticated | None,
+                               span: CallSpan) -> CallResult:
         if offers is None:
             policy = self.mirror.policy(capability)
             if policy is None:
@@ -207,7 +245,7 @@ class Router:
             # The registry holds a policy for it, so the capability is known: its pool is empty.
             empty = _Attempts(refusal=RouteRefusal(code=ErrorCode.NO_ROUTABLE_INSTANCE,
                                                    reason=f"no instance of {capability!r} is registered"))
-            return await self._with_fallback(frame, policy, empty, started, caller) or \
+            return await self._with_fallback(frame, policy, empty, started, caller, span) or \
                 self._finish(frame, capability, None, empty, started)
         declared = offers[0].capability
         if size > declared.max_payload_bytes:
@@ -218,7 +256,7 @@ class Router:
         now = time.monotonic()
         capability_breaker = self.book.breaker("", capability, policy.circuit_breaker)
         if capability_breaker.allow(now):
-            attempts = await self._attempt(frame, capability, offers, policy, started)
+            attempts = await self._attempt(frame, capability, offers, policy, started, span)
             # An agent's 429 says it is full, not broken: like the instance breakers, don't count it.
             if attempts.answer is not None and attempts.answer.error_code is not ErrorCode.BUSY:
                 capability_breaker.record(attempts.answer.ok, time.monotonic())
@@ -228,21 +266,21 @@ class Router:
                                  reason="capability_circuit_open")
         if attempts.answer is not None and attempts.answer.ok:  # the common case: no coroutine for fallback
             return self._finish(frame, capability, declared.timeout_sla_ms, attempts, started)
-        fallback = await self._with_fallback(frame, policy, attempts, started, caller)
+        fallback = await self._with_fallback(frame, policy, attempts, started, caller, span)
         if fallback is not None:
             fallback.tried = [*attempts.tried, *fallback.tried]
             return fallback
         return self._finish(frame, capability, declared.timeout_sla_ms, attempts, started)
 
-    async def _with_fallback(self, frame: RequestFrame, policy: Policy, attempts: _Attempts,
-                             started: float, caller: Caller | Unauthenticated | None) -> CallResult | None:
+    async def _with_fallback(self, frame: RequestFrame, policy: Policy, attempts: _Attempts, started: float,
+                             caller: Caller | Unauthenticated | None, span: CallSpan) -> CallResult | None:
         """For a failed call, the fallback capability's success (degraded); None to answer the failure."""
         if not policy.fallback_capability or self._caller_error(attempts):
             return None
-        return await self._call_fallback(frame, policy.fallback_capability, started, caller)
+        return await self._call_fallback(frame, policy.fallback_capability, started, caller, span)
 
     async def _call_fallback(self, frame: RequestFrame, fallback: str, started: float,
-                             caller: Caller | Unauthenticated | None) -> CallResult | None:
+                             caller: Caller | Unauthenticated | None, span: CallSpan) -> CallResult | None:
         offers = self.mirror.offers(fallback)
         if offers is None:
             return None
@@ -252,7 +290,7 @@ class Router:
             return None
         policy = self.mirror.policy(fallback) or DEFAULT_POLICY
         attempts = await self._attempt(msgspec.structs.replace(frame, capability=fallback), fallback, offers,
-                                       policy, started)
+                                       policy, started, span)
         if attempts.answer is None or not attempts.answer.ok:
             return None
         attempts.degraded, attempts.reason = True, "fallback"
@@ -260,7 +298,7 @@ class Router:
         return self._finish(frame, fallback, offers[0].capability.timeout_sla_ms, attempts, started)
 
     async def _attempt(self, frame: RequestFrame, capability: str, offers: list[Offer], policy: Policy,
-                       started: float) -> _Attempts:
+                       started: float, span: CallSpan) -> _Attempts:
         now = time.monotonic()
         by_id = {offer.record.agent_id: offer for offer in offers}
         candidates = [self._candidate(offer, capability, policy, now) for offer in offers]
@@ -278,11 +316,11 @@ class Router:
                                     frame.timeout_hint)
         idempotent = by_id[plan.order[0].agent_id].capability.idempotent
         tries_allowed = policy.retry.max_attempts if policy.retry.enabled and idempotent else 1
-        state = _Attempts(policy=policy_name, degraded=plan.degraded, reason=plan.reason,
+        state = _Attempts(policy=policy_name, degraded=plan.degraded, reason="demoted" if plan.degraded else None,
                           plan=[candidate.agent_id for candidate in plan.order])
         self.decisions[policy_name] += 1
-        if plan.reason is not None:
-            self.decisions[plan.reason] += 1
+        if plan.degraded:
+            self.decisions["demoted"] += 1
         tries = 0
         broken = 0
         for candidate in plan.order:
@@ -301,7 +339,7 @@ class Router:
                 state.degraded, state.reason = True, "failover"
                 self.decisions["failover"] += 1
             offer = by_id[candidate.agent_id]
-            answer = await self._send(frame, capability, offer, timeouts, remaining)
+            answer = await self._send(frame, capability, offer, timeouts, remaining, span)
             state.tried.append(AttemptTrace(
                 instance=candidate.agent_id, endpoint=offer.capability.endpoint, protocol=offer.capability.protocol,
                 started_ms=round((now - started) * 1000, 3), elapsed_ms=round(answer.elapsed_ms, 3),
@@ -344,7 +382,7 @@ class Router:
         )
 
     async def _send(self, frame: RequestFrame, capability: str, offer: Offer, timeouts: Any,
-                    remaining: float) -> AgentAnswer:
+                    remaining: float, span: CallSpan) -> AgentAnswer:
         agent_id = offer.record.agent_id
         attempt_timeouts = msgspec.structs.replace(
             timeouts, total_s=remaining, first_byte_s=min(timeouts.first_byte_s, remaining),
@@ -354,7 +392,7 @@ class Router:
             sent = frame if frame.capability == capability else msgspec.structs.replace(frame, capability=capability)
             answer = await self.forwarder.send(offer.capability.endpoint, offer.capability.protocol, sent,
                                                attempt_timeouts, self.mirror.auth.signing_key(offer.record.token_id),
-                                               agent_id)
+                                               agent_id, span=span)
         finally:
             self.book.inflight[agent_id] -= 1
         if answer.error_code in TIMEOUTS:
@@ -405,11 +443,11 @@ class Router:
         return CallResult(frame=error, route=route, plan=attempts.plan, tried=attempts.tried)
 
     def _error(self, frame: RequestFrame, code: ErrorCode, message: str, route: RouteFacts,
-               started: float) -> CallResult:
+               started: float, *, ledgered: bool = True) -> CallResult:
         route.overhead_ms = round((time.monotonic() - started) * 1000, 3)
         error = error_frame(frame.request_id, code, message)
         error.route = route
-        return CallResult(frame=error, route=route)
+        return CallResult(frame=error, route=route, ledgered=ledgered)
 
     @staticmethod
     def _outcome(result: CallResult) -> Outcome:

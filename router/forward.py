@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
-import re
 import time
 from typing import Any
 
@@ -22,6 +20,7 @@ from agent_reach.signing import SIGNATURE_HEADER, sign
 from yarl import URL
 
 from router.policy import ResolvedTimeouts
+from router.tracecontext import CallSpan
 
 _encoder = msgspec.json.Encoder()
 
@@ -55,23 +54,6 @@ class _AgentReply(msgspec.Struct, kw_only=True):
 
 
 _reply_decoder = msgspec.json.Decoder(_AgentReply)
-
-
-_HEX = re.compile(r"[0-9a-f]+")
-
-
-def _hex_id(text: str, size: int) -> str:
-    """``text`` itself when it already is a W3C id of that size (its first ``size`` bytes when it is
-    longer hex, as the router's own request ids are for span ids), else a stable digest of it."""
-    plain = text.replace("-", "").lower()
-    if len(plain) >= size * 2 and _HEX.fullmatch(plain) and plain[:size * 2].strip("0"):
-        return plain[:size * 2]
-    return hashlib.blake2b(text.encode(), digest_size=size).hexdigest()
-
-
-def traceparent(context: dict[str, Any], request_id: str) -> str:
-    """A W3C traceparent: the call's trace_id (or request_id) as trace, the request as span."""
-    return f"00-{_hex_id(str(context.get('trace_id') or request_id), 16)}-{_hex_id(request_id, 8)}-01"
 
 
 def _atp_request(frame: RequestFrame, timeout_hint_ms: int) -> tuple[bytes, dict[str, str]]:
@@ -160,14 +142,16 @@ class Forwarder:
         self.completion_url = completion_url
 
     async def send(self, endpoint: str, protocol: str, frame: RequestFrame, timeouts: ResolvedTimeouts,
-                   signing_key: str | None = None, agent_id: str = "") -> AgentAnswer:
+                   signing_key: str | None = None, agent_id: str = "", *, span: CallSpan) -> AgentAnswer:
         """``signing_key``: the key of the registration token the instance ``agent_id`` joined with, if any;
         the signature names ``agent_id`` so that it verifies at that instance only."""
         # One coroutine, not a timing wrapper around another: every await resumes through each frame.
         build, classify = _PROTOCOLS[protocol]
         body, headers = build(frame, int(timeouts.total_s * 1000))
         headers["X-Request-Id"] = frame.request_id
-        headers["traceparent"] = traceparent(frame.context, frame.request_id)
+        headers["traceparent"] = span.traceparent
+        if span.tracestate is not None:
+            headers["tracestate"] = span.tracestate
         if signing_key is not None:
             headers[SIGNATURE_HEADER] = sign(signing_key, agent_id, "POST", _path(endpoint), frame.request_id, body)
         if self.completion_url:

@@ -22,7 +22,9 @@ METHOD = "atp.call"
 class Envelope(msgspec.Struct, kw_only=True):
     jsonrpc: str
     method: str
-    params: dict[str, Any] = {}
+    params: dict[str, Any] = {}  # the request frame; its request_id (else the router's) is the call's id
+    # Only echoed, never the request_id: clients number ids 1, 2, 3 in every process, so as the call's
+    # identity they would merge unrelated callers' calls.
     id: str | int | None = None
     has_id: bool = False
 
@@ -50,16 +52,8 @@ def parse_envelope(item: Any) -> Envelope:
         raise RpcError(METHOD_NOT_FOUND, f"Unknown method {item['method']!r}; use {METHOD!r}", request_id)
     params = item.get("params", {})
     if not isinstance(params, dict):
-        raise RpcError(INVALID_PARAMS, "params must be an object: the ATP frame without request_id", request_id)
+        raise RpcError(INVALID_PARAMS, "params must be an object: the ATP request frame", request_id)
     return Envelope(jsonrpc="2.0", method=METHOD, params=params, id=request_id, has_id="id" in item)
-
-
-def frame_params(envelope: Envelope) -> dict[str, Any]:
-    """The envelope's params as a frame body, its id becoming the request_id."""
-    params = dict(envelope.params)
-    if envelope.id is not None:
-        params["request_id"] = str(envelope.id)
-    return params
 
 
 def answer(request_id: Any, frame: msgspec.Struct) -> dict[str, Any]:

@@ -3,11 +3,17 @@
 Each routed call leaves a CallTrace: what came in, how the router decided, every attempt and
 what the agent answered. Nested calls carry `parent_request_id` and the same `trace_id` in their
 context, which is how a trace's calls assemble into a tree.
+
+Request ids and trace ids are the caller's choice, so two callers may well use the same ones: each
+call is kept under a key of the router's own, and a tree is assembled from parent links resolved
+call by call (``parent_of``), never by merging every call that shares an id.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import itertools
+from collections import OrderedDict, deque
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -43,6 +49,14 @@ class CallTrace(msgspec.Struct, kw_only=True, gc=False):
     total_ms: float = 0.0
     overhead_ms: float = 0.0
     tokens: int | None = None
+    span_id: str = ""  # the router's W3C span of this call
+    parent_span_id: str | None = None  # the caller's span, from its traceparent
+
+
+# Bounds on what callers' ids can make a tree cost: nesting deeper than any real call chain is cut,
+# and a parent is looked for among the latest calls reusing its request_id only (else quadratic).
+MAX_TREE_DEPTH = 64
+MAX_NAMESAKES = 32
 
 
 class TraceNode(msgspec.Struct, kw_only=True):
@@ -50,8 +64,24 @@ class TraceNode(msgspec.Struct, kw_only=True):
     children: list[TraceNode] = []
 
 
+def parent_of(call: CallTrace, named: Iterable[CallTrace]) -> CallTrace | None:
+    """The call ``call`` names as its parent, among ``named``: the calls of its trace that carry the
+    request_id it names as parent_request_id.
+
+    A caller chooses its request ids, so several calls may carry the parent's: the same caller's is
+    preferred, then the latest one that started before ``call``. A call of another caller can be a
+    parent only if it was forwarded (an agent's nested call runs under the agent's own credentials),
+    so nobody nests under a call that never reached an agent.
+    """
+    eligible = [m for m in named if m is not call and (m.caller == call.caller or m.attempts)]
+    if not eligible:
+        return None
+    return max(eligible, key=lambda m: (m.caller == call.caller, m.started_at <= call.started_at, m.started_at))
+
+
 class TraceStore:
-    """The last ``max_calls`` calls, by request_id, with their trace ids for tree assembly.
+    """The last ``max_calls`` calls, by request_id (the newest, when several share one), with their
+    trace ids for tree assembly.
 
     Under load, plain successes are sampled: at most ``successes_per_second`` of them are kept
     each second (0: all), while every failed, degraded or refused call is. Keeping every call's
@@ -65,8 +95,11 @@ class TraceStore:
         self.sampled_out = 0
         self._second = -1
         self._kept_this_second = 0
-        self._calls: OrderedDict[str, CallTrace] = OrderedDict()
-        self._by_trace: dict[str, list[str]] = {}
+        self._keys = itertools.count()
+        self._calls: OrderedDict[int, CallTrace] = OrderedDict()
+        # Keys in the order the calls were added: the oldest, evicted first, is always leftmost.
+        self._by_request: dict[str, deque[int]] = {}
+        self._by_trace: dict[str, deque[int]] = {}
 
     def wants(self, plain_success: bool, now: float) -> bool:
         """Whether a call's trace is to be kept; ``now`` is wall-clock seconds."""
@@ -82,18 +115,19 @@ class TraceStore:
         return False
 
     def add(self, call: CallTrace) -> None:
-        self._calls[call.request_id] = call
-        self._by_trace.setdefault(call.trace_id, []).append(call.request_id)
+        key = next(self._keys)
+        self._calls[key] = call
+        self._by_request.setdefault(call.request_id, deque()).append(key)
+        self._by_trace.setdefault(call.trace_id, deque()).append(key)
         while len(self._calls) > self.max_calls:
             _, old = self._calls.popitem(last=False)
-            siblings = self._by_trace.get(old.trace_id, [])
-            if old.request_id in siblings:
-                siblings.remove(old.request_id)
-            if not siblings:
-                self._by_trace.pop(old.trace_id, None)
+            _forget_oldest(self._by_request, old.request_id)
+            _forget_oldest(self._by_trace, old.trace_id)
 
     def get(self, request_id: str) -> CallTrace | None:
-        return self._calls.get(request_id)
+        """The newest call with this request_id."""
+        keys = self._by_request.get(request_id)
+        return self._calls[keys[-1]] if keys else None
 
     def recent(self, limit: int = 50, capability: str | None = None) -> list[CallTrace]:
         found = []
@@ -105,24 +139,40 @@ class TraceStore:
         return found
 
     def tree(self, request_id: str) -> TraceNode | None:
-        """The whole call tree that ``request_id`` belongs to, rooted at its oldest known ancestor."""
-        call = self._calls.get(request_id)
+        """The call tree that the newest call with ``request_id`` belongs to, rooted at its oldest
+        known ancestor; calls that share its ids but not its parent links are not in it."""
+        call = self.get(request_id)
         if call is None:
             return None
-        members = [self._calls[rid] for rid in self._by_trace.get(call.trace_id, []) if rid in self._calls]
-        ids = {member.request_id for member in members}
-        children: dict[str | None, list[CallTrace]] = {}
+        by_request: dict[str, list[CallTrace]] = {}
+        for key in self._by_trace[call.trace_id]:
+            member = self._calls[key]
+            by_request.setdefault(member.request_id, []).append(member)
+        members = [member for named in by_request.values() for member in named]
+        parents = {id(m): parent_of(m, by_request.get(m.parent_request_id or "", [])[-MAX_NAMESAKES:])
+                   for m in members}
+        children: dict[int, list[CallTrace]] = {}
         for member in members:
-            parent = member.parent_request_id if member.parent_request_id in ids else None
-            children.setdefault(parent, []).append(member)
-        root, climbed = call, {call.request_id}
-        while root.parent_request_id in ids and root.parent_request_id not in climbed:
-            root = self._calls[root.parent_request_id]
-            climbed.add(root.request_id)
+            parent = parents[id(member)]
+            if parent is not None:
+                children.setdefault(id(parent), []).append(member)
+        root, climbed = call, {id(call)}
+        while (parent := parents[id(root)]) is not None and id(parent) not in climbed and len(climbed) < MAX_TREE_DEPTH:
+            root = parent
+            climbed.add(id(root))
 
-        def build(node: CallTrace, seen: frozenset[str]) -> TraceNode:
-            kids = [build(kid, seen | {kid.request_id}) for kid in children.get(node.request_id, [])
-                    if kid.request_id not in seen]
+        def build(node: CallTrace, seen: frozenset[int]) -> TraceNode:
+            if len(seen) >= MAX_TREE_DEPTH:
+                return TraceNode(call=node)
+            kids = [build(kid, seen | {id(kid)}) for kid in children.get(id(node), []) if id(kid) not in seen]
             return TraceNode(call=node, children=kids)
 
-        return build(root, frozenset({root.request_id}))
+        return build(root, frozenset({id(root)}))
+
+
+def _forget_oldest(index: dict[str, deque[int]], name: str) -> None:
+    """Take the evicted call (the oldest under ``name``) out of an index, and the name with its last call."""
+    keys = index[name]
+    keys.popleft()
+    if not keys:
+        del index[name]

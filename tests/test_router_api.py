@@ -97,18 +97,19 @@ async def test_jsonrpc_single_call_and_ids_preserved(mesh: Mesh, start_agent):
     status, body = await rpc(mesh, {"jsonrpc": "2.0", "method": "atp.call", "id": 7,
                                     "params": {"capability": "echo", "payload": {"a": 1}, "context": CONTEXT}})
     assert status == 200 and body["jsonrpc"] == "2.0" and body["id"] == 7
-    assert body["result"]["request_id"] == "7" and body["result"]["result"]["echo"] == {"a": 1}
+    # The id is echoed, never the call's request_id (the router's own, or the params' request_id).
+    assert body["result"]["request_id"] not in ("7", None) and body["result"]["result"]["echo"] == {"a": 1}
     assert body["result"]["status"] == "success"
     assert body["result"]["route"]["instance"] == "rpc-1"
-    assert agent.received[0].headers["X-Request-Id"] == "7"
+    assert agent.received[0].headers["X-Request-Id"] == body["result"]["request_id"]
     status, body = await rpc(mesh, {"jsonrpc": "2.0", "method": "atp.call", "id": "call-abc",
-                                    "params": {"capability": "echo", "payload": 2}})
-    assert body["id"] == "call-abc" and body["result"]["request_id"] == "call-abc"
+                                    "params": {"capability": "echo", "payload": 2, "request_id": "req-abc"}})
+    assert body["id"] == "call-abc" and body["result"]["request_id"] == "req-abc"
     # An ATP failure is a JSON-RPC error -32000 carrying the error frame whole.
     status, body = await rpc(mesh, {"jsonrpc": "2.0", "method": "atp.call", "id": 8,
                                     "params": {"capability": "nobody.offers.this"}})
     assert status == 200 and body["id"] == 8 and body["error"]["code"] == -32000
-    assert body["error"]["data"]["error_code"] == "UNKNOWN_CAPABILITY" and body["error"]["data"]["request_id"] == "8"
+    assert body["error"]["data"]["error_code"] == "UNKNOWN_CAPABILITY" and body["error"]["data"]["request_id"] != "8"
 
 
 async def test_jsonrpc_batches_and_notifications(mesh: Mesh, start_agent):

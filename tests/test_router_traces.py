@@ -1,11 +1,14 @@
 """The trace store: recent calls by request_id, assembled into call trees by trace_id."""
 
-from router.traces import CallTrace, TraceStore
+from router.traces import MAX_TREE_DEPTH, AttemptTrace, CallTrace, TraceStore
+
+FORWARDED = [AttemptTrace(instance="i-1", endpoint="http://127.0.0.1:9/call", protocol="rest", started_ms=0.0,
+                          elapsed_ms=1.0)]
 
 
-def call(request_id, parent=None, trace="t1", capability="cap.a"):
-    return CallTrace(request_id=request_id, capability=capability, trace_id=trace, started_at=0.0,
-                     parent_request_id=parent)
+def call(request_id, parent=None, trace="t1", capability="cap.a", caller=None, at=0.0, forwarded=False):
+    return CallTrace(request_id=request_id, capability=capability, trace_id=trace, started_at=at,
+                     parent_request_id=parent, caller=caller, attempts=FORWARDED if forwarded else [])
 
 
 def shape(node):
@@ -57,3 +60,51 @@ def test_under_load_plain_successes_are_sampled_and_everything_else_is_kept():
     assert store.wants(True, second + 1.0), "a new second, a new budget"
     unlimited = TraceStore(successes_per_second=0)
     assert all(unlimited.wants(True, second) for _ in range(10_000)) and unlimited.sampled_out == 0
+
+
+def test_calls_sharing_a_request_id_are_all_kept_and_the_newest_answers():
+    store = TraceStore(max_calls=3)
+    for caller in ("a", "b"):
+        store.add(call("dup", caller=caller))
+    assert store.get("dup").caller == "b"
+    assert [c.caller for c in store.recent(10)] == ["b", "a"]
+    store.add(call("x", trace="t2"))
+    store.add(call("y", trace="t3"))
+    assert store.get("dup").caller == "b" and len(store.recent(10)) == 3
+    store.add(call("z", trace="t4"))
+    assert store.get("dup") is None and store.tree("dup") is None
+
+
+def test_a_child_joins_its_own_callers_parent_when_request_ids_and_traces_collide():
+    store = TraceStore()
+    for c in (call("dup", caller="a", at=1.0), call("dup", caller="b", at=2.0),
+              call("a-kid", "dup", caller="a", at=3.0), call("b-kid", "dup", caller="b", at=4.0)):
+        store.add(c)
+
+    def who(node):
+        return (node.call.request_id, node.call.caller, [who(kid) for kid in node.children])
+
+    assert who(store.tree("a-kid")) == ("dup", "a", [("a-kid", "a", [])])
+    assert who(store.tree("b-kid")) == ("dup", "b", [("b-kid", "b", [])])
+
+
+def test_another_caller_nests_only_under_a_call_that_reached_an_agent():
+    store = TraceStore()
+    store.add(call("refused", caller="a"))
+    store.add(call("served", caller="a", forwarded=True))
+    store.add(call("kid-1", "refused", caller="agent"))
+    store.add(call("kid-2", "served", caller="agent"))
+    assert shape(store.tree("kid-1")) == ("kid-1", [])
+    assert shape(store.tree("kid-2")) == ("served", [("kid-2", [])])
+
+
+def test_a_chain_deeper_than_the_bound_is_cut_not_a_crash():
+    store = TraceStore()
+    store.add(call("c0"))
+    for n in range(1, 20 * MAX_TREE_DEPTH):
+        store.add(call(f"c{n}", f"c{n - 1}"))
+    node, depth = store.tree("c0"), 1
+    while node.children:
+        node, depth = node.children[0], depth + 1
+    assert depth == MAX_TREE_DEPTH
+    assert store.tree(f"c{20 * MAX_TREE_DEPTH - 1}") is not None

@@ -27,24 +27,27 @@ async def test_a_call_is_traced_with_its_decision_and_attempts(mesh, start_agent
     assert status == 200
     call = body["call"]
     assert call["capability"] == "trace.echo" and call["outcome"] == "success"
-    assert call["trace_id"] == "root-1"  # the first hop names the trace
+    # The first hop names the trace: a new id, never the request_id (a caller's choice, maybe another's too).
+    assert len(call["trace_id"]) == 32 and call["trace_id"] != "root-1"
     assert call["plan"] == ["trace-a"] and call["policy"] == "least_load"
     assert [a["instance"] for a in call["attempts"]] == ["trace-a"]
     assert call["attempts"][0]["error_code"] is None and call["total_ms"] >= call["attempts"][0]["elapsed_ms"]
     assert call["payload_bytes"] == len(b'{"x":1}')
     # The agent received the trace id, so its own nested calls can join the tree.
-    assert json.loads(agent.received[-1].headers["X-Reach-Context"])["trace_id"] == "root-1"
+    assert json.loads(agent.received[-1].headers["X-Reach-Context"])["trace_id"] == call["trace_id"]
+    assert agent.received[-1].headers["traceparent"] == f"00-{call['trace_id']}-{call['span_id']}-01"
 
 
 async def test_nested_calls_form_a_tree(mesh, start_agent):
     agent = await start_agent("trace-b")
     await mesh.add(agent, "trace.echo")
-    await send(mesh, {"request_id": "parent", "capability": "trace.echo", "payload": {}})
+    await send(mesh, {"request_id": "parent", "capability": "trace.echo", "payload": {},
+                      "context": {"trace_id": "t-1"}})
     for child in ("child-1", "child-2"):
         await send(mesh, {"request_id": child, "capability": "trace.echo", "payload": {},
-                          "context": {"trace_id": "parent", "parent_request_id": "parent"}})
+                          "context": {"trace_id": "t-1", "parent_request_id": "parent"}})
     await send(mesh, {"request_id": "grandchild", "capability": "trace.echo", "payload": {},
-                      "context": {"trace_id": "parent", "parent_request_id": "child-2"}})
+                      "context": {"trace_id": "t-1", "parent_request_id": "child-2"}})
     status, body = await get(mesh, "/traces/grandchild")
     tree = body["tree"]
 
