@@ -11,8 +11,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from agent_reach import ReachClient, ReachError
 import pytest
+from agent_reach import ReachClient, ReachError
 
 from conftest import registration
 from registry.server import RegistryServer
