@@ -12,15 +12,18 @@ from typing import Any
 
 import msgspec
 from agent_reach import logs
-from agent_reach.atp import ErrorCode, ErrorFrame, RequestFrame, RouteFacts, error_frame
+from agent_reach.atp import (MAX_REQUEST_ID_CHARS, ErrorCode, ErrorFrame, RequestFrame, RouteFacts, error_frame,
+                             valid_request_id)
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from registry.errors import from_decode_error
 from router import jsonrpc
 from router.audit import AuditLog
 from router.audit_query import FilterError, parse_filters
 from router.auth import Authenticator, Caller, Unauthenticated
 from router.core import CallResult, Router
+from router.forward import MAX_CONTEXT_BYTES
 from router.metrics import RouterCollector
 from router.oauth import OAuthRefusal
 from router.reach import health_rate
@@ -88,10 +91,19 @@ def route_headers(request_id: str, route: RouteFacts) -> dict[str, str]:
     return headers
 
 
-def invalid_frame(request_id: str, message: str) -> CallResult:
+def invalid_frame(request_id: str, message: str, field: str | None = None) -> CallResult:
     route = RouteFacts()
-    frame = error_frame(request_id, ErrorCode.INVALID_FRAME, message)
+    frame = error_frame(request_id, ErrorCode.INVALID_FRAME, message, field)
     return CallResult(frame=frame, route=route)
+
+
+# What the schema's own words ("Expected `str` matching regex ...") would not tell a person.
+_FIELD_RULES = {
+    "request_id": f"request_id must be 1 to {MAX_REQUEST_ID_CHARS} visible ASCII characters (no spaces or "
+                  "control characters)",
+    "capability": "capability must be a capability name: up to 128 letters, digits and . _ : - "
+                  "(starting with a letter or digit)",
+}
 
 
 def json_depth(raw: bytes) -> int:
@@ -117,19 +129,27 @@ def to_frame(body: Any) -> RequestFrame | CallResult:
         frame = msgspec.convert(body, RequestFrame)
     except msgspec.ValidationError as exc:
         request_id = body.get("request_id") if isinstance(body, dict) else None
-        request_id = request_id if isinstance(request_id, str) and request_id else RequestFrame().request_id
-        return invalid_frame(request_id, f"Not an ATP request frame: {exc}")
+        # Echoed in X-Request-Id: only an id that is itself valid, never the bytes that were refused.
+        request_id = request_id if valid_request_id(request_id) else RequestFrame().request_id
+        field = from_decode_error(exc).field
+        return invalid_frame(request_id, f"Not an ATP request frame: {_FIELD_RULES.get(field or '', exc)}", field)
     return checked(frame)
 
 
 def checked(frame: RequestFrame) -> RequestFrame | CallResult:
     """What a frame's schema cannot say: it must name a capability or an intent, within limits."""
     if not frame.capability and not frame.intent:
-        return invalid_frame(frame.request_id, "capability is required (or, with semantic matching on, intent)")
+        return invalid_frame(frame.request_id, "capability is required (or, with semantic matching on, intent)",
+                             "capability")
     if frame.intent is not None and not 0 < len(frame.intent) <= MAX_INTENT_CHARS:
-        return invalid_frame(frame.request_id, f"intent must be 1 to {MAX_INTENT_CHARS} characters")
+        return invalid_frame(frame.request_id, f"intent must be 1 to {MAX_INTENT_CHARS} characters", "intent")
     if frame.timeout_hint is not None and frame.timeout_hint <= 0:
-        return invalid_frame(frame.request_id, "timeout_hint must be a positive number of milliseconds")
+        return invalid_frame(frame.request_id, "timeout_hint must be a positive number of milliseconds",
+                             "timeout_hint")
+    if frame.context and len(context := _encoder.encode(frame.context)) > MAX_CONTEXT_BYTES:
+        return invalid_frame(frame.request_id, f"context is {len(context)} bytes as JSON; the mesh carries at most "
+                                               f"{MAX_CONTEXT_BYTES} (it travels in a header to rest agents): send "
+                                               "data in the payload", "context")
     return frame
 
 

@@ -4,9 +4,10 @@ closed (calls flow; errors counted over a sliding window) -> open (error rate re
 on enough requests; nothing flows) -> half_open (``reset_seconds`` later; ``half_open_probes`` calls
 may pass) -> closed on a successful probe, or open again for another ``reset_seconds`` on a failed one.
 
-What counts as a failure is the caller's decision, made when it calls ``record``: timeouts,
+What counts as a failure is ``verdict``'s decision, made before ``record`` is called: timeouts,
 connection errors, agent errors *and* business errors (an HTTP 200 that carries ``business_error``)
-are failures; a refusal the router made itself (busy, no instance) is not recorded at all.
+are failures; an agent's busy answer, its refusal of the request itself, and a refusal the router made
+itself (busy, no instance) are not recorded at all.
 """
 
 from __future__ import annotations
@@ -16,8 +17,24 @@ from collections import deque
 from enum import Enum
 
 import msgspec
+from agent_reach.atp import ErrorCode
 
 from router.policy import BreakerConfig
+
+# An agent's answers that say the REQUEST was wrong (its form, size or content): the same request would
+# fail at every instance, so they end the call and say nothing about the agent.
+REQUEST_REFUSALS = frozenset({ErrorCode.INVALID_FRAME, ErrorCode.PAYLOAD_TOO_LARGE, ErrorCode.INVALID_PAYLOAD})
+
+
+def verdict(code: ErrorCode | None) -> bool | None:
+    """What one answer tells a breaker: True a success, False a failure, None nothing. Busy means full,
+    not broken; a refused request is the caller's error, and counting it would let any one caller open a
+    breaker for every other caller."""
+    if code is None:
+        return True
+    if code is ErrorCode.BUSY or code in REQUEST_REFUSALS:
+        return None
+    return False
 
 
 class BreakerState(str, Enum):

@@ -18,7 +18,8 @@ from agent_reach.atp import ErrorCode, ErrorFrame, RequestFrame, ResponseFrame, 
 
 from router.auth import Caller, Refusal, Unauthenticated, authorize
 from router.audit import AuditLog, entry_from_trace
-from router.forward import AgentAnswer, Forwarder
+from router.breaker import REQUEST_REFUSALS, verdict
+from router.forward import DEFAULT_MAX_ANSWER_BYTES, AgentAnswer, Forwarder
 from router.instances import InstanceBook
 from router.mirror import Offer, RegistryMirror
 from router.policy import DEFAULT_POLICY, Policy, resolve_timeouts
@@ -39,7 +40,8 @@ _payload_encoder = msgspec.json.Encoder()
 # Codes a caller caused: they say nothing about an instance's or capability's health.
 CALLER_ERRORS = {ErrorCode.INVALID_FRAME, ErrorCode.PAYLOAD_TOO_LARGE, ErrorCode.UNKNOWN_CAPABILITY,
                  ErrorCode.ROUTING_HINT_UNSATISFIABLE, ErrorCode.UNAUTHENTICATED, ErrorCode.FORBIDDEN,
-                 ErrorCode.TRUST_LEVEL_INSUFFICIENT, ErrorCode.INTENT_AMBIGUOUS, ErrorCode.INTENT_UNMATCHED}
+                 ErrorCode.TRUST_LEVEL_INSUFFICIENT, ErrorCode.INTENT_AMBIGUOUS, ErrorCode.INTENT_UNMATCHED,
+                 ErrorCode.INVALID_PAYLOAD}
 TIMEOUTS = {ErrorCode.CONNECT_TIMEOUT, ErrorCode.FIRST_BYTE_TIMEOUT, ErrorCode.TOTAL_TIMEOUT}
 TIMED_OUT_REMEMBERED = 10_000
 # What a caller is answered when the router itself fails mid-call: the table has no code of the
@@ -56,6 +58,9 @@ class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):
     alert: AlertConfig = AlertConfig()
     # Plain successes traced per second at most (every other call always is); 0 traces them all.
     traced_successes_per_second: int = 1000
+    # An agent's answer larger than this (decoded) is cut off while read: ANSWER_TOO_LARGE. One cap for
+    # every capability, as large as the router's own request limit: answers often outgrow their payloads.
+    max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
 
 
 class CallResult(msgspec.Struct, kw_only=True):
@@ -257,9 +262,10 @@ class Router:
         capability_breaker = self.book.breaker("", capability, policy.circuit_breaker)
         if capability_breaker.allow(now):
             attempts = await self._attempt(frame, capability, offers, policy, started, span)
-            # An agent's 429 says it is full, not broken: like the instance breakers, don't count it.
-            if attempts.answer is not None and attempts.answer.error_code is not ErrorCode.BUSY:
-                capability_breaker.record(attempts.answer.ok, time.monotonic())
+            # Like the instance breakers: an agent's 429 or its refusal of the request is not counted.
+            counted = verdict(attempts.answer.error_code) if attempts.answer is not None else None
+            if counted is not None:
+                capability_breaker.record(counted, time.monotonic())
         else:
             attempts = _Attempts(answer=AgentAnswer(error_code=ErrorCode.CIRCUIT_OPEN, sent=False,
                                                     message=f"circuit open for capability {capability!r}"),
@@ -348,9 +354,10 @@ class Router:
             state.instance = candidate.agent_id
             state.answer = answer
             state.agent_ms += answer.elapsed_ms
-            if answer.error_code is not ErrorCode.BUSY:
+            counted = verdict(answer.error_code)
+            if counted is not None:
                 # Business errors count as failures even though the agent answered HTTP 200.
-                breaker.record(answer.ok, time.monotonic())
+                breaker.record(counted, time.monotonic())
             if answer.ok:
                 self.book.reinstate(candidate.agent_id)
                 if sticky:
@@ -362,7 +369,8 @@ class Router:
                     "instance": candidate.agent_id, "eject_seconds": seconds, "error": answer.message})
             elif answer.error_code is not ErrorCode.BUSY:
                 tries += 1
-                if tries >= tries_allowed or answer.error_code is ErrorCode.BUSINESS_ERROR:
+                if tries >= tries_allowed or answer.error_code is ErrorCode.BUSINESS_ERROR \
+                        or answer.error_code in REQUEST_REFUSALS:
                     break
         if state.answer is None:
             refusal = RouteRefusal(code=ErrorCode.CIRCUIT_OPEN, reason="every instance's circuit is open") if broken \
@@ -392,7 +400,7 @@ class Router:
             sent = frame if frame.capability == capability else msgspec.structs.replace(frame, capability=capability)
             answer = await self.forwarder.send(offer.capability.endpoint, offer.capability.protocol, sent,
                                                attempt_timeouts, self.mirror.auth.signing_key(offer.record.token_id),
-                                               agent_id, span=span)
+                                               agent_id, self.settings.max_answer_bytes, span=span)
         finally:
             self.book.inflight[agent_id] -= 1
         if answer.error_code in TIMEOUTS:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 import msgspec
@@ -23,6 +23,13 @@ from router.policy import ResolvedTimeouts
 from router.tracecontext import CallSpan
 
 _encoder = msgspec.json.Encoder()
+
+# A rest agent gets the context in one header (X-Reach-Context), so the router's edge refuses a larger
+# one: with the other headers it stays well inside the 8 KiB a header line may have at common servers
+# (aiohttp, nginx), and a refusal is the caller's, not an agent failure that could open a breaker.
+MAX_CONTEXT_BYTES = 4096
+# An answer past this is refused while it is read, never buffered whole (RouterSettings.max_answer_bytes).
+DEFAULT_MAX_ANSWER_BYTES = 16 * 1024 * 1024
 
 
 class AgentAnswer(msgspec.Struct, kw_only=True):
@@ -45,7 +52,7 @@ class AgentAnswer(msgspec.Struct, kw_only=True):
 class _AgentReply(msgspec.Struct, kw_only=True):
     """The union of an ATP response frame and an error frame, as an agent may send either."""
 
-    status: str | None = None
+    status: Literal["success", "error", "busy"] | None = None
     result: Any = None
     context_update: dict[str, Any] | None = None
     business_error: BusinessError | None = None
@@ -73,11 +80,32 @@ _AGENT_REFUSALS = frozenset({ErrorCode.UNAUTHENTICATED.value, ErrorCode.FORBIDDE
                              ErrorCode.TRUST_LEVEL_INSUFFICIENT.value})
 
 
+# An agent's HTTP status saying the REQUEST was wrong (its content, size or headers), not the agent:
+# the same request fails at every instance, so it is the caller's error, never counted against one.
+_REQUEST_REFUSED = {400: ErrorCode.INVALID_PAYLOAD, 413: ErrorCode.PAYLOAD_TOO_LARGE, 414: ErrorCode.INVALID_FRAME,
+                    422: ErrorCode.INVALID_PAYLOAD, 431: ErrorCode.INVALID_FRAME}
+
+
+def _failed_status(status: int) -> AgentAnswer:
+    """What a status outside 2xx says when the body is no frame (or, for rest, whatever the body)."""
+    if status == 429:
+        return AgentAnswer(error_code=ErrorCode.BUSY, message="agent answered HTTP 429")
+    if status in _REQUEST_REFUSED:
+        return AgentAnswer(error_code=_REQUEST_REFUSED[status], message=f"agent refused the request (HTTP {status})")
+    return AgentAnswer(error_code=ErrorCode.AGENT_ERROR, message=f"agent answered HTTP {status}")
+
+
+def _malformed(what: str) -> AgentAnswer:
+    return AgentAnswer(error_code=ErrorCode.AGENT_ERROR, message=f"agent answered a malformed answer: {what}")
+
+
 def _classify_atp(status: int, body: bytes) -> AgentAnswer:
     try:
         reply = _reply_decoder.decode(body)
-    except msgspec.MsgspecError:
-        return AgentAnswer(error_code=ErrorCode.AGENT_ERROR, message=f"agent answered HTTP {status} without a frame")
+    except msgspec.MsgspecError as exc:
+        return _malformed(f"not a frame ({exc})") if 200 <= status < 300 else _failed_status(status)
+    if reply.error_code is None and reply.status is None:
+        return _malformed("a frame needs status or error_code")
     if reply.error_code in _AGENT_REFUSALS:
         return AgentAnswer(error_code=ErrorCode.AGENT_ERROR,
                            message=f"agent refused the router's call ({reply.error_code}): {reply.error_message}")
@@ -90,7 +118,7 @@ def _classify_atp(status: int, body: bytes) -> AgentAnswer:
                            business_error=reply.business_error, result=reply.result)
     if reply.status == "busy":
         return AgentAnswer(error_code=ErrorCode.BUSY, message="agent answered busy")
-    if reply.status == "error" or status >= 400:
+    if reply.status == "error" or not 200 <= status < 300:
         return AgentAnswer(error_code=ErrorCode.AGENT_ERROR, message=f"agent answered status error (HTTP {status})")
     return AgentAnswer(result=reply.result, context_update=reply.context_update)
 
@@ -99,25 +127,37 @@ _business_decoder = msgspec.json.Decoder(dict[str, Any] | list[Any] | str | int 
 _raw_decoder = msgspec.json.Decoder(msgspec.Raw)
 
 
+def _business_error(raw: Any) -> BusinessError | None:
+    """An agent's business_error: a string (its code) or an object with a string ``code``; None when neither."""
+    if isinstance(raw, str):
+        return BusinessError(code=raw)
+    try:
+        return msgspec.convert(raw, BusinessError)
+    except msgspec.ValidationError:
+        return None
+
+
 def _classify_rest(status: int, body: bytes) -> AgentAnswer:
-    if status == 429:
-        return AgentAnswer(error_code=ErrorCode.BUSY, message="agent answered HTTP 429")
-    if status >= 400:
-        return AgentAnswer(error_code=ErrorCode.AGENT_ERROR, message=f"agent answered HTTP {status}")
+    if not 200 <= status < 300:
+        return _failed_status(status)
     try:
         if b'"business_error"' not in body:
-            # Checked as JSON, then passed through as bytes: the router has no reason to rebuild it.
+            # Checked as JSON (syntax, and UTF-8, which Raw does not check), then passed through as bytes:
+            # the router has no reason to rebuild it.
+            if not body.isascii():
+                body.decode()
             return AgentAnswer(result=_raw_decoder.decode(body) if body else None)
         result = _business_decoder.decode(body)
-    except msgspec.MsgspecError:
-        return AgentAnswer(error_code=ErrorCode.AGENT_ERROR, message="agent answered a body that is not JSON")
-    if isinstance(result, dict) and result.get("business_error") is not None:
-        raw = result["business_error"]
-        business = msgspec.convert(raw, BusinessError) if isinstance(raw, dict) and "code" in raw \
-            else BusinessError(code=str(raw))
-        return AgentAnswer(error_code=ErrorCode.BUSINESS_ERROR, message=business.message or business.code,
-                           business_error=business, result=result)
-    return AgentAnswer(result=result)
+    except (msgspec.MsgspecError, UnicodeDecodeError) as exc:
+        return _malformed(f"the body is not JSON ({exc})")
+    raw = result.get("business_error") if isinstance(result, dict) else None
+    if raw is None:
+        return AgentAnswer(result=result)
+    business = _business_error(raw)
+    if business is None:
+        return _malformed("business_error must be a string or an object with a string code")
+    return AgentAnswer(error_code=ErrorCode.BUSINESS_ERROR, message=business.message or business.code,
+                       business_error=business, result=result)
 
 
 _PROTOCOLS = {"atp": (_atp_request, _classify_atp), "rest": (_rest_request, _classify_rest)}
@@ -134,6 +174,23 @@ def _path(endpoint: str) -> str:
     return URL(endpoint).path
 
 
+async def _read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """The answer's body (decoded), or None as soon as it is known to exceed ``limit``: from Content-Length
+    before reading, else while reading; the connection is then closed, so the rest is never received."""
+    if response.content_length is not None and response.content_length > limit:
+        response.close()
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            response.close()
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 class Forwarder:
     """One shared keep-alive connection pool for every agent."""
 
@@ -142,9 +199,11 @@ class Forwarder:
         self.completion_url = completion_url
 
     async def send(self, endpoint: str, protocol: str, frame: RequestFrame, timeouts: ResolvedTimeouts,
-                   signing_key: str | None = None, agent_id: str = "", *, span: CallSpan) -> AgentAnswer:
+                   signing_key: str | None = None, agent_id: str = "",
+                   max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES, *, span: CallSpan) -> AgentAnswer:
         """``signing_key``: the key of the registration token the instance ``agent_id`` joined with, if any;
-        the signature names ``agent_id`` so that it verifies at that instance only."""
+        the signature names ``agent_id`` so that it verifies at that instance only. An answer larger than
+        ``max_answer_bytes`` is ANSWER_TOO_LARGE."""
         # One coroutine, not a timing wrapper around another: every await resumes through each frame.
         build, classify = _PROTOCOLS[protocol]
         body, headers = build(frame, int(timeouts.total_s * 1000))
@@ -164,13 +223,17 @@ class Forwarder:
         stage = "first_byte"
         try:
             async with asyncio.timeout_at(now + min(timeouts.first_byte_s, timeouts.total_s)) as deadline:
-                response = await self._session.post(endpoint, data=body, headers=headers, timeout=client_timeout)
+                # Never followed: a redirect would send the call (and its signature) wherever the agent says.
+                response = await self._session.post(endpoint, data=body, headers=headers, timeout=client_timeout,
+                                                    allow_redirects=False)
                 stage = "body"
                 if first_byte_fires:
                     deadline.reschedule(now + timeouts.total_s)
                 async with response:
-                    raw = await response.read()
-                answer = classify(response.status, raw)
+                    raw = await _read_capped(response, max_answer_bytes)
+                answer = classify(response.status, raw) if raw is not None else AgentAnswer(
+                    error_code=ErrorCode.ANSWER_TOO_LARGE,
+                    message=f"agent's answer exceeds the router's limit of {max_answer_bytes} bytes")
         except aiohttp.ConnectionTimeoutError:
             answer = AgentAnswer(error_code=ErrorCode.CONNECT_TIMEOUT, sent=False,
                                  message=f"no connection within {timeouts.connect_s * 1000:.0f} ms")

@@ -112,12 +112,16 @@ class SegmentWriter:
         self._segments.append(segment)
 
     def _abandon(self, needed: int) -> None:
+        """Stop using the active segment and, if the disk allows, cut the failed bytes off before
+        anyone hears of the failure: a crash now must not replay records their writers saw refused."""
         active = self._active
         self._synced = active.size
         self._needed = needed
         self._active = None
         with contextlib.suppress(OSError):
             active.close()
+        with contextlib.suppress(OSError):
+            truncate_durably(self._segments[-1].path, self._synced)
 
 
 def probe_space(directory: str, size: int) -> None:

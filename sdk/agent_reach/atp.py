@@ -7,10 +7,21 @@ all import it, so a frame means the same thing on every hop.
 from __future__ import annotations
 
 import os
+import re
 from enum import Enum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
+
+# A request id and a capability name travel in HTTP headers (X-Request-Id, X-Reach-Capability), so
+# both are bounded and plain: visible ASCII, no separators, nothing a header could be split on.
+# \Z, not $: a pattern ending in $ lets one trailing newline through.
+MAX_REQUEST_ID_CHARS = 128
+REQUEST_ID_PATTERN = r"^[\x21-\x7e]+\Z"
+CAPABILITY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*\Z"
+RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_REQUEST_ID_CHARS, pattern=REQUEST_ID_PATTERN)]
+CapabilityName = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=CAPABILITY_PATTERN)]
+_REQUEST_ID = re.compile(REQUEST_ID_PATTERN)
 
 
 def new_request_id() -> str:
@@ -18,13 +29,18 @@ def new_request_id() -> str:
     return os.urandom(16).hex()
 
 
+def valid_request_id(value: object) -> bool:
+    """Whether ``value`` may stand as a call's id (and so be echoed in a header)."""
+    return isinstance(value, str) and len(value) <= MAX_REQUEST_ID_CHARS and _REQUEST_ID.match(value) is not None
+
+
 class RequestFrame(msgspec.Struct, kw_only=True, omit_defaults=True):
     """What a caller sends: a capability (or, later, an intent) and its payload."""
 
-    capability: str | None = None
+    capability: CapabilityName | None = None
     payload: Any = None
     context: dict[str, Any] = msgspec.field(default_factory=dict)
-    request_id: str = msgspec.field(default_factory=new_request_id)
+    request_id: RequestId = msgspec.field(default_factory=new_request_id)
     timeout_hint: int | None = None
     intent: str | None = None
 
@@ -79,6 +95,8 @@ class ErrorFrame(msgspec.Struct, kw_only=True, omit_defaults=True):
     can_retry: bool
     business_error: BusinessError | None = None
     route: RouteFacts | None = None
+    # The frame member at fault, when the caller's frame was refused (e.g. "request_id", "context").
+    field: str | None = None
 
 
 class ErrorCode(str, Enum):
@@ -86,6 +104,7 @@ class ErrorCode(str, Enum):
 
     INVALID_FRAME = "INVALID_FRAME"
     PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
+    INVALID_PAYLOAD = "INVALID_PAYLOAD"
     UNKNOWN_CAPABILITY = "UNKNOWN_CAPABILITY"
     NO_ROUTABLE_INSTANCE = "NO_ROUTABLE_INSTANCE"
     ROUTING_HINT_UNSATISFIABLE = "ROUTING_HINT_UNSATISFIABLE"
@@ -95,6 +114,7 @@ class ErrorCode(str, Enum):
     CIRCUIT_OPEN = "CIRCUIT_OPEN"
     BUSY = "BUSY"
     AGENT_ERROR = "AGENT_ERROR"
+    ANSWER_TOO_LARGE = "ANSWER_TOO_LARGE"
     BUSINESS_ERROR = "BUSINESS_ERROR"
     UNAUTHENTICATED = "UNAUTHENTICATED"
     FORBIDDEN = "FORBIDDEN"
@@ -114,6 +134,9 @@ class ErrorCode(str, Enum):
 _ERROR_TABLE: dict[ErrorCode, tuple[int, bool]] = {
     ErrorCode.INVALID_FRAME: (400, False),
     ErrorCode.PAYLOAD_TOO_LARGE: (413, False),
+    # The agent refused the request as wrong (HTTP 400/422, or its own INVALID_PAYLOAD frame): the
+    # same request fails everywhere, so it is the caller's to fix, not a sign of the agent's health.
+    ErrorCode.INVALID_PAYLOAD: (400, False),
     ErrorCode.UNKNOWN_CAPABILITY: (404, False),
     ErrorCode.NO_ROUTABLE_INSTANCE: (503, True),
     ErrorCode.ROUTING_HINT_UNSATISFIABLE: (503, False),
@@ -123,6 +146,8 @@ _ERROR_TABLE: dict[ErrorCode, tuple[int, bool]] = {
     ErrorCode.CIRCUIT_OPEN: (503, True),
     ErrorCode.BUSY: (429, True),
     ErrorCode.AGENT_ERROR: (502, True),
+    # The same call would bring the same oversized answer: a retry cannot help.
+    ErrorCode.ANSWER_TOO_LARGE: (502, False),
     ErrorCode.BUSINESS_ERROR: (422, False),
     ErrorCode.UNAUTHENTICATED: (401, False),
     ErrorCode.FORBIDDEN: (403, False),
@@ -134,8 +159,8 @@ _ERROR_TABLE: dict[ErrorCode, tuple[int, bool]] = {
 }
 
 
-def error_frame(request_id: str, code: ErrorCode, message: str) -> ErrorFrame:
+def error_frame(request_id: str, code: ErrorCode, message: str, field: str | None = None) -> ErrorFrame:
     """Build an error frame whose can_retry always agrees with the table."""
     return ErrorFrame(
-        request_id=request_id, error_code=code.value, error_message=message, can_retry=code.can_retry
+        request_id=request_id, error_code=code.value, error_message=message, can_retry=code.can_retry, field=field
     )
