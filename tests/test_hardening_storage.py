@@ -21,6 +21,7 @@ import aiohttp
 from conftest import registration, wait_for
 from sdk_support import free_port
 from storage_support import AGENTREACH, ROOT, start_logged
+from wal import WriteAheadLog
 
 NAMESPACE = ("unshare", "--mount", "--propagation", "private", "sh", "-c")
 
@@ -182,3 +183,21 @@ async def test_data_dir_is_private_under_umask_022_and_a_loose_one_is_warned_abo
     assert warnings[f"{data_dir}/wal/*"]["paths"] == 2
     assert all(event["level"] == "warning" for event in warnings.values())
 
+
+
+async def test_segments_snapshots_and_the_lock_are_private_whatever_the_umask(tmp_path):
+    wal_dir = tmp_path / "data" / "wal"
+    previous = os.umask(0)  # the loosest umask: every mode given to mkdir/open is kept as given
+    try:
+        log = WriteAheadLog(wal_dir, segment_bytes=256)
+        log.open(lambda index, data: None, lambda index, payload: None)
+        for _ in range(20):
+            await log.append(b"x" * 100)
+        await log.snapshot(10, b"state")
+        await log.close()
+    finally:
+        os.umask(previous)
+    modes = _modes(tmp_path / "data")
+    assert {"wal/LOCK", "wal/snapshot-00000000000000000010.snap"} <= set(modes) and len(modes) > 5
+    assert {path: f"{mode:04o}" for path, mode in modes.items()
+            if mode != (0o700 if (tmp_path / "data" / path).is_dir() else 0o600)} == {}
