@@ -67,7 +67,6 @@ class CallResult(msgspec.Struct, kw_only=True):
     frame: ResponseFrame | ErrorFrame
     route: RouteFacts
     plan: list[str] = []
-    tried: list[AttemptTrace] = []
     # Seconds before a rate-limited caller may try again (the Retry-After header).
     retry_after: int | None = None
     # False when the call was turned away before a capability was reached (auth, rate, no capability
@@ -91,7 +90,14 @@ class _Attempts(msgspec.Struct, kw_only=True):
     reason: str | None = None
     agent_ms: float = 0.0
     plan: list[str] = []
-    tried: list[AttemptTrace] = []
+
+
+class _InFlight(msgspec.Struct, kw_only=True):
+    """What the router knows of a call while it runs, held by ``Router.call``: a call cut short (an
+    exception, cancellation) is still recorded with the instances it reached."""
+
+    span: CallSpan
+    tried: list[AttemptTrace] = []  # every attempt so far, fallback's included, in order
 
 
 class Router:
@@ -121,22 +127,22 @@ class Router:
         and audited in ``finally``: an exception must not take a call out of the audit trail.
         """
         started, started_at = time.monotonic(), time.time()
-        span = open_span(frame.context, parent)
+        flight = _InFlight(span=open_span(frame.context, parent))
         payload = _payload_encoder.encode(frame.payload)
         result: CallResult | None = None
         try:
-            result = await self._route(frame, caller, started, span, len(payload))
+            result = await self._route(frame, caller, started, flight, len(payload))
         except Exception:
             log.exception("call failed inside the router")
             result = self._error(frame, ROUTER_FAILURE, "The router failed while handling this call (the agent may "
                                  "have received it); the router's log has the cause",
                                  RouteFacts(capability=frame.capability), started)
         finally:
-            self._account(frame, result, started, started_at, payload, caller, span)
+            self._account(frame, result, started, started_at, payload, caller, flight)
         return result
 
     async def _route(self, frame: RequestFrame, caller: Caller | Unauthenticated | None, started: float,
-                     span: CallSpan, size: int) -> CallResult:
+                     flight: _InFlight, size: int) -> CallResult:
         if caller is not None:
             # Before semantic matching: an unknown caller must not spend the model's time.
             refusal = self._admit(caller, started)
@@ -162,16 +168,16 @@ class Router:
             refusal = authorize(caller, capability, offers)
             if refusal is not None:
                 return self._refuse(frame, refusal, caller, started)
-        result = await self._call_capability(frame, capability, offers, started, size, caller, span)
+        result = await self._call_capability(frame, capability, offers, started, size, caller, flight)
         if match is not None:
             result.route.match_score, result.route.intent_candidates = match.score, match.candidates
         return result
 
     def _account(self, frame: RequestFrame, result: CallResult | None, started: float, started_at: float,
-                 payload: bytes, caller: Caller | Unauthenticated | None, span: CallSpan) -> None:
+                 payload: bytes, caller: Caller | Unauthenticated | None, flight: _InFlight) -> None:
         """Trace, audit and count one call that ended; ``result`` is None when it was cancelled."""
         outcome = self._outcome(result) if result is not None else "failed"
-        self._trace(frame, result, outcome, started, started_at, payload, caller, span)
+        self._trace(frame, result, outcome, started, started_at, payload, caller, flight)
         if result is None or not result.ledgered:
             return
         code = result.frame.error_code if isinstance(result.frame, ErrorFrame) else None
@@ -207,7 +213,8 @@ class Router:
         return result
 
     def _trace(self, frame: RequestFrame, result: CallResult | None, outcome: Outcome, started: float,
-               started_at: float, payload: bytes, caller: Caller | Unauthenticated | None, span: CallSpan) -> None:
+               started_at: float, payload: bytes, caller: Caller | Unauthenticated | None,
+               flight: _InFlight) -> None:
         """Keep the call's trace (sampled under load, see TraceStore), and its audit row when an
         audit trail is kept (every call, refusals included); ``result`` None: the call was cancelled."""
         keep = self.traces.wants(outcome == "success", started_at)
@@ -226,11 +233,11 @@ class Router:
             payload_bytes=len(payload), timeout_hint=frame.timeout_hint,
             routing_hint=hint if isinstance(hint, dict) else None, policy=route.policy,
             plan=result.plan if result is not None else [], degraded=route.degraded, reason=route.reason,
-            attempts=result.tried if result is not None else [], outcome=outcome,
+            attempts=flight.tried, outcome=outcome,
             error_code=CANCELLED if answer is None else answer.error_code if isinstance(answer, ErrorFrame) else None,
             total_ms=round((time.monotonic() - started) * 1000, 3), overhead_ms=route.overhead_ms or 0.0,
-            tokens=tokens if isinstance(tokens, int) else None, span_id=span.span_id,
-            parent_span_id=span.parent_span_id)
+            tokens=tokens if isinstance(tokens, int) else None, span_id=flight.span.span_id,
+            parent_span_id=flight.span.parent_span_id)
         if keep:
             self.traces.add(trace)
         if self.audit is not None:
@@ -240,7 +247,7 @@ class Router:
 
     async def _call_capability(self, frame: RequestFrame, capability: str, offers: list[Offer] | None,
                                started: float, size: int, caller: Caller | Unauthenticated | None,
-                               span: CallSpan) -> CallResult:
+                               flight: _InFlight) -> CallResult:
         if offers is None:
             policy = self.mirror.policy(capability)
             if policy is None:
@@ -250,7 +257,7 @@ class Router:
             # The registry holds a policy for it, so the capability is known: its pool is empty.
             empty = _Attempts(refusal=RouteRefusal(code=ErrorCode.NO_ROUTABLE_INSTANCE,
                                                    reason=f"no instance of {capability!r} is registered"))
-            return await self._with_fallback(frame, policy, empty, started, caller, span) or \
+            return await self._with_fallback(frame, policy, empty, started, caller, flight) or \
                 self._finish(frame, capability, None, empty, started)
         declared = offers[0].capability
         if size > declared.max_payload_bytes:
@@ -261,7 +268,7 @@ class Router:
         now = time.monotonic()
         capability_breaker = self.book.breaker("", capability, policy.circuit_breaker)
         if capability_breaker.allow(now):
-            attempts = await self._attempt(frame, capability, offers, policy, started, span)
+            attempts = await self._attempt(frame, capability, offers, policy, started, flight)
             # Like the instance breakers: an agent's 429 or its refusal of the request is not counted.
             counted = verdict(attempts.answer.error_code) if attempts.answer is not None else None
             if counted is not None:
@@ -272,21 +279,20 @@ class Router:
                                  reason="capability_circuit_open")
         if attempts.answer is not None and attempts.answer.ok:  # the common case: no coroutine for fallback
             return self._finish(frame, capability, declared.timeout_sla_ms, attempts, started)
-        fallback = await self._with_fallback(frame, policy, attempts, started, caller, span)
+        fallback = await self._with_fallback(frame, policy, attempts, started, caller, flight)
         if fallback is not None:
-            fallback.tried = [*attempts.tried, *fallback.tried]
             return fallback
         return self._finish(frame, capability, declared.timeout_sla_ms, attempts, started)
 
     async def _with_fallback(self, frame: RequestFrame, policy: Policy, attempts: _Attempts, started: float,
-                             caller: Caller | Unauthenticated | None, span: CallSpan) -> CallResult | None:
+                             caller: Caller | Unauthenticated | None, flight: _InFlight) -> CallResult | None:
         """For a failed call, the fallback capability's success (degraded); None to answer the failure."""
         if not policy.fallback_capability or self._caller_error(attempts):
             return None
-        return await self._call_fallback(frame, policy.fallback_capability, started, caller, span)
+        return await self._call_fallback(frame, policy.fallback_capability, started, caller, flight)
 
     async def _call_fallback(self, frame: RequestFrame, fallback: str, started: float,
-                             caller: Caller | Unauthenticated | None, span: CallSpan) -> CallResult | None:
+                             caller: Caller | Unauthenticated | None, flight: _InFlight) -> CallResult | None:
         offers = self.mirror.offers(fallback)
         if offers is None:
             return None
@@ -296,7 +302,7 @@ class Router:
             return None
         policy = self.mirror.policy(fallback) or DEFAULT_POLICY
         attempts = await self._attempt(msgspec.structs.replace(frame, capability=fallback), fallback, offers,
-                                       policy, started, span)
+                                       policy, started, flight)
         if attempts.answer is None or not attempts.answer.ok:
             return None
         attempts.degraded, attempts.reason = True, "fallback"
@@ -304,7 +310,7 @@ class Router:
         return self._finish(frame, fallback, offers[0].capability.timeout_sla_ms, attempts, started)
 
     async def _attempt(self, frame: RequestFrame, capability: str, offers: list[Offer], policy: Policy,
-                       started: float, span: CallSpan) -> _Attempts:
+                       started: float, flight: _InFlight) -> _Attempts:
         now = time.monotonic()
         by_id = {offer.record.agent_id: offer for offer in offers}
         candidates = [self._candidate(offer, capability, policy, now) for offer in offers]
@@ -345,11 +351,14 @@ class Router:
                 state.degraded, state.reason = True, "failover"
                 self.decisions["failover"] += 1
             offer = by_id[candidate.agent_id]
-            answer = await self._send(frame, capability, offer, timeouts, remaining, span)
-            state.tried.append(AttemptTrace(
+            # Recorded before sending: a call cut short while the agent has it still names the agent.
+            attempt = AttemptTrace(
                 instance=candidate.agent_id, endpoint=offer.capability.endpoint, protocol=offer.capability.protocol,
-                started_ms=round((now - started) * 1000, 3), elapsed_ms=round(answer.elapsed_ms, 3),
-                error_code=answer.error_code.value if answer.error_code else None, message=answer.message))
+                started_ms=round((now - started) * 1000, 3), elapsed_ms=0.0, message="no answer: the call ended first")
+            flight.tried.append(attempt)
+            answer = await self._send(frame, capability, offer, timeouts, remaining, flight.span)
+            attempt.elapsed_ms, attempt.message = round(answer.elapsed_ms, 3), answer.message
+            attempt.error_code = answer.error_code.value if answer.error_code else None
             state.attempts += 1
             state.instance = candidate.agent_id
             state.answer = answer
@@ -445,10 +454,10 @@ class Router:
         if answer.ok:
             return CallResult(frame=ResponseFrame(request_id=frame.request_id, status="success", result=answer.result,
                                                   context_update=answer.context_update, route=route), route=route,
-                              plan=attempts.plan, tried=attempts.tried)
+                              plan=attempts.plan)
         error = error_frame(frame.request_id, answer.error_code, answer.message)
         error.business_error, error.route = answer.business_error, route
-        return CallResult(frame=error, route=route, plan=attempts.plan, tried=attempts.tried)
+        return CallResult(frame=error, route=route, plan=attempts.plan)
 
     def _error(self, frame: RequestFrame, code: ErrorCode, message: str, route: RouteFacts,
                started: float, *, ledgered: bool = True) -> CallResult:

@@ -73,6 +73,7 @@ async def test_a_call_that_fails_inside_the_router_is_answered_audited_and_trace
     for request_id in ("blew-up", "blew-up-rpc"):
         [row] = await audit_rows(mesh, f"request_id={request_id}")
         assert (row["outcome"], row["error_code"], row["capability"]) == ("failed", "AGENT_ERROR", "echo")
+        assert row["instance"] == "trace-agent", "the audit row names the agent the call reached"
         trace = (await mesh.get(f"/traces/{request_id}"))["call"]
         assert (trace["outcome"], trace["error_code"]) == ("failed", "AGENT_ERROR")
     assert (await mesh.reach_totals())["failed_by_code"] == {"AGENT_ERROR": 2}
@@ -88,8 +89,9 @@ async def test_a_cancelled_call_is_audited_and_traced(start_mesh, start_agent, t
         await call
 
     [row] = await audit_rows(mesh, "request_id=gone")
-    assert (row["outcome"], row["error_code"], row["instance"]) == ("failed", "CANCELLED", None)
-    assert (await mesh.get("/traces/gone"))["call"]["error_code"] == "CANCELLED"
+    assert (row["outcome"], row["error_code"], row["instance"]) == ("failed", "CANCELLED", "trace-agent")
+    trace = (await mesh.get("/traces/gone"))["call"]
+    assert trace["error_code"] == "CANCELLED" and [a["instance"] for a in trace["attempts"]] == ["trace-agent"]
 
 
 async def test_calls_refused_before_routing_are_audited_too(start_mesh, start_agent, tmp_path):
@@ -243,3 +245,15 @@ async def test_an_agent_calling_under_its_own_identity_still_joins_the_tree(star
     tree = (await mesh.get("/traces/nested"))["tree"]
     assert [shape(tree)[0], [kid[0] for kid in shape(tree)[2]]] == ["root", ["nested"]]
     assert shape((await mesh.get("/traces/stranger"))["tree"])[0::2] == ("stranger", [])
+
+
+async def test_a_fallback_call_is_traced_with_every_attempt_in_order(mesh, start_agent):
+    primary, backup = await start_agent("primary-1"), await start_agent("backup-1")
+    primary.status = 500
+    await mesh.add(primary, "echo")
+    await mesh.add(backup, "echo.backup")
+    await mesh.put_policy("echo", {"fallback_capability": "echo.backup"})
+    answer = await mesh.call("echo", {}, request_id="fell-back")
+    assert answer.status == 200 and answer.route["reason"] == "fallback"
+    attempts = (await mesh.get("/traces/fell-back"))["call"]["attempts"]
+    assert [(a["instance"], a["error_code"]) for a in attempts] == [("primary-1", "AGENT_ERROR"), ("backup-1", None)]
