@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from agent_reach.connections import unreadable_body
 from agent_reach.registration import AgentRef, CapabilityRef, HeartbeatRequest, Name, RegisterRequest
 from aiohttp import web
 from auth.records import ClientCreate, PublishedKey, TokenCreate, client_view
@@ -87,6 +88,9 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         return error_response(RegistryError(503, "storage_unavailable", f"The registry cannot store changes now: {exc}"))
     except web.HTTPRequestEntityTooLarge as exc:
         return error_response(RegistryError(413, "payload_too_large", exc.text or "Request body too large"))
+    except web.RequestPayloadError as exc:
+        status, body = unreadable_body(exc)
+        return json_response(body, status)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

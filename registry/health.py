@@ -6,6 +6,7 @@ import asyncio
 import logging
 
 import aiohttp
+from agent_reach.exhaustion import Throttle, local_exhaustion
 
 from registry.lifecycle import EvictionPlan, Status, plan_evictions, record_check
 from registry.service import Registry
@@ -23,7 +24,9 @@ class HealthChecker:
         self._session = session
         self._probes = asyncio.Semaphore(PROBE_CONCURRENCY)
         self.guard_active = False
-        self.checks = {"pass": 0, "fail": 0}
+        # "unprobed": probes this process could not send (out of descriptors...): no verdict on anyone.
+        self.checks = {"pass": 0, "fail": 0, "unprobed": 0}
+        self._unprobed_reports = Throttle()
 
     async def run(self) -> None:
         while True:
@@ -33,14 +36,16 @@ class HealthChecker:
             except Exception:
                 log.exception("health sweep failed; retrying next interval")
 
-    async def _probe(self, url: str) -> bool:
+    async def _probe(self, url: str) -> bool | None:
+        """Whether the instance answered 2xx; None when the probe never left this process (EMFILE,
+        ENOBUFS...): the registry's own trouble, which must not count toward evicting anyone."""
         timeout = aiohttp.ClientTimeout(total=min(self._registry.config.health_interval, 2.0))
         async with self._probes:
             try:
                 async with self._session.get(url, timeout=timeout, allow_redirects=False) as response:
                     return 200 <= response.status < 300
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-                return False
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                return None if local_exhaustion(exc) is not None else False
 
     async def sweep(self) -> EvictionPlan:
         registry = self._registry
@@ -48,9 +53,10 @@ class HealthChecker:
         demoted = grouped[Status.DEMOTED]
         results = await asyncio.gather(*(self._probe(record.health_url) for record in demoted))
         now = registry.clock()
+        self._report_unprobed(results.count(None))
         for record, passed in zip(demoted, results):
             liveness = registry.state.liveness.get(record.agent_id)
-            if liveness is None:
+            if liveness is None or passed is None:
                 continue
             record_check(liveness, passed, now)
             registry.touched.add(record.agent_id)
@@ -66,6 +72,15 @@ class HealthChecker:
         for agent_id in plan.evict:
             await registry.evict(agent_id, reason=f"{registry.config.evict_after} failed health checks")
         return plan
+
+    def _report_unprobed(self, unprobed: int) -> None:
+        if not unprobed:
+            return
+        self.checks["unprobed"] += unprobed
+        count = self._unprobed_reports.event(unprobed)
+        if count:
+            log.error("health probes could not be sent: this process is out of a system resource; "
+                      "not counted against the instances", extra={"unprobed": count})
 
     def _report_guard(self, plan: EvictionPlan, live: int, silent: int) -> None:
         if plan.guard_active and not self.guard_active:

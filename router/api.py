@@ -14,6 +14,7 @@ import msgspec
 from agent_reach import logs
 from agent_reach.atp import (MAX_REQUEST_ID_CHARS, ErrorCode, ErrorFrame, RequestFrame, RouteFacts, error_frame,
                              valid_request_id)
+from agent_reach.connections import unreadable_body
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -170,6 +171,9 @@ def guarded(handler: Handler) -> Handler:
             return await handler(request)
         except web.HTTPException:
             raise
+        except web.RequestPayloadError as exc:
+            status, body = unreadable_body(exc)
+            return json_response(body, status)
         except Exception:
             log.exception("unhandled error", extra={"path": request.path})
             return json_response({"error": "internal_error", "field": None,

@@ -8,14 +8,19 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from agent_reach.connections import GuardedSite, Limits
+from agent_reach.exhaustion import filter_exhaustion
+
 
 async def listen(app: web.Application, host: str, port: int, *, shutdown_timeout: float = 1.0,
-                 **handler_args: Any) -> tuple[web.AppRunner, int]:
+                 limits: Limits | None = None, **handler_args: Any) -> tuple[web.AppRunner, int]:
     """Serve ``app``; returns its runner and the port actually bound (``port=0`` picks a free one).
-    ``handler_args`` go to aiohttp's request handler (``max_line_size``, ``max_field_size``, ...)."""
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout, **handler_args)
+    Every connection is held to ``limits`` (deadlines, a connection cap); ``handler_args`` go to
+    aiohttp's request handler (``max_line_size``, ``max_field_size``, ...)."""
+    filter_exhaustion(asyncio.get_running_loop())
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    await GuardedSite(runner, host, port, limits or Limits(), access_log=None, **handler_args).start()
     return runner, runner.addresses[0][1]
 
 

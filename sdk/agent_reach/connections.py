@@ -1,0 +1,240 @@
+"""Incoming connections that cannot hold a server hostage: deadlines for a request's header and
+body, an idle limit, a cap on how many are open at once, and errors in the mesh's JSON shape.
+
+aiohttp's server closes a connection only after ``keepalive_timeout`` (an hour by default) and
+never times out a header or a body that trickles in, so slow clients (slowloris) could hold every
+file descriptor the process has. Here each request's header must be complete within
+``header_timeout`` of its first byte (or of the connection opening), its body within
+``body_timeout`` of its header, and past ``max_connections`` new connections get a 503 and are
+closed at once, keeping descriptors for the process's own outgoing calls and its files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+from typing import Any
+
+import msgspec
+from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
+from aiohttp.streams import StreamReader
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
+from aiohttp.web_request import BaseRequest
+
+from agent_reach.exhaustion import Throttle
+
+log = logging.getLogger("agentreach.connections")
+
+_encoder = msgspec.json.Encoder()
+
+
+def default_max_connections() -> int:
+    """A quarter of the descriptors this process may open: the mesh runs up to three servers in one
+    process (`agentreach up`), and each keeps the rest for outgoing calls, the WAL and databases."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return 16_384 if soft == resource.RLIM_INFINITY else max(16, soft // 4)
+
+
+class Limits(msgspec.Struct, frozen=True, kw_only=True):
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    # Longer than any pool in the mesh keeps an idle connection (the router's is 30 s, aiohttp's 15 s),
+    # so a client never sends on a connection the server is closing.
+    idle_timeout: float = 75.0
+    max_connections: int = msgspec.field(default_factory=default_max_connections)
+
+
+class SlowBody(RequestPayloadError):
+    """The request body did not arrive within the body deadline."""
+
+
+def unreadable_body(exc: RequestPayloadError) -> tuple[int, dict[str, str | None]]:
+    """The answer for a body that could not be read: too slow (408), or not decodable (400)."""
+    if isinstance(exc, SlowBody):
+        return 408, {"error": "body_timeout", "message": str(exc), "field": "body"}
+    reason = getattr(exc.__cause__, "message", None) or str(exc)
+    return 400, {"error": "invalid_body", "field": "body",
+                 "message": f"The request body could not be read ({reason}); check Content-Encoding"}
+
+
+def error_answer(status: int, code: str, message: str, field: str | None = None) -> web.Response:
+    body = _encoder.encode({"error": code, "message": message, "field": field})
+    return web.Response(body=body, status=status, content_type="application/json")
+
+
+def protocol_error(status: int, exc: BaseException | None) -> tuple[str, str]:
+    """Code and message for what aiohttp's parser or a handler's escape turned into ``status``."""
+    if isinstance(exc, LineTooLong):
+        return "line_too_long", (f"A request line or header line is longer than {exc.args[1]} bytes "
+                                 "(a URL or one header that long is refused)")
+    if isinstance(exc, BadHttpMessage):
+        return "bad_request", f"Malformed HTTP request: {exc.message}"
+    if status == 504:
+        return "timeout", "The request took too long to handle"
+    if status < 500:
+        return "bad_request", "The request could not be handled"
+    return "internal_error", "The server failed to handle this request"
+
+
+class Gate:
+    """How many connections a listener has open, against its cap; refusals reported once per interval."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.open = 0
+        self.refused = 0
+        self._throttle = Throttle()
+
+    def refuse(self) -> None:
+        self.refused += 1
+        count = self._throttle.event()
+        if count:
+            log.error("connection cap reached; refusing new connections",
+                      extra={"open": self.open, "limit": self.limit, "refused": count,
+                             "interval_seconds": self._throttle.interval})
+
+
+_TOO_MANY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+             b"Retry-After: 1\r\nContent-Length: %d\r\n\r\n%s")
+
+
+class Refusal(asyncio.Protocol):
+    """What a connection past the cap gets: a 503 and the door closed, before any of it is read."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        body = _encoder.encode({"error": "too_many_connections", "field": None,
+                                "message": "The server has as many connections open as it accepts; retry shortly"})
+        assert isinstance(transport, asyncio.Transport)
+        transport.write(_TOO_MANY % (len(body), body))
+        transport.close()
+
+
+class GuardedHandler(RequestHandler):
+    """aiohttp's request handler with header and body deadlines, counted against its listener's cap."""
+
+    def __init__(self, manager: web.Server, *, limits: Limits, gate: Gate, **kwargs: Any):
+        super().__init__(manager, keepalive_timeout=limits.idle_timeout, **kwargs)
+        self._limits = limits
+        self._gate = gate
+        self._header_deadline: asyncio.TimerHandle | None = None
+        self._body_deadline: asyncio.TimerHandle | None = None
+        self._body: StreamReader | None = None
+        gate.open += 1
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._await_header()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._gate is not None:
+            self._gate.open -= 1
+            self._gate = None  # connection_lost may come twice; count once
+        self._cancel_deadlines()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        in_body = self._body is not None and not self._body.is_eof()
+        newest = self._messages[-1] if self._messages else None
+        super().data_received(data)
+        if self._messages and self._messages[-1] is not newest:
+            self._header_complete(self._messages[-1][1])
+        elif data and not in_body and self._header_deadline is None:
+            self._await_header()
+
+    async def finish_response(self, request: BaseRequest, resp: web.StreamResponse,
+                              start_time: float | None) -> tuple[web.StreamResponse, bool]:
+        self._cancel(self._body_deadline)
+        self._body_deadline = None
+        answer = await super().finish_response(request, resp, start_time)
+        if request.content.exception() is not None:
+            # The rest of a body that failed is not worth reading: close once the answer is out,
+            # rather than let aiohttp's lingering read raise the failure again.
+            self.force_close()
+        return answer
+
+    def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        """aiohttp's answer for a request it could not parse or a handler that escaped, as JSON."""
+        if status >= 500:
+            log.error("request failed", exc_info=exc, extra={"remote": request.remote, "status": status})
+        else:
+            log.info("malformed request refused", extra={"remote": request.remote, "status": status,
+                                                         "reason": type(exc).__name__ if exc else message})
+        if request.writer.output_size > 0:
+            raise ConnectionError("the answer had started; the connection is closed instead")
+        answer = error_answer(status, *protocol_error(status, exc))
+        answer.force_close()
+        return answer
+
+    def _header_complete(self, body: StreamReader) -> None:
+        self._cancel(self._header_deadline)
+        self._header_deadline = None
+        self._cancel(self._body_deadline)
+        self._body, self._body_deadline = body, None
+        if not body.is_eof():
+            self._body_deadline = self._loop.call_later(self._limits.body_timeout, self._body_late, body)
+
+    def _await_header(self) -> None:
+        if self.transport is not None:
+            self._header_deadline = self._loop.call_later(self._limits.header_timeout, self._header_late)
+
+    def _header_late(self) -> None:
+        self._header_deadline = None
+        waiting = self._waiter is not None and not self._waiter.done()
+        log.info("request header not complete in time; closing", extra={"remote": self.peername,
+                                                                        "timeout_seconds": self._limits.header_timeout})
+        # Idle between requests: close now; an answer still being written goes out first.
+        self.force_close() if waiting else self.close()
+
+    def _body_late(self, body: StreamReader) -> None:
+        self._body_deadline = None
+        if not body.is_eof() and body.exception() is None:
+            body.set_exception(SlowBody(f"The request body did not arrive within {self._limits.body_timeout:g} s"))
+
+    def _cancel_deadlines(self) -> None:
+        for handle in (self._header_deadline, self._body_deadline):
+            self._cancel(handle)
+        self._header_deadline = self._body_deadline = None
+        self._body = None
+
+    @staticmethod
+    def _cancel(handle: asyncio.TimerHandle | None) -> None:
+        if handle is not None:
+            handle.cancel()
+
+
+class GuardedSite(web.BaseSite):
+    """A TCP listener whose connections are GuardedHandlers (a Refusal past the cap)."""
+
+    __slots__ = ("_host", "_port", "_limits", "_gate", "_handler_args")
+
+    def __init__(self, runner: web.AppRunner, host: str, port: int, limits: Limits, **handler_args: Any):
+        super().__init__(runner)
+        self._host, self._port = host, port
+        self._limits = limits
+        self._gate = Gate(limits.max_connections)
+        self._handler_args = handler_args
+
+    @property
+    def name(self) -> str:
+        return f"http://{self._host}:{self._port}"
+
+    @property
+    def gate(self) -> Gate:
+        return self._gate
+
+    def _connection(self) -> asyncio.Protocol:
+        if self._gate.open >= self._gate.limit:
+            self._gate.refuse()
+            return Refusal()
+        server = self._runner.server
+        assert server is not None
+        return GuardedHandler(server, loop=asyncio.get_running_loop(), limits=self._limits, gate=self._gate,
+                              **self._handler_args)
+
+    async def start(self) -> None:
+        await super().start()
+        self._server = await asyncio.get_running_loop().create_server(self._connection, self._host, self._port,
+                                                                      backlog=self._backlog)

@@ -1,0 +1,272 @@
+"""Servers that survive slow, hostile and exhausted conditions: slowloris headers and bodies are
+timed out, a connection cap keeps descriptors for the process's own work, exhaustion is logged
+once per interval, and a registry out of descriptors does not evict the instances it cannot probe."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import resource
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+
+import aiohttp
+import pytest
+from agent_reach.connections import GuardedSite, Limits
+from agent_reach.registration import AgentRef
+from agent_reach.serving import listen
+from aiohttp import web
+
+from conftest import FakeAgent, agent, http, post, registration, start_registry, wait_for  # noqa: F401
+from registry.api import decode, errors_as_json
+from registry.health import HealthChecker
+
+PARTIAL_HEADER = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
+
+
+async def ok(request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})
+
+
+async def echo(request: web.Request) -> web.Response:
+    """The registry's own body path: its decoder behind its error middleware."""
+    ref = await decode(request, AgentRef)
+    return web.json_response({"agent_id": ref.agent_id})
+
+
+@contextlib.asynccontextmanager
+async def serving(limits: Limits) -> AsyncIterator[tuple[str, GuardedSite]]:
+    app = web.Application(middlewares=[errors_as_json])
+    app.router.add_get("/", ok)
+    app.router.add_post("/echo", echo)
+    runner, port = await listen(app, "127.0.0.1", 0, limits=limits)
+    site = next(iter(runner.sites))
+    assert isinstance(site, GuardedSite)
+    try:
+        yield f"http://127.0.0.1:{port}", site
+    finally:
+        await runner.cleanup()
+
+
+async def slow_connection(port: int, first: bytes = PARTIAL_HEADER) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(first)
+    await writer.drain()
+    return reader, writer
+
+
+async def trickle(writers: list[asyncio.StreamWriter], stop: asyncio.Event) -> None:
+    """A byte on every connection now and then, as slowloris does, until told to stop or refused."""
+    while not stop.is_set():
+        for writer in writers:
+            if not writer.is_closing():
+                with contextlib.suppress(ConnectionError):
+                    writer.write(b"a")
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.05)
+
+
+async def closed_by_server(reader: asyncio.StreamReader) -> bytes:
+    try:
+        return await reader.read()
+    except ConnectionError:
+        return b""
+
+
+async def test_slowloris_headers_are_closed_while_normal_requests_are_served(http):
+    async with serving(Limits(header_timeout=0.5, max_connections=100)) as (url, site):
+        port = int(url.rsplit(":", 1)[1])
+        connections = [await slow_connection(port) for _ in range(20)]
+        stop = asyncio.Event()
+        dripping = asyncio.create_task(trickle([writer for _, writer in connections], stop))
+        ends = [asyncio.create_task(closed_by_server(reader)) for reader, _ in connections]
+        try:
+            async with http.get(url, headers={"Connection": "close"}) as response:
+                assert response.status == 200 and await response.json() == {"ok": True}
+            await wait_for(lambda: all(end.done() for end in ends), timeout=10,
+                           what="the server to close every slow header")
+            assert all(end.result() == b"" for end in ends)  # closed without an answer: nothing was asked
+            await wait_for(lambda: site.gate.open == 0, timeout=5, what="the slow connections to be gone")
+        finally:
+            stop.set()
+            await dripping
+            for _, writer in connections:
+                writer.close()
+
+
+async def test_a_connection_that_sends_nothing_is_closed_at_the_header_deadline():
+    async with serving(Limits(header_timeout=0.3)) as (url, site):
+        reader, writer = await slow_connection(int(url.rsplit(":", 1)[1]), b"")
+        assert await asyncio.wait_for(closed_by_server(reader), 10) == b""
+        writer.close()
+
+
+async def test_a_body_that_trickles_past_its_deadline_is_a_408(http):
+    async with serving(Limits(body_timeout=0.3)) as (url, _):
+        reader, writer = await slow_connection(int(url.rsplit(":", 1)[1]),
+                                               b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                               b"Content-Length: 100\r\n\r\n{\"agent_id\"")
+        answer = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408"), answer
+        assert json.loads(body)["error"] == "body_timeout" and json.loads(body)["field"] == "body"
+        async with http.post(f"{url}/echo", json={"agent_id": "a1"}) as response:
+            assert response.status == 200 and await response.json() == {"agent_id": "a1"}
+
+
+async def test_the_connection_cap_refuses_the_extra_connection_with_a_503_and_recovers(http):
+    async with serving(Limits(max_connections=8, header_timeout=60)) as (url, site):
+        port = int(url.rsplit(":", 1)[1])
+        held = [await slow_connection(port) for _ in range(8)]
+        await wait_for(lambda: site.gate.open == 8, timeout=5, what="eight open connections")
+        async with http.get(url) as response:
+            assert response.status == 503
+            assert (await response.json())["error"] == "too_many_connections"
+        assert site.gate.open == 8 and site.gate.refused >= 1
+        held.pop()[1].close()
+        await wait_for(lambda: site.gate.open < 8, timeout=5, what="a slot to free up")
+        async with http.get(url) as response:
+            assert response.status == 200
+        for _, writer in held:
+            writer.close()
+
+
+CHILD = r"""
+import asyncio, resource, sys
+from agent_reach import logs
+from agent_reach.connections import Limits
+from agent_reach.serving import listen
+from aiohttp import web
+
+resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+logs.configure()
+
+async def main():
+    async def ok(request):
+        return web.json_response({"ok": True})
+    app = web.Application()
+    app.router.add_get("/", ok)
+    max_connections = int(sys.argv[2]) if len(sys.argv) > 2 else Limits().max_connections
+    runner, port = await listen(app, "127.0.0.1", 0, limits=Limits(header_timeout=1.0, max_connections=max_connections))
+    print(port, max_connections, flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    await runner.cleanup()
+
+asyncio.run(main())
+"""
+
+
+@contextlib.contextmanager
+def child_server(fd_limit: int, *cap: int) -> Iterator[tuple[subprocess.Popen[str], int, int]]:
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(fd_limit), *map(str, cap)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        port, max_connections = map(int, child.stdout.readline().split())
+        yield child, port, max_connections
+    finally:
+        child.kill()
+        child.wait()
+
+
+async def flood(port: int, count: int) -> list[asyncio.Task[bytes]]:
+    """``count`` slowloris connections; each task ends with what the server sent before closing."""
+    ends = []
+    for _ in range(count):
+        reader, writer = await slow_connection(port)
+        ends.append(asyncio.create_task(closed_by_server(reader)))
+        ends[-1].add_done_callback(lambda _, writer=writer: writer.close())
+    return ends
+
+
+def sockets_of(pid: int) -> int:
+    fds = f"/proc/{pid}/fd"
+    links = []
+    for fd in os.listdir(fds):
+        with contextlib.suppress(FileNotFoundError):
+            links.append(os.readlink(f"{fds}/{fd}"))
+    return sum(link.startswith("socket:") for link in links)
+
+
+async def most_sockets(pid: int, stop: asyncio.Event) -> int:
+    most = 0
+    while not stop.is_set():
+        most = max(most, sockets_of(pid))
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.01)
+    return most
+
+
+async def test_under_a_low_fd_limit_a_flood_is_capped_timed_out_and_the_server_keeps_serving(http):
+    with child_server(128) as (child, port, max_connections):
+        assert max_connections == 32  # a quarter of the descriptors
+        idle = sockets_of(child.pid)  # the listener and the loop's own
+        stop = asyncio.Event()
+        watching = asyncio.create_task(most_sockets(child.pid, stop))
+        ends = await flood(port, 150)
+        await wait_for(lambda: all(end.done() for end in ends), timeout=20, what="every slow connection to end")
+        stop.set()
+        # Past the cap a connection is accepted only to be refused at once: allow a few in flight.
+        assert await watching <= idle + max_connections + 8
+        assert any(b"503" in end.result() for end in ends)
+        async with http.get(f"http://127.0.0.1:{port}/") as response:
+            assert response.status == 200
+        assert child.poll() is None
+        child.kill()
+        _, errors = child.communicate()
+    assert "EMFILE" not in errors and "Traceback" not in errors, errors[-2000:]
+
+
+async def test_running_out_of_descriptors_is_logged_once_per_interval_without_tracebacks(http):
+    # A cap above the fd limit: accept() itself hits EMFILE, which asyncio reports every second.
+    with child_server(64, 1000) as (child, port, _):
+        ends = await flood(port, 120)
+        await wait_for(lambda: all(end.done() for end in ends), timeout=20, what="every slow connection to end")
+        async with http.get(f"http://127.0.0.1:{port}/") as response:
+            assert response.status == 200
+        child.kill()
+        _, errors = child.communicate()
+    exhausted = [json.loads(line) for line in errors.splitlines() if "out of a system resource" in line]
+    assert len(exhausted) == 1, errors[-3000:]
+    assert exhausted[0]["errno"] == "EMFILE" and exhausted[0]["events"] >= 1
+    assert "Traceback" not in errors
+
+
+@contextlib.contextmanager
+def descriptors_exhausted() -> Iterator[None]:
+    """Make every new descriptor in this process fail with EMFILE, then put things back."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowest_free = os.open(os.devnull, os.O_RDONLY)
+    os.close(lowest_free)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
+    try:
+        with pytest.raises(OSError):
+            os.open(os.devnull, os.O_RDONLY)
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+async def test_a_registry_out_of_descriptors_does_not_evict_the_agent_it_cannot_probe(start_registry, http, agent,
+                                                                                     caplog):
+    registry = await start_registry(silence_timeout=0.05, health_interval=3600, evict_after=1)
+    status, _ = await post(http, f"{registry.url}/register",
+                           registration("a1", "probe.cap", base_url=agent.url, health_url=f"{agent.url}/healthz"))
+    assert status == 200
+    checker = HealthChecker(registry.registry, http)
+    await wait_for(lambda: registry.registry.agent("a1").state == "demoted", timeout=5, what="a1 to go silent")
+    with caplog.at_level(logging.ERROR, logger="agentreach.registry.health"), descriptors_exhausted():
+        for _ in range(3):
+            plan = await checker.sweep()
+            assert plan.evict == []
+    assert registry.registry.agent("a1").state == "demoted"
+    assert checker.checks["unprobed"] == 3 and checker.checks["fail"] == 0
+    assert sum("could not be sent" in record.getMessage() for record in caplog.records) == 1
+    await checker.sweep()
+    assert checker.checks["pass"] == 1 and agent.health_checks == 1
+    assert registry.registry.agent("a1").state != "evicted"
