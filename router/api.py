@@ -12,8 +12,8 @@ from typing import Any
 
 import msgspec
 from agent_reach import logs
-from agent_reach.atp import (MAX_REQUEST_ID_CHARS, ErrorCode, ErrorFrame, RequestFrame, RouteFacts, error_frame,
-                             valid_request_id)
+from agent_reach.atp import (MAX_CAPABILITY_CHARS, MAX_REQUEST_ID_CHARS, ErrorCode, ErrorFrame, RequestFrame,
+                             RouteFacts, error_frame, valid_capability, valid_request_id)
 from agent_reach.connections import unreadable_body
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -98,15 +98,6 @@ def invalid_frame(request_id: str, message: str, field: str | None = None) -> Ca
     return CallResult(frame=frame, route=route)
 
 
-# What the schema's own words ("Expected `str` matching regex ...") would not tell a person.
-_FIELD_RULES = {
-    "request_id": f"request_id must be 1 to {MAX_REQUEST_ID_CHARS} visible ASCII characters (no spaces or "
-                  "control characters)",
-    "capability": "capability must be a capability name: up to 128 letters, digits and . _ : - "
-                  "(starting with a letter or digit)",
-}
-
-
 def json_depth(raw: bytes) -> int:
     """How deeply a JSON text nests arrays and objects, brackets inside strings not counted."""
     depth = deepest = 0
@@ -132,15 +123,23 @@ def to_frame(body: Any) -> RequestFrame | CallResult:
         request_id = body.get("request_id") if isinstance(body, dict) else None
         # Echoed in X-Request-Id: only an id that is itself valid, never the bytes that were refused.
         request_id = request_id if valid_request_id(request_id) else RequestFrame().request_id
-        field = from_decode_error(exc).field
-        return invalid_frame(request_id, f"Not an ATP request frame: {_FIELD_RULES.get(field or '', exc)}", field)
+        return invalid_frame(request_id, f"Not an ATP request frame: {exc}", from_decode_error(exc).field)
     return checked(frame)
 
 
 def checked(frame: RequestFrame) -> RequestFrame | CallResult:
     """What a frame's schema cannot say: it must name a capability or an intent, within limits."""
+    if not valid_request_id(frame.request_id):
+        # Answered under a new id: the refused one must not reach X-Request-Id.
+        return invalid_frame(RequestFrame().request_id, f"request_id must be 1 to {MAX_REQUEST_ID_CHARS} visible "
+                                                        "ASCII characters (no spaces or control characters)",
+                             "request_id")
     if not frame.capability and not frame.intent:
         return invalid_frame(frame.request_id, "capability is required (or, with semantic matching on, intent)",
+                             "capability")
+    if frame.capability and not valid_capability(frame.capability):
+        return invalid_frame(frame.request_id, f"capability must be a capability name: up to {MAX_CAPABILITY_CHARS} "
+                                               "letters, digits and . _ : - (starting with a letter or digit)",
                              "capability")
     if frame.intent is not None and not 0 < len(frame.intent) <= MAX_INTENT_CHARS:
         return invalid_frame(frame.request_id, f"intent must be 1 to {MAX_INTENT_CHARS} characters", "intent")

@@ -9,19 +9,16 @@ from __future__ import annotations
 import os
 import re
 from enum import Enum
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import msgspec
 
 # A request id and a capability name travel in HTTP headers (X-Request-Id, X-Reach-Capability), so
-# both are bounded and plain: visible ASCII, no separators, nothing a header could be split on.
-# \Z, not $: a pattern ending in $ lets one trailing newline through.
+# both are bounded and plain: visible ASCII, nothing a header could be split on. Checked by the
+# router's edge with the functions below rather than as msgspec patterns, which cost every call ~2 µs.
 MAX_REQUEST_ID_CHARS = 128
-REQUEST_ID_PATTERN = r"^[\x21-\x7e]+\Z"
-CAPABILITY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*\Z"
-RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_REQUEST_ID_CHARS, pattern=REQUEST_ID_PATTERN)]
-CapabilityName = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=CAPABILITY_PATTERN)]
-_REQUEST_ID = re.compile(REQUEST_ID_PATTERN)
+MAX_CAPABILITY_CHARS = 128
+_CAPABILITY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
 
 
 def new_request_id() -> str:
@@ -30,17 +27,23 @@ def new_request_id() -> str:
 
 
 def valid_request_id(value: object) -> bool:
-    """Whether ``value`` may stand as a call's id (and so be echoed in a header)."""
-    return isinstance(value, str) and len(value) <= MAX_REQUEST_ID_CHARS and _REQUEST_ID.match(value) is not None
+    """1 to 128 visible ASCII characters (0x21-0x7e; isprintable admits the space, so it is excluded)."""
+    return isinstance(value, str) and 0 < len(value) <= MAX_REQUEST_ID_CHARS and value.isascii() \
+        and value.isprintable() and " " not in value
+
+
+def valid_capability(name: str) -> bool:
+    """A capability name as the registry takes it: letters, digits and ``._:-``, up to 128, no newline."""
+    return len(name) <= MAX_CAPABILITY_CHARS and _CAPABILITY.fullmatch(name) is not None
 
 
 class RequestFrame(msgspec.Struct, kw_only=True, omit_defaults=True):
     """What a caller sends: a capability (or, later, an intent) and its payload."""
 
-    capability: CapabilityName | None = None
+    capability: str | None = None
     payload: Any = None
     context: dict[str, Any] = msgspec.field(default_factory=dict)
-    request_id: RequestId = msgspec.field(default_factory=new_request_id)
+    request_id: str = msgspec.field(default_factory=new_request_id)
     timeout_hint: int | None = None
     intent: str | None = None
 
