@@ -136,7 +136,7 @@ class Router:
             log.exception("call failed inside the router")
             result = self._error(frame, ROUTER_FAILURE, "The router failed while handling this call (the agent may "
                                  "have received it); the router's log has the cause",
-                                 RouteFacts(capability=frame.capability), started)
+                                 RouteFacts(capability=frame.capability), started, ledgered=bool(frame.capability))
         finally:
             self._account(frame, result, started, started_at, payload, caller, flight)
         return result

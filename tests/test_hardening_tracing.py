@@ -79,6 +79,24 @@ async def test_a_call_that_fails_inside_the_router_is_answered_audited_and_trace
     assert (await mesh.reach_totals())["failed_by_code"] == {"AGENT_ERROR": 2}
 
 
+class FailingMatcher:
+    """An intent matcher with a bug: the call fails before any capability is chosen."""
+
+    async def resolve(self, intent: str) -> Any:
+        raise RuntimeError("a bug in the matcher")
+
+
+async def test_a_failure_before_a_capability_is_chosen_is_audited_and_counts_for_no_capability(
+        start_mesh, start_agent, tmp_path):
+    mesh, _ = await audited(start_mesh, start_agent, tmp_path / "audit.db")
+    mesh.router.semantic = FailingMatcher()
+    answer = await mesh.post({"intent": "say it back", "request_id": "matcher-bug"})
+    assert answer.status == 502 and answer.body["error_code"] == "AGENT_ERROR"
+    [row] = await audit_rows(mesh, "request_id=matcher-bug")
+    assert (row["outcome"], row["error_code"], row["capability"]) == ("failed", "AGENT_ERROR", "")
+    assert mesh.router.ledger.capabilities() == [], "no capability label is invented"
+
+
 async def test_a_cancelled_call_is_audited_and_traced(start_mesh, start_agent, tmp_path):
     mesh, agent = await audited(start_mesh, start_agent, tmp_path / "audit.db")
     agent.gate = asyncio.Event()
