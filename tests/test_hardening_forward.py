@@ -294,6 +294,11 @@ async def test_every_answer_however_malformed_is_a_documented_outcome(mesh: Mesh
     for request_id in request_ids:
         assert (await mesh.get(f"/traces/{request_id}"))["call"]["request_id"] == request_id
     assert (await mesh.reach_totals())["total"] == len(table)
+    # Malformed answers count against the instance; busy answers and refusals of the request do not.
+    not_counted = {None, "BUSY", "INVALID_FRAME", "PAYLOAD_TOO_LARGE", "INVALID_PAYLOAD"}
+    counted = [expected for _, _, expected in table if expected not in not_counted]
+    successes = sum(expected is None for _, _, expected in table)
+    assert breaker_counts(mesh)["odd"] == ("closed", len(counted) + successes, len(counted))
 
 
 async def test_a_json_rpc_batch_with_a_malformed_answer_is_answered_item_by_item(mesh: Mesh, start_agent,
