@@ -328,11 +328,11 @@ class Router:
                                     frame.timeout_hint)
         idempotent = by_id[plan.order[0].agent_id].capability.idempotent
         tries_allowed = policy.retry.max_attempts if policy.retry.enabled and idempotent else 1
-        state = _Attempts(policy=policy_name, degraded=plan.degraded, reason="demoted" if plan.degraded else None,
+        state = _Attempts(policy=policy_name, degraded=plan.degraded, reason=plan.reason,
                           plan=[candidate.agent_id for candidate in plan.order])
         self.decisions[policy_name] += 1
-        if plan.degraded:
-            self.decisions["demoted"] += 1
+        if plan.reason is not None:
+            self.decisions[plan.reason] += 1
         tries = 0
         broken = 0
         for candidate in plan.order:
