@@ -77,10 +77,8 @@ class HealthChecker:
         if not unprobed:
             return
         self.checks["unprobed"] += unprobed
-        count = self._unprobed_reports.event(unprobed)
-        if count:
-            log.error("health probes could not be sent: this process is out of a system resource; "
-                      "not counted against the instances", extra={"unprobed": count})
+        self._unprobed_reports.log(log, logging.ERROR, "health probes could not be sent: this process is out "
+                                   "of a system resource; not counted against the instances", unprobed)
 
     def _report_guard(self, plan: EvictionPlan, live: int, silent: int) -> None:
         if plan.guard_active and not self.guard_active:

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Iterator
 import aiohttp
 import pytest
 from agent_reach.connections import GuardedSite, Limits
+from agent_reach.exhaustion import Throttle
 from agent_reach.registration import AgentRef
 from agent_reach.serving import listen
 from aiohttp import web
@@ -270,3 +271,13 @@ async def test_a_registry_out_of_descriptors_does_not_evict_the_agent_it_cannot_
     await checker.sweep()
     assert checker.checks["pass"] == 1 and agent.health_checks == 1
     assert registry.registry.agent("a1").state != "evicted"
+
+
+def test_a_throttle_reports_the_first_event_then_one_summary_per_interval():
+    now = [0.0]
+    throttle = Throttle(interval=10.0, clock=lambda: now[0])
+    assert throttle.event() == 1
+    assert [throttle.event() for _ in range(5)] == [0] * 5
+    now[0] = 10.0
+    assert throttle.event(2) == 7  # the five held back, and these two
+    assert throttle.event() == 0

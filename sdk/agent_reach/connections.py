@@ -28,6 +28,9 @@ from agent_reach.exhaustion import Throttle
 log = logging.getLogger("agentreach.connections")
 
 _encoder = msgspec.json.Encoder()
+# Per process, like the log they feed: a flood of bad or slow connections is a line per interval.
+_malformed = Throttle()
+_slow_headers = Throttle()
 
 
 def default_max_connections() -> int:
@@ -89,11 +92,8 @@ class Gate:
 
     def refuse(self) -> None:
         self.refused += 1
-        count = self._throttle.event()
-        if count:
-            log.error("connection cap reached; refusing new connections",
-                      extra={"open": self.open, "limit": self.limit, "refused": count,
-                             "interval_seconds": self._throttle.interval})
+        self._throttle.log(log, logging.ERROR, "connection cap reached; refusing new connections",
+                           open=self.open, limit=self.limit)
 
 
 _TOO_MANY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
@@ -160,8 +160,8 @@ class GuardedHandler(RequestHandler):
         if status >= 500:
             log.error("request failed", exc_info=exc, extra={"remote": request.remote, "status": status})
         else:
-            log.info("malformed request refused", extra={"remote": request.remote, "status": status,
-                                                         "reason": type(exc).__name__ if exc else message})
+            _malformed.log(log, logging.WARNING, "malformed requests refused", remote=request.remote,
+                           reason=type(exc).__name__ if exc else message)
         if request.writer.output_size > 0:
             raise ConnectionError("the answer had started; the connection is closed instead")
         answer = error_answer(status, *protocol_error(status, exc))
@@ -183,8 +183,8 @@ class GuardedHandler(RequestHandler):
     def _header_late(self) -> None:
         self._header_deadline = None
         waiting = self._waiter is not None and not self._waiter.done()
-        log.info("request header not complete in time; closing", extra={"remote": self.peername,
-                                                                        "timeout_seconds": self._limits.header_timeout})
+        _slow_headers.log(log, logging.WARNING, "connections closed: request header not complete in time",
+                          remote=self.peername, timeout_seconds=self._limits.header_timeout)
         # Idle between requests: close now; an answer still being written goes out first.
         self.force_close() if waiting else self.close()
 

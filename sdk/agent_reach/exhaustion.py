@@ -49,6 +49,12 @@ class Throttle:
         count, self._pending = self._pending, 0
         return count
 
+    def log(self, logger: logging.Logger, level: int, message: str, events: int = 1, **fields: Any) -> None:
+        """Log ``message`` if these events are due a report, with how many there were (``events``)."""
+        count = self.event(events)
+        if count:
+            logger.log(level, message, extra={**fields, "events": count, "interval_seconds": self.interval})
+
 
 class ExhaustionFilter:
     """A loop exception handler: exhaustion becomes one log line per interval; anything else goes
@@ -66,12 +72,9 @@ class ExhaustionFilter:
             else:
                 self._previous(loop, context)
             return
-        count = self.throttle.event()
-        if count:
-            log.error("out of a system resource; new connections wait until some close",
-                      extra={"errno": errno.errorcode.get(exhausted.errno or 0, exhausted.errno),
-                             "events": count, "what": context.get("message"),
-                             "interval_seconds": self.throttle.interval})
+        self.throttle.log(log, logging.ERROR, "out of a system resource; new connections wait until some close",
+                          errno=errno.errorcode.get(exhausted.errno or 0, exhausted.errno),
+                          what=context.get("message"))
 
 
 def filter_exhaustion(loop: asyncio.AbstractEventLoop) -> None:
