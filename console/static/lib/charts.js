@@ -76,7 +76,7 @@ function xAxis(root, { width, height, xMin, xMax, xFormat, ticks }) {
 
 function legend(series) {
   return h("ul", { class: "legend", "aria-hidden": "true" },
-    series.map((s) => h("li", {}, h("span", { class: `swatch ${s.className}` }), s.name)));
+    series.map((s) => h("li", {}, h("span", { class: `swatch ${s.className}${s.dashed ? " dashed" : ""}` }), s.name)));
 }
 
 function dataTable(caption, headers, rows) {
@@ -123,7 +123,8 @@ export function lineChart(container, spec) {
       const d = points.map((p, i) => `${i ? "L" : "M"}${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join("");
       root.append(svg("path", { d, class: `line ${s.className}` }));
       if (points.length <= 40) {
-        for (const p of points) root.append(svg("circle", { cx: x(p[0]), cy: y(p[1]), r: 2.6, class: `dot ${s.className}` },
+        // A dashed series' dots are smaller, so an equal point of the series under it still rings them.
+        for (const p of points) root.append(svg("circle", { cx: x(p[0]), cy: y(p[1]), r: s.dashed ? 1.6 : 2.6, class: `dot ${s.className}` },
           svg("title", { text: `${s.name} ${yFormat(p[1])} at ${xFormat(p[0])}` })));
       }
     }
@@ -177,7 +178,7 @@ export function columnChart(container, spec) {
 export function beatTimeline(container, { label, beats, from, to, height = 120 }) {
   if (!beats.length) return emptyState(container, "No heartbeat seen yet.");
   const plot = h("div", { class: "chart-plot" });
-  replace(container, plot, legend([{ name: "Load", className: "s-raw" }, { name: "Heartbeat (healthy)", className: "s-success" },
+  replace(container, plot, legend([{ name: "Load", className: "s-raw", dashed: true }, { name: "Heartbeat (healthy)", className: "s-success" },
     { name: "Heartbeat (demoted)", className: "s-degraded" }]));
   const time = (v) => new Date(v * 1000).toLocaleTimeString("en-GB", { hour12: false });
   mount(plot, () => {

@@ -62,6 +62,11 @@ export function table(columns, rows, { caption, empty = "Nothing yet.", rowKey }
     h("table", {}, caption ? h("caption", { class: "visually-hidden", text: caption }) : null, head, body));
 }
 
+// A URL that wraps only between its parts (after / ? & = # and hyphens), never inside a word.
+export function url(text) {
+  return h("code", { class: "url" }, String(text).split(/(?<=[/?&=#-])/).flatMap((part, i) => (i ? [h("wbr"), part] : [part])));
+}
+
 export function badge(state) {
   return h("span", { class: `badge badge-${state}`, text: state });
 }

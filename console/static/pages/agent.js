@@ -2,7 +2,7 @@
 // (per capability QPS, P95 / P99, tokens, errors) now and hour by hour.
 
 import { get } from "../lib/api.js";
-import { h, replace, card, table, badge } from "../lib/dom.js";
+import { h, replace, card, table, badge, url } from "../lib/dom.js";
 import { beatTimeline, windowStart } from "../lib/charts.js";
 import { refreshOnTick } from "../lib/refresh.js";
 import * as fmt from "../lib/format.js";
@@ -17,7 +17,7 @@ function facts(agent) {
     ["Last heartbeat", fmt.age(agent.last_heartbeat_ms_ago)], ["Load", fmt.load(agent.load)],
     ["In flight", agent.inflight ?? fmt.DASH], ["Health", agent.health || fmt.DASH],
     ["Failed checks", agent.failed_checks], ["Registered", fmt.dateTime(agent.registered_at)],
-    ["Health URL", h("code", { text: agent.health_url })], ["Direct fallback", agent.direct_fallback ? "yes" : "no"],
+    ["Health URL", url(agent.health_url)], ["Direct fallback", agent.direct_fallback ? "yes" : "no"],
   ];
   return h("dl", { class: "facts" }, rows.map(([k, v]) => h("div", {}, h("dt", { text: k }), h("dd", {}, v))));
 }
@@ -38,7 +38,7 @@ function capabilityTable(agent, stats) {
     { label: "P99", numeric: true, cell: (c) => fmt.ms(stats[c.name]?.latency_p99_ms) },
     { label: "Tokens", numeric: true, cell: (c) => fmt.count(stats[c.name]?.tokens ?? 0) },
     { label: "Errors", cell: (c) => errorsText(stats[c.name]?.errors_by_code) },
-    { label: "Endpoint", cell: (c) => h("code", { class: "wrap", text: c.endpoint }) },
+    { label: "Endpoint", cell: (c) => url(c.endpoint) },
   ], agent.capabilities, { caption: "Capabilities and their traffic", empty: "No capability." });
 }
 

@@ -26,12 +26,23 @@ function buildFrame(form) {
   return { frame, problems };
 }
 
+// [label, value] rows, each findable by its label ("Router overhead" → data-fact="router-overhead").
+function factList(id, rows) {
+  return h("dl", { class: "facts", id }, rows.map(([k, v]) => h("div", { dataset: { fact: k.toLowerCase().replace(/ /g, "-") } },
+    h("dt", { text: k }), h("dd", {}, v ?? fmt.DASH))));
+}
+
 function routeFacts(route) {
-  const rows = [["Capability", route.capability], ["Instance", route.instance], ["Policy", route.policy],
+  return factList("route-facts", [["Capability", route.capability], ["Instance", route.instance], ["Policy", route.policy],
     ["Attempts", route.attempts], ["Degraded", route.degraded ? "yes" : "no"], ["Reason", route.reason],
-    ["SLA", route.timeout_sla_ms ? fmt.ms(route.timeout_sla_ms) : null]];
-  return h("dl", { class: "facts", id: "route-facts" }, rows.map(([k, v]) => h("div", { dataset: { fact: k.toLowerCase().replace(/ /g, "-") } },
-    h("dt", { text: k }), h("dd", { text: v ?? fmt.DASH }))));
+    ["SLA", route.timeout_sla_ms ? fmt.ms(route.timeout_sla_ms) : null]]);
+}
+
+// Time outside the router, but only for a call that reached an agent: a refused or unroutable
+// call never left the router, so there is no agent or network time to speak of.
+function agentTime(r, route) {
+  if (route.attempts) return route.overhead_ms === undefined || route.overhead_ms === null ? null : fmt.ms(Math.max(0, r.elapsed_ms - route.overhead_ms));
+  return [401, 403, 429].includes(r.http_status) ? "not reached: refused by the router" : "not reached: answered by the router";
 }
 
 function result(answer) {
@@ -39,7 +50,6 @@ function result(answer) {
   const frame = r.frame || {};
   const route = (frame && frame.route) || {};
   const ok = r.http_status === 200;
-  const overhead = route.overhead_ms ?? null;
   return h("div", { class: "debug-result", id: "debug-result" },
     h("p", { class: "result-line" },
       badge(ok ? "success" : "failed"), " ",
@@ -49,11 +59,8 @@ function result(answer) {
     h("div", { class: "grid-2" },
       h("section", { "aria-labelledby": "route-title" }, h("h3", { id: "route-title", text: "Route" }), routeFacts(route)),
       h("section", { "aria-labelledby": "timing-title" }, h("h3", { id: "timing-title", text: "Timings" }),
-        h("dl", { class: "facts" },
-          h("div", {}, h("dt", { text: "Round trip" }), h("dd", { text: fmt.ms(r.elapsed_ms) })),
-          h("div", {}, h("dt", { text: "Router overhead" }), h("dd", { text: fmt.ms(overhead) })),
-          h("div", {}, h("dt", { text: "Agent and network" }), h("dd", { text: overhead === null ? fmt.DASH : fmt.ms(Math.max(0, r.elapsed_ms - overhead)) })),
-          h("div", {}, h("dt", { text: "Request ID" }), h("dd", {}, h("code", { class: "mono", text: r.request_id || fmt.DASH })))))),
+        factList("timing-facts", [["Round trip", fmt.ms(r.elapsed_ms)], ["Router overhead", fmt.ms(route.overhead_ms ?? null)],
+          ["Agent and network", agentTime(r, route)], ["Request ID", h("code", { class: "mono", text: r.request_id || fmt.DASH })]]))),
     h("h3", { text: "Response frame" }),
     h("pre", { class: "code", id: "response-frame", tabindex: "0", "aria-label": "Response frame", text: typeof frame === "string" ? frame : fmt.json(frame) }),
     h("details", { class: "chart-data" }, h("summary", { text: "Response headers" }),

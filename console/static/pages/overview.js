@@ -35,9 +35,10 @@ export function curveCharts(points, { reach, volume, latency }, now = Date.now()
   const axis = { xMin: from, xMax: now, xFormat: (v) => fmt.clock(v) };
   lineChart(reach, {
     ...axis, label: "Reach rate and raw success rate per period, last hour",
+    // Raw success is drawn last, dashed, so where it equals reach both lines still show.
     series: [
-      { name: "Raw success rate", className: "s-raw", points: points.map((p) => [time(p), p.raw_success_rate]) },
       { name: "Reach rate", className: "s-reach", points: points.map((p) => [time(p), p.reach_rate]) },
+      { name: "Raw success rate", className: "s-raw", dashed: true, points: points.map((p) => [time(p), p.raw_success_rate]) },
     ],
     yMin: Math.min(0.9, ...points.map((p) => p.raw_success_rate ?? 1)), yMax: 1,
     yFormat: (v) => fmt.percent(v, 0), threshold: { value: 0.98, label: "alert threshold 98 %" },
@@ -79,7 +80,7 @@ export async function render(main, { live }) {
     h("div", { class: "page-head" }, h("h1", { text: "Overview" }), h("p", { class: "page-sub" }, "Live · ", updated)),
     numbers,
     h("div", { class: "grid-2 wide-left" },
-      card("Reach rate, last hour", { id: "curve", note: "Per router period. Reach counts calls the mesh delivered, degraded ones included; raw success does not." }, reachChart),
+      card("Reach rate, last hour", { id: "curve", note: "Per router period. Reach counts calls the mesh delivered, degraded ones included; raw success (dashed, on top) does not." }, reachChart),
       card("Agent or mesh?", { id: "triad", note: "Side by side: if raw success is low but reach holds, the mesh is covering for agents." },
         compare, h("h3", { text: "Instances by state" }), states, alerts)),
     h("div", { class: "grid-2" },

@@ -8,17 +8,28 @@ import { refreshOnTick } from "../lib/refresh.js";
 import * as fmt from "../lib/format.js";
 
 // [decision, label, colour]: one colour per decision, the same in the bars and the hourly chart.
+// Always listed: how the router picks and rescues.
 const KNOWN = [
   ["least_load", "Least load", "s-cat0"], ["hash", "Consistent hash", "s-cat2"], ["affinity", "Affinity", "s-cat6"],
   ["failover", "Failover", "s-cat3"], ["fallback", "Fallback capability", "s-cat4"], ["demoted", "Demoted instance", "s-cat7"],
   ["semantic", "Semantic match", "s-cat1"], ["unknown_capability", "Unknown capability", "s-cat5"],
 ];
-const LABELS = Object.fromEntries(KNOWN.map(([key, label]) => [key, label]));
-const COLOURS = Object.fromEntries(KNOWN.map(([key, , colour]) => [key, colour]));
+// Listed once they happen: calls the router answered itself, without routing them.
+const OCCASIONAL = [
+  ["intent_unmatched", "Intent matched nothing", "s-cat5"], ["intent_ambiguous", "Intent ambiguous", "s-cat5"],
+  ["fallback_refused", "Fallback refused", "s-cat4"], ["unauthenticated", "Refused: no valid credential", "s-cat5"],
+  ["forbidden", "Refused: not granted", "s-cat5"], ["trust_level_insufficient", "Refused: trust level too low", "s-cat5"],
+  ["rate_limited", "Refused: over its rate", "s-cat5"],
+];
+const LABELS = Object.fromEntries([...KNOWN, ...OCCASIONAL].map(([key, label]) => [key, label]));
+const COLOURS = Object.fromEntries([...KNOWN, ...OCCASIONAL].map(([key, , colour]) => [key, colour]));
 const colour = (key) => COLOURS[key] || "s-cat7";
+// A decision this page does not know yet still reads as words: "some_new_kind" → "Some new kind".
+const label = (key) => LABELS[key] || `${key[0].toUpperCase()}${key.slice(1).replace(/_/g, " ")}`;
 
 function ordered(decisions) {
-  const keys = [...KNOWN.map(([key]) => key), ...Object.keys(decisions).filter((k) => !(k in LABELS)).sort()];
+  const always = KNOWN.map(([key]) => key);
+  const keys = [...always, ...Object.keys(decisions).filter((k) => !always.includes(k) && decisions[k]).sort()];
   return keys.map((key) => [key, decisions[key] || 0]);
 }
 
@@ -27,7 +38,7 @@ function bars(decisions) {
   const max = Math.max(1, ...rows.map(([, n]) => n));
   return h("ul", { class: "bars", "aria-label": "Route decisions since the router started" }, rows.map(([key, n]) =>
     h("li", { dataset: { decision: key } },
-      h("span", { class: "bar-label", text: LABELS[key] || key }),
+      h("span", { class: "bar-label", text: label(key) }),
       h("span", { class: "bar-track", "aria-hidden": "true" }, h("span", { class: `bar-fill ${colour(key)}`, style: `width: ${(100 * n) / max}%` })),
       h("span", { class: "bar-value num", text: fmt.count(n) }))));
 }
@@ -57,12 +68,12 @@ export async function render(main, { live }) {
     const slots = timeSlots(view.hours, { from, to: now, step: 3600, at: (r) => r.hour });
     columnChart(chart, {
       label: "Route decisions per hour by kind", x: slots.map(([t]) => t),
-      stacks: names.map((name) => ({ name: LABELS[name] || name, className: colour(name), values: slots.map(([, r]) => (r ? r.decisions[name] || 0 : 0)) })),
+      stacks: names.map((name) => ({ name: label(name), className: colour(name), values: slots.map(([, r]) => (r ? r.decisions[name] || 0 : 0)) })),
       yFormat: (v) => fmt.count(Math.round(v)), xFormat: (v) => fmt.clock(v), empty: "No decision recorded yet.",
     });
     replace(hourly, table([
       { label: "Hour", rowHeader: true, cell: (r) => fmt.hourLabel(r.hour) },
-      ...names.map((name) => ({ label: LABELS[name] || name, numeric: true, cell: (r) => fmt.count(r.decisions[name] || 0) })),
+      ...names.map((name) => ({ label: label(name), numeric: true, cell: (r) => fmt.count(r.decisions[name] || 0) })),
     ], [...view.hours].reverse(), { caption: "Route decisions per hour", empty: "No decision recorded yet." }));
   }
   await refresh();

@@ -2,7 +2,7 @@
 // the timings — with nested calls (same trace_id, parent_request_id) as a tree.
 
 import { call } from "../lib/api.js";
-import { h, replace, card, badge } from "../lib/dom.js";
+import { h, replace, card, badge, url } from "../lib/dom.js";
 import * as fmt from "../lib/format.js";
 
 function walk(node, depth = 0, out = []) {
@@ -15,11 +15,17 @@ function facts(pairs) {
   return h("dl", { class: "facts" }, pairs.map(([k, v]) => h("div", {}, h("dt", { text: k }), h("dd", {}, v ?? fmt.DASH))));
 }
 
-function callDetails(c) {
+// A client by its name, with the id the router recorded (names are the registry's, looked up now).
+function caller(id, names) {
+  if (!id) return null;
+  return names[id] ? h("span", {}, names[id], " ", h("code", { class: "muted", text: id })) : h("code", { text: id });
+}
+
+function callDetails(c, names) {
   const agentMs = c.attempts.reduce((sum, a) => sum + a.elapsed_ms, 0);
   return h("div", { class: "stages" },
     h("section", { class: "stage", "aria-label": "Entry" }, h("h3", { text: "Entry" }), facts([
-      ["Started", fmt.dateTime(c.started_at)], ["Caller", c.caller], ["Payload", `${fmt.count(c.payload_bytes)} bytes`],
+      ["Started", fmt.dateTime(c.started_at)], ["Caller", caller(c.caller, names)], ["Payload", `${fmt.count(c.payload_bytes)} bytes`],
       ["Timeout hint", c.timeout_hint ? fmt.ms(c.timeout_hint) : null],
       ["Routing hint", c.routing_hint ? h("code", { text: JSON.stringify(c.routing_hint) }) : null],
       ["Trace", h("code", { text: c.trace_id })], ["Parent", c.parent_request_id ? h("a", { href: `#/traces/${encodeURIComponent(c.parent_request_id)}`, class: "mono", text: c.parent_request_id }) : null],
@@ -66,7 +72,7 @@ function attemptsTable(c) {
     h("thead", {}, h("tr", {}, ["#", "Instance", "Protocol", "Endpoint", "Started at", "Took", "Error", "Message"].map((t) => h("th", { scope: "col", text: t })))),
     h("tbody", {}, c.attempts.map((a, i) => h("tr", {},
       h("td", { text: i + 1 }), h("td", {}, h("a", { href: `#/agents/${encodeURIComponent(a.instance)}`, text: a.instance })),
-      h("td", { text: a.protocol }), h("td", {}, h("code", { class: "wrap", text: a.endpoint })),
+      h("td", { text: a.protocol }), h("td", {}, url(a.endpoint)),
       h("td", { class: "num", text: `+${fmt.ms(a.started_ms)}` }), h("td", { class: "num", text: fmt.ms(a.elapsed_ms) }),
       h("td", { class: a.error_code ? "bad-text" : "", text: a.error_code ?? "—" }), h("td", { text: a.message || "" }))))));
 }
@@ -82,10 +88,10 @@ export async function render(main, { params }) {
     main.append(h("p", { class: "notice bad", role: "alert", text: message || `HTTP ${answer.status}` }));
     return;
   }
-  const { call: c, tree } = answer.body;
+  const { call: c, tree, caller_names: names = {} } = answer.body;
   const rows = walk(tree);
   main.append(
-    card("This call", { id: "call" }, callDetails(c)),
+    card("This call", { id: "call" }, callDetails(c, names)),
     card("Attempts", { id: "attempts" }, attemptsTable(c)),
     card(rows.length > 1 ? `Call tree (${rows.length} calls)` : "Timings", { id: "tree", note: "Offsets from the start of the root call; nested calls share the trace_id." }, waterfall(rows)));
 }

@@ -1,4 +1,4 @@
-// Recent calls through the router, newest first; each opens as a trace.
+// Recent calls through the router, newest first, a page at a time; each opens as a trace.
 
 import { call } from "../lib/api.js";
 import { h, replace, card, table, badge, field } from "../lib/dom.js";
@@ -10,9 +10,11 @@ export function traceLink(requestId, text = requestId) {
   return h("a", { href: `#/traces/${encodeURIComponent(requestId)}`, class: "mono", text });
 }
 
+const PAGE = 25;
+
 const COLUMNS = [
   { label: "Started", cell: (t) => fmt.clock(t.started_at, true) },
-  { label: "Request", rowHeader: true, cell: (t) => traceLink(t.request_id, t.request_id.slice(0, 12)) },
+  { label: "Request", rowHeader: true, cell: (t) => traceLink(t.request_id) },
   { label: "Capability", cell: (t) => h("code", { text: t.capability }) },
   { label: "Outcome", cell: (t) => badge(t.outcome) },
   { label: "Policy", cell: (t) => t.policy ?? fmt.DASH },
@@ -28,6 +30,11 @@ export async function render(main, { live, query }) {
   const requestId = h("input", { type: "text", placeholder: "request_id", autocomplete: "off", spellcheck: "false" });
   const holder = h("div");
   const status = h("p", { class: "page-sub", "aria-live": "polite" });
+  let offset = 0;
+  const newer = h("button", { type: "button", class: "btn btn-quiet", text: "← Newer", onclick: () => turn(-PAGE) });
+  const older = h("button", { type: "button", class: "btn btn-quiet", text: "Older →", onclick: () => turn(PAGE) });
+  const shown = h("span", { class: "muted", "aria-live": "polite" });
+  const pager = h("nav", { class: "pager", "aria-label": "Pages of recent calls" }, newer, shown, older);
   replace(main,
     h("div", { class: "page-head" }, h("h1", { text: "Traces" }), status),
     h("div", { class: "filters" },
@@ -35,12 +42,17 @@ export async function render(main, { live, query }) {
         e.preventDefault();
         if (requestId.value.trim()) location.hash = `#/traces/${encodeURIComponent(requestId.value.trim())}`;
       } }, field("Request ID", requestId, { name: "request_id" }), h("button", { type: "submit", class: "btn", text: "Open trace" })),
-      h("form", { class: "inline-form", role: "search", "aria-label": "Filter traces", onsubmit: (e) => { e.preventDefault(); refresh(); } },
+      h("form", { class: "inline-form", role: "search", "aria-label": "Filter traces", onsubmit: (e) => { e.preventDefault(); offset = 0; refresh(); } },
         field("Capability", capability, { name: "capability" }), h("button", { type: "submit", class: "btn btn-quiet", text: "Filter" }))),
-    card("Recent calls", { id: "recent", note: "Newest first, as the router keeps them in memory." }, holder));
+    card("Recent calls", { id: "recent", note: "Newest first, as the router keeps them in memory." }, holder, pager));
+
+  function turn(by) {
+    offset = Math.max(0, offset + by);
+    refresh();
+  }
 
   async function refresh() {
-    const params = new URLSearchParams({ limit: "100" });
+    const params = new URLSearchParams({ limit: String(PAGE), offset: String(offset) });
     if (capability.value.trim()) params.set("capability", capability.value.trim());
     const answer = await call(`/api/traces?${params}`);
     if (!answer.ok) {
@@ -48,8 +60,11 @@ export async function render(main, { live, query }) {
       replace(holder, h("p", { class: "notice bad", role: "alert", text: `The router gave no traces: ${answer.body?.message || answer.status}` }));
       return;
     }
-    const traces = answer.body.traces;
-    status.textContent = `${traces.length} recent call${traces.length === 1 ? "" : "s"}`;
+    const { traces, more } = answer.body;
+    status.textContent = traces.length || offset ? "" : "No recent call";
+    shown.textContent = traces.length ? `Calls ${offset + 1}–${offset + traces.length}` : "";
+    newer.disabled = offset === 0;
+    older.disabled = !more;
     keepFocus(holder, () => replace(holder, table(COLUMNS, traces, { caption: "Recent calls", empty: "No call has gone through the router yet." })));
   }
   await refresh();
