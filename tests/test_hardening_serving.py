@@ -14,7 +14,6 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 
-import aiohttp
 import pytest
 from agent_reach.connections import GuardedSite, Limits
 from agent_reach.exhaustion import Throttle
@@ -22,7 +21,7 @@ from agent_reach.registration import AgentRef
 from agent_reach.serving import listen
 from aiohttp import web
 
-from conftest import FakeAgent, agent, http, post, registration, start_registry, wait_for  # noqa: F401
+from conftest import agent, http, post, registration, start_registry, wait_for  # noqa: F401
 from registry.api import decode, errors_as_json
 from registry.health import HealthChecker
 
