@@ -6,8 +6,8 @@ may pass) -> closed on a successful probe, or open again for another ``reset_sec
 
 What counts as a failure is ``verdict``'s decision, made before ``record`` is called: timeouts,
 connection errors, agent errors *and* business errors (an HTTP 200 that carries ``business_error``)
-are failures; an agent's busy answer, its refusal of the request itself, and a refusal the router made
-itself (busy, no instance) are not recorded at all.
+are failures; an agent's busy answer, its refusal of the request itself, a timeout the caller's own
+deadline brought forward, and a refusal the router made itself (busy, no instance) are not recorded at all.
 """
 
 from __future__ import annotations
@@ -19,22 +19,34 @@ from enum import Enum
 import msgspec
 from agent_reach.atp import ErrorCode
 
-from router.policy import BreakerConfig
+from router.forward import AgentAnswer
+from router.policy import BreakerConfig, ResolvedTimeouts
 
 # An agent's answers that say the REQUEST was wrong (its form, size or content): the same request would
 # fail at every instance, so they end the call and say nothing about the agent.
 REQUEST_REFUSALS = frozenset({ErrorCode.INVALID_FRAME, ErrorCode.PAYLOAD_TOO_LARGE, ErrorCode.INVALID_PAYLOAD})
 
 
-def verdict(code: ErrorCode | None) -> bool | None:
+_DEADLINES = {ErrorCode.CONNECT_TIMEOUT: "connect_s", ErrorCode.FIRST_BYTE_TIMEOUT: "first_byte_s",
+              ErrorCode.TOTAL_TIMEOUT: "total_s"}
+
+
+def verdict(answer: AgentAnswer) -> bool | None:
     """What one answer tells a breaker: True a success, False a failure, None nothing. Busy means full,
-    not broken; a refused request is the caller's error, and counting it would let any one caller open a
-    breaker for every other caller."""
-    if code is None:
+    not broken; a refused request, or a timeout at the caller's own shorter deadline, is the caller's
+    doing, and counting it would let any one caller open a breaker for every other caller."""
+    if answer.ok:
         return True
-    if code is ErrorCode.BUSY or code in REQUEST_REFUSALS:
+    if answer.error_code is ErrorCode.BUSY or answer.error_code in REQUEST_REFUSALS or answer.cut_short:
         return None
     return False
+
+
+def hurried(code: ErrorCode | None, given: ResolvedTimeouts, own: ResolvedTimeouts) -> bool:
+    """Whether the timeout ``code`` fired at a deadline shorter in ``given`` (the caller's hint applied)
+    than in ``own`` (the capability's)."""
+    deadline = _DEADLINES.get(code) if code is not None else None
+    return deadline is not None and getattr(given, deadline) < getattr(own, deadline)
 
 
 class BreakerState(str, Enum):

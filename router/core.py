@@ -18,7 +18,7 @@ from agent_reach.atp import ErrorCode, ErrorFrame, RequestFrame, ResponseFrame, 
 
 from router.auth import Caller, Refusal, Unauthenticated, authorize
 from router.audit import AuditLog, entry_from_trace
-from router.breaker import REQUEST_REFUSALS, verdict
+from router.breaker import REQUEST_REFUSALS, hurried, verdict
 from router.forward import DEFAULT_MAX_ANSWER_BYTES, AgentAnswer, Forwarder
 from router.instances import InstanceBook
 from router.mirror import Offer, RegistryMirror
@@ -270,7 +270,7 @@ class Router:
         if capability_breaker.allow(now):
             attempts = await self._attempt(frame, capability, offers, policy, started, flight)
             # Like the instance breakers: an agent's 429 or its refusal of the request is not counted.
-            counted = verdict(attempts.answer.error_code) if attempts.answer is not None else None
+            counted = verdict(attempts.answer) if attempts.answer is not None else None
             if counted is not None:
                 capability_breaker.record(counted, time.monotonic())
         else:
@@ -324,8 +324,10 @@ class Router:
                           rng=self._rng, panic_threshold=self.settings.panic_threshold)
         if isinstance(plan, RouteRefusal):
             return _Attempts(refusal=plan, policy=policy_name)
-        timeouts = resolve_timeouts(policy.timeout, by_id[plan.order[0].agent_id].capability.timeout_sla_ms,
-                                    frame.timeout_hint)
+        sla_ms = by_id[plan.order[0].agent_id].capability.timeout_sla_ms
+        timeouts = resolve_timeouts(policy.timeout, sla_ms, frame.timeout_hint)
+        # The capability's own deadlines: a timeout the caller's hint brought forward is not the agent's.
+        own = resolve_timeouts(policy.timeout, sla_ms, None) if frame.timeout_hint is not None else timeouts
         idempotent = by_id[plan.order[0].agent_id].capability.idempotent
         tries_allowed = policy.retry.max_attempts if policy.retry.enabled and idempotent else 1
         state = _Attempts(policy=policy_name, degraded=plan.degraded, reason=plan.reason,
@@ -339,7 +341,8 @@ class Router:
             now = time.monotonic()
             remaining = timeouts.total_s - (now - started)
             if remaining <= 0:
-                state.answer = state.answer or AgentAnswer(error_code=ErrorCode.TOTAL_TIMEOUT, message="budget spent")
+                state.answer = state.answer or AgentAnswer(error_code=ErrorCode.TOTAL_TIMEOUT, message="budget spent",
+                                                           sent=False, cut_short=True)
                 break
             breaker = self.book.breaker(capability, candidate.agent_id, policy.circuit_breaker)
             if not self.book.bucket(candidate.agent_id, candidate.max_qps).try_take(now):
@@ -363,7 +366,8 @@ class Router:
             state.instance = candidate.agent_id
             state.answer = answer
             state.agent_ms += answer.elapsed_ms
-            counted = verdict(answer.error_code)
+            answer.cut_short = hurried(answer.error_code, timeouts, own)
+            counted = verdict(answer)
             if counted is not None:
                 # Business errors count as failures even though the agent answered HTTP 200.
                 breaker.record(counted, time.monotonic())
@@ -372,6 +376,8 @@ class Router:
                 if sticky:
                     self.sticky.put(sticky, candidate.agent_id, policy.affinity.ttl_seconds, time.monotonic())
                 break
+            if answer.cut_short:
+                break  # the caller's deadline passed: no instance is to blame, nor would another do better
             if not answer.sent:
                 seconds = self.book.eject(candidate.agent_id, time.monotonic())
                 log.warning("instance ejected: connection failed", extra={
@@ -471,4 +477,3 @@ class Router:
         if isinstance(result.frame, ErrorFrame):
             return "failed"
         return "degraded" if result.route.degraded else "success"
-

@@ -43,6 +43,9 @@ class AgentAnswer(msgspec.Struct, kw_only=True):
     context_update: dict[str, Any] | None = None
     business_error: BusinessError | None = None
     elapsed_ms: float = 0.0
+    # True when the deadline that ended it was not the capability's own (the caller's timeout_hint brought
+    # it forward, or the budget ran out before any instance was tried): it says nothing about the agent.
+    cut_short: bool = False
 
     @property
     def ok(self) -> bool:

@@ -131,6 +131,22 @@ async def test_sixty_poisonous_calls_leave_the_breakers_closed_for_a_normal_call
     assert breaker_counts(mesh) == {"": ("closed", 1, 0), "plain": ("closed", 1, 0)}
 
 
+async def test_timeouts_a_callers_hint_brought_forward_are_not_the_agents(mesh: Mesh, start_agent):
+    await mesh.put_policy("echo", {"circuit_breaker": BREAKER})
+    agent = await start_agent("steady")
+    agent.first_byte_delay = 0.2
+    await mesh.add(agent)
+    hurried = [await mesh.call(payload=i, timeout_hint=20) for i in range(30)]
+    assert {(a.status, a.body["error_code"]) for a in hurried} == {(504, "TOTAL_TIMEOUT")}
+    normal = await mesh.call(payload="patient")
+    assert normal.status == 200 and normal.body["result"]["echo"] == "patient"
+    assert breaker_counts(mesh) == {"": ("closed", 1, 0), "steady": ("closed", 1, 0)}
+    # The capability's own deadline still counts: the agent is too slow for its SLA.
+    await mesh.put_policy("echo", {"circuit_breaker": BREAKER, "timeout": {"total_ms": 50}})
+    assert (await mesh.call(payload="late")).body["error_code"] == "TOTAL_TIMEOUT"
+    assert breaker_counts(mesh)["steady"] == ("closed", 2, 1)
+
+
 async def test_a_context_just_within_the_bound_reaches_a_rest_agent_whole(mesh: Mesh, start_agent):
     agent = await start_agent("plain")
     await mesh.add(agent)
