@@ -105,6 +105,15 @@ async def test_a_connection_that_sends_nothing_is_closed_at_the_header_deadline(
         writer.close()
 
 
+async def test_an_idle_keep_alive_connection_is_closed_at_the_idle_deadline():
+    async with serving(Limits(idle_timeout=0.3)) as (url, site):
+        reader, writer = await slow_connection(int(url.rsplit(":", 1)[1]), b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = await asyncio.wait_for(closed_by_server(reader), 10)  # the answer, then the close
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b'{"ok": true}')
+        await wait_for(lambda: site.gate.open == 0, timeout=5, what="the idle connection to be gone")
+
+
 async def test_a_body_that_trickles_past_its_deadline_is_a_408(http):
     async with serving(Limits(body_timeout=0.3)) as (url, _):
         reader, writer = await slow_connection(int(url.rsplit(":", 1)[1]),
