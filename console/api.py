@@ -8,6 +8,7 @@ everything under /api/ but the sign-in endpoints needs a signed-in operator (con
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from urllib.parse import quote
@@ -23,6 +24,7 @@ from router.api import MAX_TRACES_LISTED, ROUTE_HEADERS
 from router.policy import DEFAULT_POLICY
 
 from console.collector import Collector
+from console.debug_callers import DebugCallers
 from console.hub import Hub
 from console.metrics import render
 from console.models import AgentDetail, ConsoleConfig, DebugResult, PolicyEntry, ReachView, RoutesView, TrafficStat
@@ -35,8 +37,25 @@ STATIC = Path(__file__).parent / "static"
 MAX_BODY = 16 * 1024 * 1024
 TOPICS = frozenset({"overview", "agents"})
 CALLER_KEY_HEADER = "X-Reach-Caller-Key"
+# How long a debug call made with a just-minted client waits for the router to learn that client.
+NEW_CLIENT_WAIT = 5.0
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
+
+
+class NamedCapability(msgspec.Struct):
+    capability: str | None = None
+
+
+_named = msgspec.json.Decoder(NamedCapability)
+
+
+def named_capability(frame: bytes) -> str | None:
+    """The capability a frame names, if it is a JSON object that names one."""
+    try:
+        return _named.decode(frame).capability
+    except msgspec.MsgspecError:
+        return None
 
 
 def json_response(body: Any, status: int = 200) -> web.Response:
@@ -92,6 +111,7 @@ class ConsoleApi:
         self.hub = hub
         self.registry = registry
         self.router = router
+        self.debug_callers = DebugCallers(registry)
 
     async def index(self, request: web.Request) -> web.FileResponse:
         return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
@@ -188,11 +208,7 @@ class ConsoleApi:
         if not reply.ok:
             return relay(reply)
         stored = {policy["capability"]: policy for policy in reply.json()["policies"]}
-        owners: dict[str, str] = {}
-        for agent in self.collector.agents:
-            if agent.state != "evicted":
-                for capability in agent.capabilities:
-                    owners.setdefault(capability.name, agent.service)
+        owners = self.collector.owners()
         default = msgspec.to_builtins(DEFAULT_POLICY)
         entries = [PolicyEntry(capability=name, service=owners.get(name), stored=name in stored,
                                policy=stored.get(name) or {**default, "capability": name})
@@ -215,13 +231,37 @@ class ConsoleApi:
     async def put_alert_settings(self, request: web.Request) -> web.Response:
         return relay(await self.registry.request("PUT", "/settings/alerts", await request.read()))
 
-    async def debug(self, request: web.Request) -> web.Response:
-        """Send the body to the router's /atp exactly as written, as the caller whose API key came
-        in X-Reach-Caller-Key (never as the admin), and report what came back."""
-        caller_key = request.headers.get(CALLER_KEY_HEADER)
+    async def send_frame(self, frame: bytes, caller_key: str | None) -> Reply:
         # The debug page shows everything the router can say, the X-Reach-* route headers included.
         headers = {ROUTE_HEADERS: "on", **({"X-API-Key": caller_key} if caller_key else {})}
-        reply = await self.router.request("POST", "/atp", await request.read(), headers=headers)
+        return await self.router.request("POST", "/atp", frame, headers=headers)
+
+    async def send_as_debug_client(self, frame: bytes) -> Reply:
+        """Send as the console's own client for the frame's capability (console/debug_callers.py)."""
+        capability = named_capability(frame)
+        if capability is None or capability not in self.collector.owners():
+            raise RegistryError(400, "invalid_field", "Calling as the console's debug client needs the frame to name "
+                                "a capability some instance offers", "capability")
+        key = await self.debug_callers.key_for(capability)
+        if isinstance(key, Reply):
+            raise RegistryError(502, "upstream_error", f"The registry did not give the console its debug client: "
+                                f"{key.error()}", None)
+        reply = await self.send_frame(frame, key.api_key)
+        deadline = time.monotonic() + NEW_CLIENT_WAIT
+        while key.fresh and reply.status == 401 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # the router learns of new clients from the registry's feed
+            reply = await self.send_frame(frame, key.api_key)
+        return reply
+
+    async def debug(self, request: web.Request) -> web.Response:
+        """Send the body to the router's /atp exactly as written, as the caller whose API key came
+        in X-Reach-Caller-Key or, with ``?as=debug-client``, as the console's own client (never as
+        the admin), and report what came back."""
+        sent = await request.read()
+        if request.query.get("as") == "debug-client":
+            reply = await self.send_as_debug_client(sent)
+        else:
+            reply = await self.send_frame(sent, request.headers.get(CALLER_KEY_HEADER))
         try:
             frame = reply.json()
         except msgspec.DecodeError:

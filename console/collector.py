@@ -182,6 +182,15 @@ class Collector:
             self.traffic.add(samples)
             await self.store.add_samples(samples, watermark)
 
+    def owners(self) -> dict[str, str]:
+        """Every capability a live instance offers, and the service that owns it."""
+        owners: dict[str, str] = {}
+        for agent in self.agents:
+            if agent.state != "evicted":
+                for capability in agent.capabilities:
+                    owners.setdefault(capability.name, agent.service)
+        return owners
+
     def calls_per_second(self, now: float) -> float:
         if len(self._calls) < 2:
             return 0.0

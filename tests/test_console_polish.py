@@ -57,3 +57,39 @@ async def test_a_trace_names_its_callers(auth_rig: Rig, start_agent, http):
     trace = await auth_rig.get("/api/traces/named-1")
     assert trace["call"]["caller"] == desk["client_id"]
     assert trace["caller_names"] == {desk["client_id"]: "support-desk"}
+
+
+async def debug_as_console(rig: Rig, frame: bytes) -> dict:
+    await rig.until("/api/policies", lambda answer: any(entry["capability"] == "echo" for entry in answer["policies"]),
+                    "the console to see the echo capability")
+    status, result = await rig.request("POST", "/api/debug?as=debug-client", raw=frame)
+    assert status == 200, result
+    return result
+
+
+async def test_the_debug_entry_calls_as_the_consoles_own_client(auth_rig: Rig, start_agent, start_console, http,
+                                                                 tmp_path):
+    await auth_rig.mesh.add(await start_agent("a1"))
+    frame = b'{"capability": "echo", "payload": {"text": "hi"}}'
+    for _ in range(2):
+        result = await debug_as_console(auth_rig, frame)
+        assert result["http_status"] == 200 and result["frame"]["result"]["echo"] == {"text": "hi"}
+
+    async def debug_clients() -> list[dict]:
+        async with http.get(f"{auth_rig.mesh.registry.url}/clients", headers=auth_rig.mesh.admin) as response:
+            return [client for client in (await response.json())["clients"] if client["name"] == "console debug"]
+    [client] = await debug_clients()
+    assert client["grants"] == ["echo"] and client["trust_level"] == "internal"
+
+    # A console started again finds its client (and rotates it for a key it can hold) rather than adding one.
+    again = await start_console(auth_rig.mesh.registry.url, auth_rig.mesh.url, tmp_path / "again", auth="on",
+                                admin_key=auth_rig.admin_key)
+    result = await debug_as_console(Rig(auth_rig.mesh, again, http, auth_rig.admin_key), frame)
+    assert result["http_status"] == 200
+    assert [client["client_id"] for client in await debug_clients()] == [client["client_id"]]
+    result = await debug_as_console(auth_rig, frame)  # the first console's key was rotated away: it is refused
+    assert result["http_status"] == 401
+
+    for body in (b'{"capability": "payroll.export", "payload": {}}', b"{not json", b'{"intent": "pay me"}'):
+        status, refused = await auth_rig.request("POST", "/api/debug?as=debug-client", raw=body)
+        assert status == 400 and refused["field"] == "capability" and refused["error"] == "invalid_field", body

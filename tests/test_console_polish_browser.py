@@ -54,9 +54,18 @@ async def test_routing_decisions_read_as_words_and_a_trace_names_its_caller(auth
     await screenshot(page, "trace-caller")
 
 
-async def test_a_refused_debug_call_claims_no_agent_time(auth_rig: Rig, start_agent, page):
+async def test_the_debug_entry_calls_as_the_consoles_client_and_a_refused_call_claims_no_agent_time(
+        auth_rig: Rig, start_agent, page):
     await auth_rig.mesh.add(await start_agent("a1"))
     await sign_in(page, auth_rig, "debug?capability=echo")
+    await expect(page.get_by_label("The console's debug client (internal trust, granted this capability only)")).to_be_checked()
+    await page.get_by_role("button", name="Send through the router").click()
+    await expect(page.locator("#debug-result")).to_contain_text("HTTP 200", timeout=WAIT_MS)
+    await expect(page.locator('#route-facts [data-fact="instance"] dd')).to_have_text("a1")
+    await screenshot(page, "debug-as-console")
+
+    await page.get_by_label("A client, by its API key").check()
+    await page.get_by_label("Caller API key").fill("ark_not-a-key")
     await page.get_by_role("button", name="Send through the router").click()
     await expect(page.locator("#debug-result")).to_contain_text("HTTP 401", timeout=WAIT_MS)
     timings = page.locator('#debug-result [data-fact="agent-and-network"] dd')

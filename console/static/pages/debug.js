@@ -97,17 +97,26 @@ export async function render(main, { query, config }) {
   }
   builder.addEventListener("submit", (event) => { event.preventDefault(); build(); });
 
-  // With auth on the router checks a caller's grants and trust level, so the call is made as a client.
-  const callerKey = config.auth === "on" ? h("input", { type: "password", autocomplete: "off", spellcheck: "false", id: "caller-key" }) : null;
+  // With auth on the router checks a caller's grants and trust level, so the call is made as a client:
+  // the console's own debug client for the capability, or one whose API key the operator pastes.
+  const callerKey = config.auth === "on" ? h("input", { type: "password", autocomplete: "off", spellcheck: "false", id: "caller-key", disabled: true }) : null;
+  const callAs = (value, text, checked) => h("label", { class: "choice" },
+    h("input", { type: "radio", name: "call_as", value, checked, onchange: () => { callerKey.disabled = value !== "key"; } }), text);
+  const caller = callerKey ? h("fieldset", { class: "call-as" }, h("legend", { text: "Call as" }),
+    callAs("debug-client", "The console's debug client (internal trust, granted this capability only)", true),
+    callAs("key", "A client, by its API key", false),
+    field("Caller API key", callerKey, { name: "caller_key", hint: "A client's API key (agentreach clients create): the call is checked like any caller's." })) : null;
   const sender = h("form", { class: "sender", "aria-label": "Send a request frame" },
     field("ATP request frame", frameText, { name: "frame", hint: "Edit it, or paste any frame: it is sent to the router exactly as written." }),
-    callerKey ? field("Caller API key", callerKey, { name: "caller_key", hint: "A client's API key (agentreach clients create): the call is checked like any caller's." }) : null,
+    caller,
     h("div", { class: "form-actions" }, h("button", { type: "submit", class: "btn btn-primary", id: "send-frame", text: "Send through the router" })));
   sender.addEventListener("submit", async (event) => {
     event.preventDefault();
     replace(output, h("p", { class: "muted", text: "Sending…" }));
-    const key = callerKey ? callerKey.value.trim() : "";
-    const answer = await call("/api/debug", { method: "POST", raw: frameText.value, headers: key ? { "X-Reach-Caller-Key": key } : {} });
+    const asDebugClient = callerKey !== null && callerKey.disabled;
+    const key = callerKey && !asDebugClient ? callerKey.value.trim() : "";
+    const answer = await call(asDebugClient ? "/api/debug?as=debug-client" : "/api/debug",
+      { method: "POST", raw: frameText.value, headers: key ? { "X-Reach-Caller-Key": key } : {} });
     replace(output, answer.ok ? result(answer) : h("p", { class: "notice bad", role: "alert", text: answer.body?.message || `HTTP ${answer.status}` }));
   });
 
