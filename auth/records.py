@@ -18,7 +18,7 @@ ADMIN_KEY = "settings/admin"
 PUBLISHED_KEY_PREFIX = "signing-keys/"
 
 # An exact capability name, or an explicit prefix ending in ".*" (`order.*`); never a bare "*".
-GRANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*(\.\*)?$"
+GRANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*(\.\*)?\Z"
 Grant = Annotated[str, msgspec.Meta(min_length=1, max_length=130, pattern=GRANT_PATTERN)]
 Grants = Annotated[list[Grant], msgspec.Meta(min_length=1, max_length=256)]
 Label = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
@@ -61,9 +61,9 @@ class TokenRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     signing_key: str | None = None
 
 
-Kid = Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,16}-[0-9a-f]{1,32}$")]
+Kid = Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,16}-[0-9a-f]{1,32}\Z")]
 # An Ed25519 public key: 32 bytes, base64url without padding (a JWK's `x`).
-PublicX = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{43}$")]
+PublicX = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{43}\Z")]
 
 
 class PublishedKey(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

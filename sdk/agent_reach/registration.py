@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*\Z"
 
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=NAME_PATTERN)]
 Url = Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
