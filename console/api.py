@@ -24,7 +24,7 @@ from router.api import MAX_TRACES_LISTED, ROUTE_HEADERS
 from router.policy import DEFAULT_POLICY
 
 from console.collector import Collector
-from console.debug_callers import DebugCallers
+from console.debug_callers import DebugCallers, DebugKey
 from console.hub import Hub
 from console.metrics import render
 from console.models import AgentDetail, ConsoleConfig, DebugResult, PolicyEntry, ReachView, RoutesView, TrafficStat
@@ -236,17 +236,25 @@ class ConsoleApi:
         headers = {ROUTE_HEADERS: "on", **({"X-API-Key": caller_key} if caller_key else {})}
         return await self.router.request("POST", "/atp", frame, headers=headers)
 
+    async def debug_key(self, capability: str) -> DebugKey:
+        key = await self.debug_callers.key_for(capability)
+        if isinstance(key, Reply):
+            raise RegistryError(502, "upstream_error", f"The registry did not give the console its debug client: "
+                                f"{key.error()}", None)
+        return key
+
     async def send_as_debug_client(self, frame: bytes) -> Reply:
         """Send as the console's own client for the frame's capability (console/debug_callers.py)."""
         capability = named_capability(frame)
         if capability is None or capability not in self.collector.owners():
             raise RegistryError(400, "invalid_field", "Calling as the console's debug client needs the frame to name "
                                 "a capability some instance offers", "capability")
-        key = await self.debug_callers.key_for(capability)
-        if isinstance(key, Reply):
-            raise RegistryError(502, "upstream_error", f"The registry did not give the console its debug client: "
-                                f"{key.error()}", None)
+        key = await self.debug_key(capability)
         reply = await self.send_frame(frame, key.api_key)
+        if reply.status == 401 and not key.fresh:
+            self.debug_callers.forget(capability, key.api_key)
+            key = await self.debug_key(capability)
+            reply = await self.send_frame(frame, key.api_key)
         deadline = time.monotonic() + NEW_CLIENT_WAIT
         while key.fresh and reply.status == 401 and time.monotonic() < deadline:
             await asyncio.sleep(0.05)  # the router learns of new clients from the registry's feed

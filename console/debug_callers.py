@@ -4,7 +4,8 @@ client's key.
 One client per capability, named "console debug", granted that capability alone, at internal trust:
 the router checks its calls like anyone's and the audit trail names it. The console keeps the API
 key in memory only; after a restart it finds its client again and rotates it for a fresh key, so
-the registry holds one such client per capability however often the console starts.
+the registry holds one such client per capability however often the console starts. A key that
+stops working (someone rotated the client, or another console did) is dropped and a new one taken.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ class DebugCallers:
         self.registry = registry
         self._keys: dict[str, str] = {}
         self._lock = asyncio.Lock()
+
+    def forget(self, capability: str, api_key: str) -> None:
+        """The router refused ``api_key``: the next call takes a new one."""
+        if self._keys.get(capability) == api_key:
+            del self._keys[capability]
 
     async def key_for(self, capability: str) -> DebugKey | Reply:
         """The API key of the capability's test client, or the registry's refusal."""

@@ -51,7 +51,7 @@ function waterfall(rows) {
   const items = [];
   for (const { call: c, depth } of rows) {
     items.push(h("li", { class: "wf-row wf-call", style: `--depth:${depth}` },
-      h("span", { class: "wf-name" }, h("a", { href: `#/traces/${encodeURIComponent(c.request_id)}`, class: "mono", text: c.request_id.slice(0, 12) }), " ", h("code", { text: c.capability })),
+      h("span", { class: "wf-name" }, h("a", { href: `#/traces/${encodeURIComponent(c.request_id)}`, class: "mono", title: c.request_id, text: c.request_id.slice(0, 12) }), " ", h("code", { text: c.capability })),
       bar(offset(c), c.total_ms, `outcome-${c.outcome}`, `${c.capability}: ${fmt.ms(c.total_ms)}`),
       h("span", { class: "wf-time num", text: `${fmt.ms(offset(c))} + ${fmt.ms(c.total_ms)}` })));
     c.attempts.forEach((a, i) => {
