@@ -19,6 +19,7 @@ async def test_healthz_and_metrics_are_open_with_auth_on(auth_rig: Rig, http):
         health = await response.json()
     assert health["status"] == "ok" and health["polls"] >= 1
     assert health["registry"]["ok"] and health["router"]["ok"] and health["traces"]["ok"]
+    assert set(health["registry"]) == {"ok", "checked_at"}  # no reasons: they would name internal URLs
 
     async with http.post(f"{auth_rig.url}/api/session", json={"admin_key": auth_rig.admin_key}) as response:
         assert response.status == 200
