@@ -113,10 +113,10 @@ async def auth_rig(start_mesh: StartMesh, start_console: Callable[..., Awaitable
 
 @pytest.fixture
 async def browser() -> AsyncIterator[Any]:
-    """Headless chromium (scripts/install-browser installs it). One per test: Playwright's objects
+    """Headless chromium (scripts/install-test-tools installs it). One per test: Playwright's objects
     belong to the event loop that made them, and each test has its own loop."""
     if shutil.which(CHROMIUM) is None:
-        pytest.fail(f"{CHROMIUM} is missing: run scripts/install-browser (as root)")
+        pytest.fail(f"{CHROMIUM} is missing: run scripts/install-test-tools (as root)")
     from playwright.async_api import async_playwright
 
     async with async_playwright() as playwright:
