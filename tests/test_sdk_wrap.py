@@ -48,7 +48,7 @@ async def run_uvicorn(app, sock: socket.socket):
 async def test_fastapi_seed_example_registers_its_route_and_behaves_as_before(registry, http, monkeypatch):
     sock = loopback_socket()
     base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    monkeypatch.setenv("AGENT_REACH_REGISTRY", registry.url)
+    monkeypatch.setenv("AGENTREACH_REGISTRY", registry.url)
     monkeypatch.setenv("INTENT_BASE_URL", base_url)
     before, after = load_example("intent_fastapi_before"), load_example("intent_fastapi_after")
     [route] = [route for route in after.app.routes if getattr(route, "path", None) == "/internal/intent"]
