@@ -8,6 +8,8 @@ import logging
 import aiohttp
 from agent_reach.exhaustion import Throttle, local_exhaustion
 
+from wal import WalUnavailable
+
 from registry.lifecycle import EvictionPlan, Status, plan_evictions, record_check
 from registry.service import Registry
 
@@ -27,6 +29,7 @@ class HealthChecker:
         # "unprobed": probes this process could not send (out of descriptors...): no verdict on anyone.
         self.checks = {"pass": 0, "fail": 0, "unprobed": 0}
         self._unprobed_reports = Throttle()
+        self._refused_evictions = Throttle()
 
     async def run(self) -> None:
         while True:
@@ -69,9 +72,21 @@ class HealthChecker:
         live = sum(len(grouped[status]) for status in (Status.PENDING, Status.HEALTHY, Status.DEMOTED))
         plan = plan_evictions(failing, live, len(demoted), registry.config)
         self._report_guard(plan, live, len(demoted))
-        for agent_id in plan.evict:
-            await registry.evict(agent_id, reason=f"{registry.config.evict_after} failed health checks")
+        await self._evict(plan.evict)
         return plan
+
+    async def _evict(self, agent_ids: list[str]) -> None:
+        """Evict in order; when the store refuses writes (a full disk) the rest wait for a later sweep,
+        their failed checks kept, and the refusal is one line per interval rather than a traceback
+        every sweep for as long as the outage lasts."""
+        reason = f"{self._registry.config.evict_after} failed health checks"
+        for done, agent_id in enumerate(agent_ids):
+            try:
+                await self._registry.evict(agent_id, reason=reason)
+            except WalUnavailable as exc:
+                self._refused_evictions.log(log, logging.ERROR, "evictions wait until the store takes writes again",
+                                            problem=str(exc), deferred=len(agent_ids) - done)
+                return
 
     def _report_unprobed(self, unprobed: int) -> None:
         if not unprobed:

@@ -48,8 +48,13 @@ class RegistryCollector(Collector):
                 "agentreach_registry_eviction_guard_active",
                 "1 while evictions are paused because most instances went silent at once",
                 value=int(self._checker.guard_active))
+        yield GaugeMetricFamily("agentreach_registry_storage_available",
+                                "1 while the store takes writes; 0 while it refuses them (full or read-only disk)",
+                                value=int(registry.store.health.writable))
         if isinstance(registry.store, WalStore):
             stats = registry.store.wal.stats
+            yield CounterMetricFamily("agentreach_registry_storage_outages",
+                                      "Times the WAL began refusing writes since start", value=stats.outages)
             yield CounterMetricFamily("agentreach_wal_records", "Records appended to the WAL", value=stats.records)
             yield CounterMetricFamily("agentreach_wal_syncs", "fdatasync calls (one per group-committed batch)",
                                       value=stats.syncs)

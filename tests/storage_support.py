@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -14,6 +15,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 AGENTREACH = (sys.executable, "-m", "console.cli")
+# A shell in a private mount namespace (as root): what it mounts, only the processes it starts see.
+NAMESPACE = ("unshare", "--mount", "--propagation", "private", "sh", "-c")
 
 
 class Running:
@@ -52,3 +55,21 @@ def start_logged(command: Sequence[str], *, ready: str, umask: int | None = None
             return Running(process, json.loads(line), lines)
     process.kill()
     raise AssertionError(f"{' '.join(command)} did not log {ready!r}:\n{''.join(lines)}")
+
+
+def fill(path: Path) -> None:
+    """Write to `path` until the file system has no space left."""
+    chunk = bytes(64 * 1024)
+    with open(path, "wb", buffering=0) as file:
+        while True:
+            try:
+                file.write(chunk)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+                return
+
+
+def registry_child(shell: int) -> int:
+    """The registry process the namespace's shell started."""
+    [child] = Path(f"/proc/{shell}/task/{shell}/children").read_text().split()
+    return int(child)

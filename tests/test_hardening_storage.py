@@ -8,7 +8,6 @@ real `agentreach registry` process; the test reaches into that namespace through
 from __future__ import annotations
 
 import asyncio
-import errno
 import os
 import signal
 import stat
@@ -20,11 +19,8 @@ import aiohttp
 
 from conftest import registration, wait_for
 from sdk_support import free_port
-from storage_support import AGENTREACH, ROOT, start_logged
+from storage_support import AGENTREACH, NAMESPACE, ROOT, fill, registry_child, start_logged
 from wal import WriteAheadLog
-
-NAMESPACE = ("unshare", "--mount", "--propagation", "private", "sh", "-c")
-
 
 async def register(http: aiohttp.ClientSession, url: str, agent_id: str) -> tuple[int, dict]:
     async with http.post(f"{url}/register", json=registration(agent_id, f"cap.{agent_id}")) as response:
@@ -34,24 +30,6 @@ async def register(http: aiohttp.ClientSession, url: str, agent_id: str) -> tupl
 async def healthz(http: aiohttp.ClientSession, url: str) -> tuple[int, dict]:
     async with http.get(f"{url}/healthz") as response:
         return response.status, await response.json()
-
-
-def fill(path: Path) -> None:
-    """Write to `path` until the file system has no space left."""
-    chunk = bytes(64 * 1024)
-    with open(path, "wb", buffering=0) as file:
-        while True:
-            try:
-                file.write(chunk)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC, exc
-                return
-
-
-def registry_child(shell: int) -> int:
-    """The registry process the namespace's shell started."""
-    [child] = Path(f"/proc/{shell}/task/{shell}/children").read_text().split()
-    return int(child)
 
 
 async def test_full_disk_answers_503_reports_unhealthy_and_recovers_by_itself(tmp_path, http, start_registry):
