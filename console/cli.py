@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import gc
 import logging
+import math
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -81,6 +82,10 @@ def _add_registry_knobs(parser: argparse.ArgumentParser) -> None:
                         help="seconds between active health checks of demoted instances (default: 3)")
     parser.add_argument("--evict-after", type=int, default=3, metavar="N",
                         help="evict after N consecutive failed health checks (default: 3)")
+    parser.add_argument("--evicted-history", type=int, default=1000, metavar="N",
+                        help="evicted instances kept in /agents as history, the newest N (default: 1000)")
+    parser.add_argument("--evicted-history-hours", type=float, default=24.0, metavar="HOURS",
+                        help="evicted instances kept in /agents for at most this long (default: 24)")
     parser.add_argument("--log-level", default="info", help="debug, info, warning or error (default: info)")
     parser.add_argument("--no-group-commit", dest="group_commit", action="store_false",
                         help="fsync every WAL record on its own (slower; for benchmarks)")
@@ -91,12 +96,21 @@ def _positive(value: float, flag: str, parser: argparse.ArgumentParser) -> None:
         parser.error(f"{flag} must be greater than 0")
 
 
+def _at_least_zero(value: float, flag: str, parser: argparse.ArgumentParser) -> None:
+    """0 is a bound too (no history kept); a negative one means nothing, and nan would keep records for ever."""
+    if not math.isfinite(value) or value < 0:
+        parser.error(f"{flag} must be a number of at least 0")
+
+
 def _registry_settings(args: argparse.Namespace, port: int, parser: argparse.ArgumentParser) -> RegistrySettings:
     _positive(args.silence_timeout, "--silence-timeout", parser)
     _positive(args.health_interval, "--health-interval", parser)
     _positive(args.evict_after, "--evict-after", parser)
+    _at_least_zero(args.evicted_history, "--evicted-history", parser)
+    _at_least_zero(args.evicted_history_hours, "--evicted-history-hours", parser)
     lifecycle = LifecycleConfig(silence_timeout=args.silence_timeout, health_interval=args.health_interval,
-                                evict_after=args.evict_after)
+                                evict_after=args.evict_after, kept_evicted=args.evicted_history,
+                                evicted_max_age=args.evicted_history_hours * 3600)
     return RegistrySettings(data_dir=args.data_dir, host=args.host, port=port, lifecycle=lifecycle,
                             group_commit=args.group_commit, auth=args.auth == "on")
 

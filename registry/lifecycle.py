@@ -36,6 +36,9 @@ class LifecycleConfig(msgspec.Struct, kw_only=True, frozen=True):
     evict_cap_fraction: float = 0.1
     # Deregistered agent_ids kept bound to their service (registry/bindings.py), newest first.
     kept_agent_ids: int = 10_000
+    # Evicted records kept as history (registry/retention.py): the newest this many, for this long.
+    kept_evicted: int = 1_000
+    evicted_max_age: float = 24 * 3600.0
 
 
 class Liveness(msgspec.Struct, kw_only=True, gc=False):

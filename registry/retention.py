@@ -1,4 +1,5 @@
-"""How much eviction history the registry keeps: the newest evicted records, for a day at most.
+"""How much eviction history the registry keeps: the newest evicted records, for a while
+(LifecycleConfig.kept_evicted and evicted_max_age: 1,000 for a day unless told otherwise).
 
 An evicted instance's record stays visible in /agents (decision 5: operators want to see what
 left and when), but agents churn: kept for ever, evicted records grow without bound in memory, in
@@ -12,12 +13,8 @@ from collections.abc import Iterable
 
 from registry.records import InstanceRecord
 
-KEPT_EVICTED = 1_000
-EVICTED_MAX_AGE = 24 * 3600.0
 
-
-def evicted_to_forget(records: Iterable[InstanceRecord], now: float, kept: int = KEPT_EVICTED,
-                      max_age: float = EVICTED_MAX_AGE) -> list[str]:
+def evicted_to_forget(records: Iterable[InstanceRecord], now: float, kept: int, max_age: float) -> list[str]:
     """agent_ids of evicted records past the newest ``kept`` or evicted over ``max_age`` seconds before
     ``now`` (wall clock, as ``evicted_at``), oldest first."""
     evicted = sorted((record for record in records if record.evicted_at is not None),

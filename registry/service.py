@@ -200,7 +200,8 @@ class Registry:
         await self.store.put(instance_key(agent_id), encode_value(evicted))
         self.counters.evictions += 1
         log.warning("instance evicted", extra={"agent_id": agent_id, "service": record.service, "reason": reason})
-        for forgotten in evicted_to_forget(self.state.records.values(), self._wall_clock()):
+        for forgotten in evicted_to_forget(self.state.records.values(), self._wall_clock(),
+                                           self.config.kept_evicted, self.config.evicted_max_age):
             old = self.state.records.get(forgotten)
             if old is not None and old.evicted_at is not None:  # not registered again meanwhile
                 await self._release(old)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from conftest import post, registration
 from registry.records import InstanceRecord
-from registry.retention import EVICTED_MAX_AGE, evicted_to_forget
+from registry.lifecycle import LifecycleConfig
+from registry.retention import evicted_to_forget
+
+EVICTED_MAX_AGE = LifecycleConfig().evicted_max_age
 
 
 def _record(agent_id: str, evicted_at: float | None) -> InstanceRecord:
@@ -14,9 +17,10 @@ def _record(agent_id: str, evicted_at: float | None) -> InstanceRecord:
 
 def test_the_oldest_past_the_bound_and_the_expired_are_forgotten_oldest_first():
     records = [_record("live", None)] + [_record(f"e{n}", 100.0 + n) for n in (4, 0, 3, 1, 2)]
-    assert evicted_to_forget(records, now=200.0, kept=2) == ["e0", "e1", "e2"]
-    assert evicted_to_forget(records, now=200.0, kept=10) == []
-    assert evicted_to_forget(records, now=102.5 + EVICTED_MAX_AGE, kept=10) == ["e0", "e1", "e2"]
+    assert evicted_to_forget(records, now=200.0, kept=2, max_age=EVICTED_MAX_AGE) == ["e0", "e1", "e2"]
+    assert evicted_to_forget(records, now=200.0, kept=10, max_age=EVICTED_MAX_AGE) == []
+    assert evicted_to_forget(records, now=102.5 + EVICTED_MAX_AGE, kept=10,
+                             max_age=EVICTED_MAX_AGE) == ["e0", "e1", "e2"]
 
 
 async def test_evicted_records_older_than_a_day_are_released_and_their_ids_stay_bound(start_registry, http, tmp_path):

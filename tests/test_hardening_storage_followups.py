@@ -1,4 +1,5 @@
-"""Storage follow-ups: a full disk during health sweeps, WAL health in /metrics.
+"""Storage follow-ups: a full disk during health sweeps, WAL health in /metrics, how much eviction
+history is kept (--evicted-history, --evicted-history-hours).
 
 The full disk is a real 8 MiB tmpfs mounted over a directory in a private mount namespace around
 a real `agentreach registry` process (as in test_hardening_storage); the test fills it through
@@ -8,6 +9,7 @@ a real `agentreach registry` process (as in test_hardening_storage); the test fi
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -20,7 +22,7 @@ from agent_reach.exhaustion import REPORT_INTERVAL
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import FakeAgent, post, registration, wait_for
-from storage_support import NAMESPACE, Running, fill, start_logged
+from storage_support import AGENTREACH, NAMESPACE, Running, fill, start_logged
 
 ON_SMALL_DISK = 'mount -t tmpfs -o size=8m tmpfs "$1" && shift && exec "$@"'
 REFUSED_EVICTION = "evictions wait"
@@ -135,3 +137,53 @@ async def test_metrics_say_whether_storage_takes_writes_and_count_its_outages(sm
     samples = await metric_samples(http, disk.url)
     assert samples["agentreach_registry_storage_available"] == 1
     assert samples["agentreach_registry_storage_outages_total"] == 1
+
+
+@pytest.fixture
+async def evicting_registry(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[str]]]:
+    """`agentreach registry` with `knobs` that evicts a silent instance after one failed check."""
+    started: list[Running] = []
+
+    async def start(*knobs: str) -> str:
+        command = [*AGENTREACH, "registry", "--port", "0", "--data-dir", str(tmp_path / "data"), "--auth", "off",
+                   "--silence-timeout", "0.1", "--health-interval", "0.05", "--evict-after", "1", *knobs]
+        started.append(await asyncio.to_thread(start_logged, command, ready="registry listening"))
+        return started[-1].url
+
+    yield start
+    for running in started:
+        running.process.terminate()
+        assert await asyncio.to_thread(running.process.wait, 20) == 0
+
+
+async def history_after_three_evictions(http: aiohttp.ClientSession, url: str) -> dict[str, str]:
+    """Three instances nobody answers for (port 9), all evicted: what /agents still holds."""
+    for n in range(3):
+        assert (await post(http, f"{url}/register", registration(f"gone{n}", f"cap.gone{n}")))[0] == 200
+
+    async def evicted_all() -> bool:
+        return (await metric_samples(http, url))["agentreach_registry_evictions_total"] == 3
+    await wait_for(evicted_all, what="three evictions")
+    async with http.get(f"{url}/agents") as response:
+        return {agent["agent_id"]: agent["state"] for agent in (await response.json())["agents"]}
+
+
+async def test_evicted_history_keeps_the_newest_n(evicting_registry, http):
+    url = await evicting_registry("--evicted-history", "1")
+    assert list((await history_after_three_evictions(http, url)).values()) == ["evicted"]
+
+
+async def test_evicted_history_hours_zero_keeps_none(evicting_registry, http):
+    url = await evicting_registry("--evicted-history-hours", "0")
+    assert await history_after_three_evictions(http, url) == {}
+
+
+@pytest.mark.parametrize("command", ["registry", "up"])
+@pytest.mark.parametrize("flag, value", [("--evicted-history", "-1"), ("--evicted-history-hours", "-1"),
+                                         ("--evicted-history-hours", "nan")])
+def test_a_history_bound_below_zero_or_not_a_number_is_refused(tmp_path, command, flag, value):
+    done = subprocess.run([*AGENTREACH, command, "--data-dir", str(tmp_path / "data"), flag, value],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert f"{flag} must be a number of at least 0" in done.stderr
+    assert not (tmp_path / "data").exists()
