@@ -11,8 +11,8 @@ import logging
 import os
 from pathlib import Path
 
-from auth.keyfile import write_private
 from auth.sealing import KEK_BYTES
+from wal.private import write_private
 
 log = logging.getLogger("agentreach.registry.secrets")
 

@@ -13,7 +13,6 @@ are kept in ``DATA_DIR/demo/`` (0600) and reused on the next start, so the same 
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from agent_reach import AgentReachSDK, BusinessFailure, ReachClient
 from auth.records import ClientCreate, TokenCreate
 from registry.access import Access
 from registry.service import Registry
+from wal.private import write_private
 
 _INTENTS = {
     "order.query": ("order", "package", "delivery", "shipped", "订单", "快递"),
@@ -62,10 +62,7 @@ class DemoCredentials(msgspec.Struct, kw_only=True):
 
 
 def _write_secret(path: Path, secret: str) -> None:
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w") as file:
-        file.write(secret + "\n")
+    write_private(path, (secret + "\n").encode(), replace=True)
 
 
 def _read_secret(path: Path) -> str | None:

@@ -20,11 +20,11 @@ from auth.records import (
 )
 from agent_reach.signing import signing_key
 from auth.kek import SECRETS_KEY_FILE, SecretsKeyError, load_kek
-from auth.keyfile import write_private
 from auth.sealing import SealError, seal, unseal
 from auth.secrets import (
     ADMIN_KEY_PREFIX, API_KEY_PREFIX, CLIENT_SECRET_PREFIX, REGISTRATION_TOKEN_PREFIX, digest, new_id, new_secret,
 )
+from wal.private import write_private
 
 from registry.errors import RegistryError
 from registry.records import encode_value

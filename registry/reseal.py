@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import msgspec
-from auth.keyfile import write_private
 from wal.files import fsync_dir
+from wal.private import write_private
 
 from registry.access import Access
 from registry.store import WalStore

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import os
 import secrets
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ import msgspec
 from auth.records import PublishedKey
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from wal.private import write_private
 
 log = logging.getLogger("agentreach.router.keys")
 
@@ -85,7 +85,6 @@ class KeyRing:
     def load(self) -> None:
         """Read the key files (or start empty in memory), drop expired ones, make sure one can sign."""
         if self.keys_dir is not None:
-            self.keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             loaded = [self._read(path) for path in sorted(self.keys_dir.glob(f"*{PEM_SUFFIX}"))]
             self._keys = sorted(loaded, key=lambda key: key.created_at)
             self._by_kid = {key.kid: key for key in self._keys}
@@ -156,9 +155,4 @@ class KeyRing:
         assert self.keys_dir is not None
         pem = key.private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                         serialization.NoEncryption())
-        path = self.keys_dir / f"{key.kid}{PEM_SUFFIX}"
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "wb") as file:
-            file.write(pem)
-            file.flush()
-            os.fsync(file.fileno())
+        write_private(self.keys_dir / f"{key.kid}{PEM_SUFFIX}", pem, replace=False)

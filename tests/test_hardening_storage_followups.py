@@ -9,10 +9,12 @@ a real `agentreach registry` process (as in test_hardening_storage); the test fi
 from __future__ import annotations
 
 import asyncio
+import os
+import stat
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,9 @@ import aiohttp
 import pytest
 from agent_reach.exhaustion import REPORT_INTERVAL
 from prometheus_client.parser import text_string_to_metric_families
+
+from console.demo import demo_credentials
+from router.keyring import KeyRing
 
 from conftest import FakeAgent, post, registration, wait_for
 from storage_support import AGENTREACH, NAMESPACE, Running, fill, start_logged
@@ -187,3 +192,35 @@ def test_a_history_bound_below_zero_or_not_a_number_is_refused(tmp_path, command
     assert done.returncode == 2
     assert f"{flag} must be a number of at least 0" in done.stderr
     assert not (tmp_path / "data").exists()
+
+
+def modes(root: Path) -> dict[str, str]:
+    """Every path under `root` (itself as "."), with its permission bits."""
+    return {str(path.relative_to(root)): f"{stat.S_IMODE(path.lstat().st_mode):04o}" for path in [root, *root.rglob("*")]}
+
+
+@pytest.fixture
+def loosest_umask() -> Iterator[None]:
+    """umask 0: every mode given to mkdir/open is kept as given, so only an explicit one keeps a path private."""
+    previous = os.umask(0)
+    yield
+    os.umask(previous)
+
+
+def test_router_signing_keys_and_the_dirs_made_for_them_are_private(tmp_path, loosest_umask):
+    KeyRing(tmp_path / "data" / "keys", ttl=60, leeway=0).load()
+    [pem] = (tmp_path / "data" / "keys").glob("*.pem")
+    assert modes(tmp_path / "data") == {".": "0700", "keys": "0700", f"keys/{pem.name}": "0600"}
+
+
+async def test_demo_secrets_are_private_even_where_a_loose_stale_file_was(start_registry, tmp_path, loosest_umask):
+    server = await start_registry(tmp_path / "data", auth=True)
+    folder = tmp_path / "data" / "demo"
+    folder.mkdir(mode=0o700)
+    stale = folder / "demo-caller.key"
+    stale.write_text("a key nobody holds\n")
+    stale.chmod(0o644)
+    await demo_credentials(server.registry, tmp_path / "data")
+    assert stale.read_text().strip() != "a key nobody holds"
+    secrets = ["demo-echo.token", "demo-intent.token", "demo-orders.token", "demo-orders.key", "demo-caller.key"]
+    assert modes(folder) == {".": "0700", **{name: "0600" for name in secrets}}

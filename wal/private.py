@@ -2,8 +2,10 @@
 
 It holds the WAL, snapshots, audit.db, console.db, admin.key and signing keys: nothing in it is
 for other local users. mkdir and os.open apply the umask to the mode they are given, so every
-creation here sets the mode explicitly afterwards. A data dir made by an older version or by hand
-may be looser; the start-up check warns once per kind of path, with the chmod that fixes it.
+creation here sets the mode explicitly afterwards; every package creates its private files here
+(wal is the lowest package: auth, registry, router and console all import it). A data dir made by
+an older version or by hand may be looser; the start-up check warns once per kind of path, with
+the chmod that fixes it.
 """
 
 from __future__ import annotations
@@ -37,6 +39,31 @@ def create_private_file(path: str | os.PathLike[str]) -> None:
     the database file's mode, so a private database keeps its companions private."""
     private_dirs(os.path.dirname(os.path.abspath(path)))
     os.close(open_private(path, os.O_WRONLY))
+
+
+def write_private(path: str | os.PathLike[str], data: bytes, *, replace: bool) -> None:
+    """Write ``path`` whole, 0600, its missing directories 0700: never seen half-written (written
+    aside and fsynced, then moved into place and the directory fsynced, so a crash leaves the old
+    file or the new one whole). Without ``replace`` an existing file wins: FileExistsError."""
+    path = os.path.abspath(path)
+    staged = f"{path}.new"
+    private_dirs(os.path.dirname(path))
+    try:
+        os.unlink(staged)
+    except FileNotFoundError:
+        pass
+    with os.fdopen(open_private(staged, os.O_WRONLY | os.O_EXCL), "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    if replace:
+        os.replace(staged, path)
+    else:
+        try:
+            os.link(staged, path)
+        finally:
+            os.unlink(staged)
+    fsync_dir(os.path.dirname(path))
 
 
 def private_dirs(directory: str | os.PathLike[str]) -> None:
