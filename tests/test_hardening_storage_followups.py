@@ -1,5 +1,5 @@
 """Storage follow-ups: a full disk during health sweeps, WAL health in /metrics, how much eviction
-history is kept (--evicted-history, --evicted-history-hours).
+history is kept (--evicted-history, --evicted-history-hours), private files made one way.
 
 The full disk is a real 8 MiB tmpfs mounted over a directory in a private mount namespace around
 a real `agentreach registry` process (as in test_hardening_storage); the test fills it through
@@ -12,7 +12,6 @@ import asyncio
 import os
 import stat
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -64,6 +63,12 @@ class SmallDisk:
         await wait_for(healthy, timeout=20, what="the registry to take writes again")
 
 
+async def stop(started: list[Running]) -> None:
+    for running in started:
+        running.process.terminate()
+        assert await asyncio.to_thread(running.process.wait, 20) == 0
+
+
 @pytest.fixture
 async def small_disk(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[SmallDisk]]]:
     started: list[Running] = []
@@ -71,16 +76,13 @@ async def small_disk(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Sm
     async def start(*knobs: str) -> SmallDisk:
         small = tmp_path / "small"
         small.mkdir()
-        command = [*NAMESPACE, ON_SMALL_DISK, "sh", str(small), sys.executable, "-m", "console.cli", "registry",
-                   "--port", "0", "--data-dir", f"{small}/data", "--auth", "off", *knobs]
+        command = [*NAMESPACE, ON_SMALL_DISK, "sh", str(small), *AGENTREACH, "registry", "--port", "0", "--data-dir", f"{small}/data", "--auth", "off", *knobs]
         running = await asyncio.to_thread(start_logged, command, ready="registry listening")
         started.append(running)
         return SmallDisk(running, Path(f"/proc/{running.process.pid}/root{small}/filler"))
 
     yield start
-    for running in started:
-        running.process.terminate()  # the registry itself: the namespace's shell exec'd it
-        assert await asyncio.to_thread(running.process.wait, 20) == 0
+    await stop(started)  # the registry itself: the namespace's shell exec'd it
 
 
 async def metric_samples(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
@@ -156,9 +158,7 @@ async def evicting_registry(tmp_path: Path) -> AsyncIterator[Callable[..., Await
         return started[-1].url
 
     yield start
-    for running in started:
-        running.process.terminate()
-        assert await asyncio.to_thread(running.process.wait, 20) == 0
+    await stop(started)
 
 
 async def history_after_three_evictions(http: aiohttp.ClientSession, url: str) -> dict[str, str]:
