@@ -7,7 +7,8 @@ may pass) -> closed on a successful probe, or open again for another ``reset_sec
 What counts as a failure is ``verdict``'s decision, made before ``record`` is called: timeouts,
 connection errors, agent errors *and* business errors (an HTTP 200 that carries ``business_error``)
 are failures; an agent's busy answer, its refusal of the request itself, a timeout the caller's own
-deadline brought forward, and a refusal the router made itself (busy, no instance) are not recorded at all.
+deadline brought forward, a refusal the router made itself (busy, no instance) and the router's own
+failure (INTERNAL_ERROR: out of file descriptors, say) are not recorded at all.
 """
 
 from __future__ import annotations
@@ -34,12 +35,19 @@ _DEADLINES = {ErrorCode.CONNECT_TIMEOUT: "connect_s", ErrorCode.FIRST_BYTE_TIMEO
 def verdict(answer: AgentAnswer) -> bool | None:
     """What one answer tells a breaker: True a success, False a failure, None nothing. Busy means full,
     not broken; a refused request, or a timeout at the caller's own shorter deadline, is the caller's
-    doing, and counting it would let any one caller open a breaker for every other caller."""
+    doing, and counting it would let any one caller open a breaker for every other caller; the router's
+    own failure would open every breaker it has at once."""
     if answer.ok:
         return True
-    if answer.error_code is ErrorCode.BUSY or answer.error_code in REQUEST_REFUSALS or answer.cut_short:
+    if answer.error_code is ErrorCode.BUSY or answer.error_code in REQUEST_REFUSALS or answer.cut_short \
+            or routers_own(answer):
         return None
     return False
+
+
+def routers_own(answer: AgentAnswer) -> bool:
+    """Whether the attempt failed in the router itself: no instance is to blame, none is tried next."""
+    return answer.error_code is ErrorCode.INTERNAL_ERROR
 
 
 def hurried(code: ErrorCode | None, given: ResolvedTimeouts, own: ResolvedTimeouts) -> bool:

@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 from agent_reach.atp import ErrorCode, ErrorFrame, RequestFrame, ResponseFrame, RouteFacts, error_frame
+from agent_reach.exhaustion import Throttle
 
 from router.auth import Caller, Refusal, Unauthenticated, authorize
 from router.audit import AuditLog, entry_from_trace
-from router.breaker import REQUEST_REFUSALS, hurried, verdict
+from router.breaker import REQUEST_REFUSALS, hurried, routers_own, verdict
 from router.forward import DEFAULT_MAX_ANSWER_BYTES, AgentAnswer, Forwarder
 from router.instances import InstanceBook
 from router.mirror import Offer, RegistryMirror
@@ -44,9 +45,8 @@ CALLER_ERRORS = {ErrorCode.INVALID_FRAME, ErrorCode.PAYLOAD_TOO_LARGE, ErrorCode
                  ErrorCode.INVALID_PAYLOAD}
 TIMEOUTS = {ErrorCode.CONNECT_TIMEOUT, ErrorCode.FIRST_BYTE_TIMEOUT, ErrorCode.TOTAL_TIMEOUT}
 TIMED_OUT_REMEMBERED = 10_000
-# What a caller is answered when the router itself fails mid-call: the table has no code of the
-# router's own, and AGENT_ERROR (502, retryable) is what the caller can act on.
-ROUTER_FAILURE = ErrorCode.AGENT_ERROR
+# What a caller is answered when the router itself fails mid-call (500, retryable): not the agent's doing.
+ROUTER_FAILURE = ErrorCode.INTERNAL_ERROR
 # Not an ATP code (nothing is answered): what the trace and the audit row say of a cancelled call.
 CANCELLED = "CANCELLED"
 
@@ -116,6 +116,8 @@ class Router:
         self.audit: AuditLog | None = None
         self.client_limits = ClientLimits()
         self._timed_out: OrderedDict[str, tuple[str, str, str]] = OrderedDict()
+        # Out of descriptors, every call fails alike: one log line per interval, not one per call.
+        self._short_of_resources = Throttle()
         self._rng = rng or random.Random()
 
     async def call(self, frame: RequestFrame, caller: Caller | Unauthenticated | None = None,
@@ -287,7 +289,7 @@ class Router:
     async def _with_fallback(self, frame: RequestFrame, policy: Policy, attempts: _Attempts, started: float,
                              caller: Caller | Unauthenticated | None, flight: _InFlight) -> CallResult | None:
         """For a failed call, the fallback capability's success (degraded); None to answer the failure."""
-        if not policy.fallback_capability or self._caller_error(attempts):
+        if not policy.fallback_capability or self._beyond_fallback(attempts):
             return None
         return await self._call_fallback(frame, policy.fallback_capability, started, caller, flight)
 
@@ -376,8 +378,10 @@ class Router:
                 if sticky:
                     self.sticky.put(sticky, candidate.agent_id, policy.affinity.ttl_seconds, time.monotonic())
                 break
-            if answer.cut_short:
-                break  # the caller's deadline passed: no instance is to blame, nor would another do better
+            if answer.cut_short or routers_own(answer):
+                # The caller's deadline passed, or the router failed itself: no instance is to blame, nor
+                # would another do better (out of descriptors, trying every instance is a failover storm).
+                break
             if not answer.sent:
                 seconds = self.book.eject(candidate.agent_id, time.monotonic())
                 log.warning("instance ejected: connection failed", extra={
@@ -422,6 +426,9 @@ class Router:
             self._remember_timeout(frame.request_id, agent_id, capability, answer.error_code.value)
             log.warning("call timed out", extra={"instance": agent_id, "timeout": answer.error_code.value,
                                                  "elapsed_ms": round(answer.elapsed_ms, 1)})
+        elif routers_own(answer):
+            self._short_of_resources.log(log, logging.ERROR, "router out of a system resource: calls fail "
+                                         "without reaching any agent", instance=agent_id, error=answer.message)
         elif not answer.ok:
             log.info("attempt failed", extra={"instance": agent_id, "error_code": answer.error_code.value,
                                               "error": answer.message})
@@ -443,9 +450,11 @@ class Router:
             "timeout": which, "finished_ms": finished_ms})
         return True
 
-    def _caller_error(self, attempts: _Attempts) -> bool:
+    def _beyond_fallback(self, attempts: _Attempts) -> bool:
+        """A failure another capability would not mend: the caller's, the agent's business answer, or the
+        router's own (out of descriptors, a fallback fails alike)."""
         code = attempts.refusal.code if attempts.refusal else attempts.answer.error_code if attempts.answer else None
-        return code in CALLER_ERRORS or code is ErrorCode.BUSINESS_ERROR
+        return code in CALLER_ERRORS or code is ErrorCode.BUSINESS_ERROR or code is ErrorCode.INTERNAL_ERROR
 
     def _finish(self, frame: RequestFrame, capability: str, sla_ms: int | None, attempts: _Attempts,
                 started: float) -> CallResult:

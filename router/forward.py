@@ -9,6 +9,7 @@ an instance that joined with a registration token are signed with that token's k
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import time
 from typing import Any, Literal
@@ -16,6 +17,7 @@ from typing import Any, Literal
 import aiohttp
 import msgspec
 from agent_reach.atp import BusinessError, ErrorCode, RequestFrame
+from agent_reach.exhaustion import local_exhaustion
 from agent_reach.signing import SIGNATURE_HEADER, sign
 from yarl import URL
 
@@ -81,6 +83,9 @@ def _rest_request(frame: RequestFrame, timeout_hint_ms: int) -> tuple[bytes, dic
 # to the caller it is a failing instance, worth trying another one.
 _AGENT_REFUSALS = frozenset({ErrorCode.UNAUTHENTICATED.value, ErrorCode.FORBIDDEN.value,
                              ErrorCode.TRUST_LEVEL_INSUFFICIENT.value})
+# The codes an agent's frame may carry. INTERNAL_ERROR is the router's own failure, never counted against
+# an instance: an agent saying it is answered AGENT_ERROR, or it could pass its failures off as the router's.
+_AGENT_CODES = {code.value: code for code in ErrorCode if code is not ErrorCode.INTERNAL_ERROR}
 
 
 # An agent's HTTP status saying the REQUEST was wrong (its content, size or headers), not the agent:
@@ -113,9 +118,8 @@ def _classify_atp(status: int, body: bytes) -> AgentAnswer:
         return AgentAnswer(error_code=ErrorCode.AGENT_ERROR,
                            message=f"agent refused the router's call ({reply.error_code}): {reply.error_message}")
     if reply.error_code is not None:
-        code = ErrorCode(reply.error_code) if reply.error_code in ErrorCode.__members__ else ErrorCode.AGENT_ERROR
-        return AgentAnswer(error_code=code, message=reply.error_message or reply.error_code,
-                           business_error=reply.business_error)
+        return AgentAnswer(error_code=_AGENT_CODES.get(reply.error_code, ErrorCode.AGENT_ERROR),
+                           message=reply.error_message or reply.error_code, business_error=reply.business_error)
     if reply.business_error is not None:
         return AgentAnswer(error_code=ErrorCode.BUSINESS_ERROR, message=reply.business_error.message,
                            business_error=reply.business_error, result=reply.result)
@@ -194,6 +198,18 @@ async def _read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes | 
     return b"".join(chunks)
 
 
+def _short_of_resources(exc: BaseException, sent: bool) -> AgentAnswer | None:
+    """INTERNAL_ERROR when ``exc`` came of the router running out of descriptors, socket buffers or memory:
+    no agent is to blame, and none would fare better; None for any other failure."""
+    exhausted = local_exhaustion(exc)
+    if exhausted is None:
+        return None
+    name = errno.errorcode.get(exhausted.errno or 0, str(exhausted.errno))
+    happened = "the agent may have received the call" if sent else "nothing was sent"
+    return AgentAnswer(error_code=ErrorCode.INTERNAL_ERROR, sent=sent,
+                       message=f"the router ran out of a system resource ({name}); {happened}")
+
+
 class Forwarder:
     """One shared keep-alive connection pool for every agent."""
 
@@ -241,7 +257,8 @@ class Forwarder:
             answer = AgentAnswer(error_code=ErrorCode.CONNECT_TIMEOUT, sent=False,
                                  message=f"no connection within {timeouts.connect_s * 1000:.0f} ms")
         except aiohttp.ClientConnectorError as exc:
-            answer = AgentAnswer(error_code=ErrorCode.AGENT_ERROR, sent=False, message=f"connection failed: {exc}")
+            answer = _short_of_resources(exc, sent=False) or AgentAnswer(
+                error_code=ErrorCode.AGENT_ERROR, sent=False, message=f"connection failed: {exc}")
         except TimeoutError:
             if stage == "first_byte" and first_byte_fires:
                 answer = AgentAnswer(error_code=ErrorCode.FIRST_BYTE_TIMEOUT,
@@ -250,6 +267,7 @@ class Forwarder:
                 answer = AgentAnswer(error_code=ErrorCode.TOTAL_TIMEOUT,
                                      message=f"call not finished within {timeouts.total_s * 1000:.0f} ms")
         except aiohttp.ClientError as exc:
-            answer = AgentAnswer(error_code=ErrorCode.AGENT_ERROR, message=f"agent connection broke: {exc!r}")
+            answer = _short_of_resources(exc, sent=True) or AgentAnswer(
+                error_code=ErrorCode.AGENT_ERROR, message=f"agent connection broke: {exc!r}")
         answer.elapsed_ms = (time.monotonic() - started) * 1000
         return answer

@@ -64,19 +64,19 @@ async def test_a_call_that_fails_inside_the_router_is_answered_audited_and_trace
 
     answer = await mesh.call("echo", {"n": 1}, request_id="blew-up")
     assert agent.calls == 1, "the agent was sent the call before the router failed"
-    assert answer.status == 502 and answer.body["request_id"] == "blew-up"
-    assert answer.body["error_code"] == "AGENT_ERROR" and "router" in answer.body["error_message"]
+    assert answer.status == 500 and answer.body["request_id"] == "blew-up"
+    assert answer.body["error_code"] == "INTERNAL_ERROR" and "router" in answer.body["error_message"]
     rpc = await mesh.post({"jsonrpc": "2.0", "method": "atp.call", "id": 3,
                            "params": {"capability": "echo", "request_id": "blew-up-rpc"}})
-    assert rpc.status == 200 and rpc.body["id"] == 3 and rpc.body["error"]["data"]["error_code"] == "AGENT_ERROR"
+    assert rpc.status == 200 and rpc.body["id"] == 3 and rpc.body["error"]["data"]["error_code"] == "INTERNAL_ERROR"
 
     for request_id in ("blew-up", "blew-up-rpc"):
         [row] = await audit_rows(mesh, f"request_id={request_id}")
-        assert (row["outcome"], row["error_code"], row["capability"]) == ("failed", "AGENT_ERROR", "echo")
+        assert (row["outcome"], row["error_code"], row["capability"]) == ("failed", "INTERNAL_ERROR", "echo")
         assert row["instance"] == "trace-agent", "the audit row names the agent the call reached"
         trace = (await mesh.get(f"/traces/{request_id}"))["call"]
-        assert (trace["outcome"], trace["error_code"]) == ("failed", "AGENT_ERROR")
-    assert (await mesh.reach_totals())["failed_by_code"] == {"AGENT_ERROR": 2}
+        assert (trace["outcome"], trace["error_code"]) == ("failed", "INTERNAL_ERROR")
+    assert (await mesh.reach_totals())["failed_by_code"] == {"INTERNAL_ERROR": 2}
 
 
 class FailingMatcher:
@@ -91,9 +91,9 @@ async def test_a_failure_before_a_capability_is_chosen_is_audited_and_counts_for
     mesh, _ = await audited(start_mesh, start_agent, tmp_path / "audit.db")
     mesh.router.semantic = FailingMatcher()
     answer = await mesh.post({"intent": "say it back", "request_id": "matcher-bug"})
-    assert answer.status == 502 and answer.body["error_code"] == "AGENT_ERROR"
+    assert answer.status == 500 and answer.body["error_code"] == "INTERNAL_ERROR"
     [row] = await audit_rows(mesh, "request_id=matcher-bug")
-    assert (row["outcome"], row["error_code"], row["capability"]) == ("failed", "AGENT_ERROR", "")
+    assert (row["outcome"], row["error_code"], row["capability"]) == ("failed", "INTERNAL_ERROR", "")
     assert mesh.router.ledger.capabilities() == [], "no capability label is invented"
 
 

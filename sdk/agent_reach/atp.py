@@ -124,6 +124,7 @@ class ErrorCode(str, Enum):
     TRUST_LEVEL_INSUFFICIENT = "TRUST_LEVEL_INSUFFICIENT"
     INTENT_AMBIGUOUS = "INTENT_AMBIGUOUS"
     INTENT_UNMATCHED = "INTENT_UNMATCHED"
+    INTERNAL_ERROR = "INTERNAL_ERROR"
 
     @property
     def http_status(self) -> int:
@@ -159,6 +160,9 @@ _ERROR_TABLE: dict[ErrorCode, tuple[int, bool]] = {
     # answer, so a retry cannot help: the caller names the capability or rephrases.
     ErrorCode.INTENT_AMBIGUOUS: (422, False),
     ErrorCode.INTENT_UNMATCHED: (422, False),
+    # The router failed itself (a bug, or out of file descriptors): nothing about the agent, so never
+    # counted against one; the same call may well succeed a moment later, or through another router.
+    ErrorCode.INTERNAL_ERROR: (500, True),
 }
 
 
