@@ -24,6 +24,7 @@ from registry.access import admin_key_path
 from registry.lifecycle import LifecycleConfig
 from registry.server import RegistryServer, RegistrySettings
 from router.core import RouterSettings
+from router.forward import DEFAULT_MAX_ANSWER_BYTES
 from router.semantic.settings import SemanticSettings, SemanticUnavailable
 from router.server import RouterServer, RouterServerSettings
 from wal import WalError, format_inspection, inspect_wal
@@ -137,6 +138,9 @@ def _add_router_knobs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--traced-successes-per-second", type=int, default=1000, metavar="N",
                         help="trace at most N plain successes a second (every failed, degraded or refused call "
                              "is traced; the audit trail keeps every call); 0 traces every call (default: 1000)")
+    parser.add_argument("--max-answer-bytes", type=int, default=DEFAULT_MAX_ANSWER_BYTES, metavar="BYTES",
+                        help="an agent's answer past this many bytes is cut off while read and answered "
+                             f"ANSWER_TOO_LARGE (default: {DEFAULT_MAX_ANSWER_BYTES}, 16 MiB)")
 
 
 def _router_settings(args: argparse.Namespace, port: int, registry_url: str | None,
@@ -146,7 +150,8 @@ def _router_settings(args: argparse.Namespace, port: int, registry_url: str | No
                                 max_capabilities=args.semantic_max_capabilities)
     return RouterServerSettings(host=args.host, port=port, registry_url=registry_url, registry_key=registry_key,
                                 routing=RouterSettings(default_policy=args.default_policy,
-                                                       traced_successes_per_second=args.traced_successes_per_second),
+                                                       traced_successes_per_second=args.traced_successes_per_second,
+                                                       max_answer_bytes=args.max_answer_bytes),
                                 semantic=semantic,
                                 auth=args.auth == "on", keys_dir=args.data_dir / "keys",
                                 audit_path=args.data_dir / "audit.db" if args.audit else None,
@@ -323,6 +328,7 @@ def _serve_command(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
         _positive(args.audit_retention_days, "--audit-retention-days", parser)
         if args.traced_successes_per_second < 0:
             parser.error("--traced-successes-per-second must be 0 (trace every call) or more")
+        _positive(args.max_answer_bytes, "--max-answer-bytes", parser)
     if args.command == "up":
         return _up(args, parser)
     if args.command == "console":
