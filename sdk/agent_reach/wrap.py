@@ -185,6 +185,10 @@ class AsgiHost:
 
 
 class _AsgiMiddleware:
+    """Header values are read as UTF-8, as aiohttp reads them and as the router writes X-Reach-Context
+    (latin-1 would garble any non-ASCII context); bytes that are not UTF-8 become U+FFFD rather than
+    surrogates a JSON decoder refuses, so a malformed header cannot fail the call."""
+
     def __init__(self, app: Any, host: AsgiHost):
         self.app = app
         self.host = host
@@ -197,7 +201,8 @@ class _AsgiMiddleware:
         name = self.host.capability_at(scope["path"])
         if name is None:
             return await self.app(scope, receive, send)
-        headers = CIMultiDict((key.decode("latin-1"), value.decode("latin-1")) for key, value in scope["headers"])
+        headers = CIMultiDict((key.decode("latin-1"), value.decode("utf-8", "replace"))
+                              for key, value in scope["headers"])
         if self.host.sdk.guard.active:
             receive = await self._admitted(name, scope["method"], headers, receive, send)
             if receive is None:
