@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import aiohttp
 import msgspec
-from agent_reach.atp import BusinessError, ErrorCode, RequestFrame
+from agent_reach.atp import BusinessError, ErrorCode, RequestFrame, agent_business_error, agent_status_code
 from agent_reach.exhaustion import local_exhaustion
 from agent_reach.signing import SIGNATURE_HEADER, sign
 from yarl import URL
@@ -88,19 +88,12 @@ _AGENT_REFUSALS = frozenset({ErrorCode.UNAUTHENTICATED.value, ErrorCode.FORBIDDE
 _AGENT_CODES = {code.value: code for code in ErrorCode if code is not ErrorCode.INTERNAL_ERROR}
 
 
-# An agent's HTTP status saying the REQUEST was wrong (its content, size or headers), not the agent:
-# the same request fails at every instance, so it is the caller's error, never counted against one.
-_REQUEST_REFUSED = {400: ErrorCode.INVALID_PAYLOAD, 413: ErrorCode.PAYLOAD_TOO_LARGE, 414: ErrorCode.INVALID_FRAME,
-                    422: ErrorCode.INVALID_PAYLOAD, 431: ErrorCode.INVALID_FRAME}
-
-
 def _failed_status(status: int) -> AgentAnswer:
     """What a status outside 2xx says when the body is no frame (or, for rest, whatever the body)."""
-    if status == 429:
-        return AgentAnswer(error_code=ErrorCode.BUSY, message="agent answered HTTP 429")
-    if status in _REQUEST_REFUSED:
-        return AgentAnswer(error_code=_REQUEST_REFUSED[status], message=f"agent refused the request (HTTP {status})")
-    return AgentAnswer(error_code=ErrorCode.AGENT_ERROR, message=f"agent answered HTTP {status}")
+    code = agent_status_code(status)
+    refused = code not in (ErrorCode.AGENT_ERROR, ErrorCode.BUSY)
+    return AgentAnswer(error_code=code, message=f"agent refused the request (HTTP {status})" if refused
+                       else f"agent answered HTTP {status}")
 
 
 def _malformed(what: str) -> AgentAnswer:
@@ -134,16 +127,6 @@ _business_decoder = msgspec.json.Decoder(dict[str, Any] | list[Any] | str | int 
 _raw_decoder = msgspec.json.Decoder(msgspec.Raw)
 
 
-def _business_error(raw: Any) -> BusinessError | None:
-    """An agent's business_error: a string (its code) or an object with a string ``code``; None when neither."""
-    if isinstance(raw, str):
-        return BusinessError(code=raw)
-    try:
-        return msgspec.convert(raw, BusinessError)
-    except msgspec.ValidationError:
-        return None
-
-
 def _classify_rest(status: int, body: bytes) -> AgentAnswer:
     if not 200 <= status < 300:
         return _failed_status(status)
@@ -160,7 +143,7 @@ def _classify_rest(status: int, body: bytes) -> AgentAnswer:
     raw = result.get("business_error") if isinstance(result, dict) else None
     if raw is None:
         return AgentAnswer(result=result)
-    business = _business_error(raw)
+    business = agent_business_error(raw)
     if business is None:
         return _malformed("business_error must be a string or an object with a string code")
     return AgentAnswer(error_code=ErrorCode.BUSINESS_ERROR, message=business.message or business.code,

@@ -166,6 +166,29 @@ _ERROR_TABLE: dict[ErrorCode, tuple[int, bool]] = {
 }
 
 
+# An agent's HTTP status saying the REQUEST was wrong (its content, size or headers), not the agent:
+# the same request fails at every instance, so it is the caller's error, never counted against one.
+_REQUEST_REFUSED = {400: ErrorCode.INVALID_PAYLOAD, 413: ErrorCode.PAYLOAD_TOO_LARGE, 414: ErrorCode.INVALID_FRAME,
+                    422: ErrorCode.INVALID_PAYLOAD, 431: ErrorCode.INVALID_FRAME}
+
+
+def agent_status_code(status: int) -> ErrorCode:
+    """What an agent's HTTP status outside 2xx means when its body is no frame. One reading for the
+    router's forward and the SDK's direct calls, so an answer is the same outcome by either path."""
+    return ErrorCode.BUSY if status == 429 else _REQUEST_REFUSED.get(status, ErrorCode.AGENT_ERROR)
+
+
+def agent_business_error(raw: object) -> BusinessError | None:
+    """An agent's ``business_error``: a string (its code) or an object with a string ``code``; None when
+    neither (a malformed answer, the agent's failure)."""
+    if isinstance(raw, str):
+        return BusinessError(code=raw)
+    try:
+        return msgspec.convert(raw, BusinessError)
+    except msgspec.ValidationError:
+        return None
+
+
 def error_frame(request_id: str, code: ErrorCode, message: str, field: str | None = None) -> ErrorFrame:
     """Build an error frame whose can_retry always agrees with the table."""
     return ErrorFrame(

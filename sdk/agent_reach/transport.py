@@ -14,7 +14,8 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from agent_reach.atp import BusinessError, ErrorCode, ErrorFrame, RequestFrame, ResponseFrame, error_frame
+from agent_reach.atp import (ErrorCode, ErrorFrame, RequestFrame, ResponseFrame, agent_business_error,
+                             agent_status_code, error_frame)
 from agent_reach.context import traceparent
 
 Answer = ResponseFrame | ErrorFrame
@@ -40,10 +41,13 @@ def call_headers(frame: RequestFrame) -> dict[str, str]:
     return headers
 
 
+def _status_message(status: int, body: bytes) -> str:
+    return f"HTTP {status}: {body[:200].decode(errors='replace')}"
+
+
 def status_error(request_id: str, status: int, body: bytes) -> ErrorFrame:
     """An error frame for an HTTP answer that carried no frame of its own."""
-    code = _STATUS_CODES.get(status, ErrorCode.AGENT_ERROR)
-    return error_frame(request_id, code, f"HTTP {status}: {body[:200].decode(errors='replace')}")
+    return error_frame(request_id, _STATUS_CODES.get(status, ErrorCode.AGENT_ERROR), _status_message(status, body))
 
 
 def decode_atp(request_id: str, status: int, body: bytes) -> Answer:
@@ -54,17 +58,22 @@ def decode_atp(request_id: str, status: int, body: bytes) -> Answer:
 
 
 def decode_rest(request_id: str, status: int, body: bytes) -> Answer:
-    """A REST answer as a frame: its JSON is the result; a top-level ``business_error`` is a failure."""
+    """A REST agent's answer as a frame, read as the router reads it: its JSON is the result; a top-level
+    ``business_error`` is a failure."""
     if not 200 <= status < 300:
-        return status_error(request_id, status, body)
+        return error_frame(request_id, agent_status_code(status), _status_message(status, body))
     try:
         result = msgspec.json.decode(body) if body else None
-        if isinstance(result, dict) and result.get("business_error") is not None:
-            failure = msgspec.convert(result["business_error"], BusinessError)
-            return ResponseFrame(request_id=request_id, status="error", business_error=failure)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except msgspec.DecodeError as exc:
         return error_frame(request_id, ErrorCode.AGENT_ERROR, f"answer is not usable JSON: {exc}")
-    return ResponseFrame(request_id=request_id, status="success", result=result)
+    raw = result.get("business_error") if isinstance(result, dict) else None
+    if raw is None:
+        return ResponseFrame(request_id=request_id, status="success", result=result)
+    failure = agent_business_error(raw)
+    if failure is None:
+        return error_frame(request_id, ErrorCode.AGENT_ERROR,
+                           "answer is not usable: business_error must be a string or an object with a string code")
+    return ResponseFrame(request_id=request_id, status="error", business_error=failure)
 
 
 async def post(session: aiohttp.ClientSession, url: str, frame: RequestFrame, *, protocol: str = "atp",
