@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any, get_args
@@ -99,7 +100,7 @@ def call_for(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Call:
             return Call("GET", "/tokens")
         return Call("POST", f"/tokens/{quote(args.token_id, safe='')}/revoke")
     if args.action == "create":
-        if args.rate_limit is not None and args.rate_limit <= 0:
+        if args.rate_limit is not None and not (math.isfinite(args.rate_limit) and args.rate_limit > 0):
             parser.error("--rate-limit must be greater than 0")
         body: dict[str, Any] = {"name": args.name, "trust_level": args.trust, "grants": args.grants}
         if args.rate_limit is not None:

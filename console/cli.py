@@ -93,8 +93,9 @@ def _add_registry_knobs(parser: argparse.ArgumentParser) -> None:
 
 
 def _positive(value: float, flag: str, parser: argparse.ArgumentParser) -> None:
-    if value <= 0:
-        parser.error(f"{flag} must be greater than 0")
+    """nan compares false with everything, so it would pass a plain ``<= 0`` and stop every timer."""
+    if not math.isfinite(value) or value <= 0:
+        parser.error(f"{flag} must be a finite number greater than 0")
 
 
 def _at_least_zero(value: float, flag: str, parser: argparse.ArgumentParser) -> None:

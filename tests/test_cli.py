@@ -38,10 +38,11 @@ def test_every_command_has_help(command, expected):
     assert expected in result.stdout
 
 
-def test_bad_knob_is_refused_with_a_message():
-    result = agentreach("registry", "--silence-timeout", "0")
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_bad_knob_is_refused_with_a_message(value):
+    result = agentreach("registry", "--silence-timeout", value)
     assert result.returncode == 2
-    assert "--silence-timeout must be greater than 0" in result.stderr
+    assert "--silence-timeout must be a finite number greater than 0" in result.stderr
 
 
 async def test_wal_inspect_reports_a_real_log(start_registry, http, tmp_path):

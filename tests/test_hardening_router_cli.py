@@ -55,4 +55,4 @@ async def test_the_router_command_cuts_answers_off_at_max_answer_bytes(start_reg
 def test_max_answer_bytes_must_be_positive(command, value):
     refused = subprocess.run([sys.executable, "-m", "console.cli", command, "--max-answer-bytes", value],
                              capture_output=True, text=True, cwd=ROOT, timeout=60)
-    assert refused.returncode == 2 and "--max-answer-bytes must be greater than 0" in refused.stderr
+    assert refused.returncode == 2 and "--max-answer-bytes must be a finite number greater than 0" in refused.stderr

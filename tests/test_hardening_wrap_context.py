@@ -51,3 +51,33 @@ async def test_undecodable_context_bytes_are_replaced_not_a_failure(registry, ma
                                    b'{"k": 1}')
     assert answer.status == 200, answer.body
     assert answer.json()["context"]["note"] == "\ufffd\ufffd"
+
+
+async def test_an_aiohttp_agent_ignores_an_undecodable_context(registry, make_agent, http):
+    """aiohttp hands undecodable header bytes on as surrogates; the context is dropped, the call is served."""
+    from agent_reach.serving import listen
+    from aiohttp import web
+
+    port = loopback_socket().getsockname()[1]
+    base_url = f"http://127.0.0.1:{port}"
+    sdk = make_agent("ctx-aio-bytes-1", registry.url, base_url=base_url)
+    routes = web.RouteTableDef()
+
+    @register_capability(sdk, name="ctx.aio", protocol="rest")
+    @routes.post("/ctx")
+    async def show(request: web.Request) -> web.Response:
+        return web.json_response({"context": current().context})
+
+    app = web.Application()
+    app.add_routes(routes)
+    sdk.attach(app)
+    runner, _ = await listen(app, "127.0.0.1", port)
+    try:
+        await wait_state(http, registry.url, "ctx-aio-bytes-1", "healthy")
+        answer = await raw_request(base_url, "POST", "/ctx", [(b"Content-Type", b"application/json"),
+                                                              (b"X-Reach-Context", b'{"note": "\xff\xfe"}')],
+                                   b'{"k": 1}')
+    finally:
+        await runner.cleanup()
+    assert answer.status == 200, answer.body
+    assert "note" not in answer.json()["context"]

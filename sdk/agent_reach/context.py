@@ -148,6 +148,6 @@ def rest_context(headers: Mapping[str, str]) -> dict[str, Any]:
     """The context a router sends a REST endpoint in ``X-Reach-Context``; empty if absent or bad."""
     try:
         context = msgspec.json.decode(headers.get("X-Reach-Context", "{}"))
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, UnicodeEncodeError):  # aiohttp passes undecodable bytes as surrogates
         context = {}
     return incoming_context(context if isinstance(context, dict) else {}, headers)
