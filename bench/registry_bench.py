@@ -68,7 +68,7 @@ class RegistryProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "console.cli", "registry", "--port", str(self.port), "--data-dir",
+            [sys.executable, "-m", "agentreach.cli", "registry", "--port", str(self.port), "--data-dir",
              str(data_dir), "--log-level", "warning", "--silence-timeout", "3600", "--auth", "off", *extra], cwd=ROOT)
 
     async def wait_ready(self, timeout: float = 120) -> float:

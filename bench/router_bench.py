@@ -245,11 +245,11 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             spawn(__file__, "proxy", "--port", str(ports["proxy"]), "--upstream", urls["direct"]),
             # Routers in processes of their own (as `agentreach router` runs), so the CPU time per call
             # is a router's alone: `agentreach up` would add the registry's and the console's.
-            spawn("-m", "console.cli", "router", "--port", str(ports["router"]), "--registry", registry,
+            spawn("-m", "agentreach.cli", "router", "--port", str(ports["router"]), "--registry", registry,
                   "--log-level", "warning", "--auth", "off", "--data-dir", data_dir, "--no-audit"),
-            spawn("-m", "console.cli", "router", "--port", str(ports["audited"]), "--registry", registry,
+            spawn("-m", "agentreach.cli", "router", "--port", str(ports["audited"]), "--registry", registry,
                   "--log-level", "warning", "--auth", "off", "--data-dir", data_dir),
-            spawn("-m", "console.cli", "registry", "--port", str(ports["registry"]), "--data-dir", data_dir,
+            spawn("-m", "agentreach.cli", "registry", "--port", str(ports["registry"]), "--data-dir", data_dir,
                   "--log-level", "warning", "--auth", "off"),
         ]
         beating: asyncio.Task[None] | None = None

@@ -78,7 +78,7 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     registry_port, router_port, console_port = free_port(), free_port(), free_port()
     with tempfile.TemporaryDirectory(dir=RESULTS) as data_dir:
-        process = subprocess.Popen([sys.executable, "-m", "console.cli", "up", "--demo", "--data-dir", data_dir,
+        process = subprocess.Popen([sys.executable, "-m", "agentreach.cli", "up", "--demo", "--data-dir", data_dir,
                                     "--registry-port", str(registry_port), "--router-port", str(router_port),
                                     "--console-port", str(console_port), "--log-level", "warning", "--auth", "off"],
                                    cwd=ROOT)

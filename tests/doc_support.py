@@ -35,7 +35,7 @@ def free_port(preferred: int) -> int:
 
 def agentreach_command() -> list[str]:
     script = Path(sys.executable).parent / "agentreach"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "console.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "agentreach.cli"]
 
 
 async def wait_up(http: aiohttp.ClientSession, url: str, process: subprocess.Popen) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-AGENTREACH = (sys.executable, "-m", "console.cli")
+AGENTREACH = (sys.executable, "-m", "agentreach.cli")
 # A shell in a private mount namespace (as root): what it mounts, only the processes it starts see.
 NAMESPACE = ("unshare", "--mount", "--propagation", "private", "sh", "-c")
 

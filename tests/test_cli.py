@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def agentreach(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "console.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "agentreach.cli", *args], capture_output=True, text=True,
                           cwd=ROOT, timeout=60)
 
 
@@ -75,7 +75,7 @@ async def test_up_demo_starts_a_live_mesh_to_call_at_once(tmp_path, http):
     registry_port, router_port, console_port = _free_port(), _free_port(), _free_port()
     data_dir = tmp_path / "demo"
     process = subprocess.Popen(
-        [sys.executable, "-m", "console.cli", "up", "--demo", "--data-dir", str(data_dir),
+        [sys.executable, "-m", "agentreach.cli", "up", "--demo", "--data-dir", str(data_dir),
          "--registry-port", str(registry_port), "--router-port", str(router_port),
          "--console-port", str(console_port), "--log-level", "warning"],
         cwd=ROOT, env={**os.environ, "AGENTREACH_AUTH": "on"})

@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 from conftest import registration, wait_for
-from console.demo import DEMO_SERVICES, demo_credentials
+from agentreach.demo import DEMO_SERVICES, demo_credentials
 from router_support import Agent, capability, start_agent  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
-CLI = [sys.executable, "-m", "console.cli"]
+CLI = [sys.executable, "-m", "agentreach.cli"]
 
 
 def environment(auth: str | None = None) -> dict[str, str]:

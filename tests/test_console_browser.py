@@ -10,7 +10,7 @@ import aiohttp
 from playwright.async_api import expect
 
 from conftest import http, wait_for  # noqa: F401
-from console.demo import DemoAgents
+from agentreach.demo import DemoAgents
 from console_support import Rig, browser, page, rig, screenshot, start_console, start_rig  # noqa: F401
 from router_support import start_agent, start_mesh  # noqa: F401
 

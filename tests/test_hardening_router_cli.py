@@ -25,7 +25,7 @@ async def test_the_router_command_cuts_answers_off_at_max_answer_bytes(start_reg
     async with http.post(f"{registry.url}/heartbeat", json={"agent_id": agent.name}) as response:
         assert response.status == 200, await response.text()
     router = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "console.cli", "router", "--port", "0", "--registry", registry.url, "--auth", "off",
+        sys.executable, "-m", "agentreach.cli", "router", "--port", "0", "--registry", registry.url, "--auth", "off",
         "--no-audit", "--data-dir", str(tmp_path / "router"), "--max-answer-bytes", "200", cwd=ROOT,
         stderr=asyncio.subprocess.PIPE)
     try:
@@ -53,6 +53,6 @@ async def test_the_router_command_cuts_answers_off_at_max_answer_bytes(start_reg
 @pytest.mark.parametrize("command", ["up", "router"])
 @pytest.mark.parametrize("value", ["0", "-1"])
 def test_max_answer_bytes_must_be_positive(command, value):
-    refused = subprocess.run([sys.executable, "-m", "console.cli", command, "--max-answer-bytes", value],
+    refused = subprocess.run([sys.executable, "-m", "agentreach.cli", command, "--max-answer-bytes", value],
                              capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert refused.returncode == 2 and "--max-answer-bytes must be a finite number greater than 0" in refused.stderr

@@ -36,7 +36,7 @@ async def test_full_disk_answers_503_reports_unhealthy_and_recovers_by_itself(tm
     small = tmp_path / "small"  # an 8 MiB tmpfs, mounted over this directory in the registry's namespace only
     small.mkdir()
     kept = tmp_path / "kept"  # where the namespace's shell copies the data dir when the registry exits
-    script = ('mount -t tmpfs -o size=8m tmpfs "$1" && "$2" -m console.cli registry --port 0 --data-dir "$1/data" '
+    script = ('mount -t tmpfs -o size=8m tmpfs "$1" && "$2" -m agentreach.cli registry --port 0 --data-dir "$1/data" '
               '--auth off; cp -a "$1/data" "$3"')
     running = await asyncio.to_thread(start_logged, [*NAMESPACE, script, "sh", str(small), sys.executable, str(kept)],
                                       ready="registry listening")
@@ -98,7 +98,7 @@ FULL = 'mount -t tmpfs -o size=1m tmpfs "$1" && (cat /dev/zero > "$1/filler"; tr
 
 def _start_on(mount: str, data_dir: Path) -> subprocess.CompletedProcess:
     """`agentreach registry` on `data_dir`, its parent made read-only or full in a private mount namespace."""
-    script = f'{mount} && exec "$2" -m console.cli registry --port 0 --data-dir "$1/data"'
+    script = f'{mount} && exec "$2" -m agentreach.cli registry --port 0 --data-dir "$1/data"'
     return subprocess.run([*NAMESPACE, script, "sh", str(data_dir.parent), sys.executable], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
 

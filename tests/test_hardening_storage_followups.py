@@ -22,7 +22,7 @@ import pytest
 from agent_reach.exhaustion import REPORT_INTERVAL
 from prometheus_client.parser import text_string_to_metric_families
 
-from console.demo import demo_credentials
+from agentreach.demo import demo_credentials
 from router.keyring import KeyRing
 
 from conftest import FakeAgent, post, registration, wait_for

