@@ -1,4 +1,5 @@
-"""Fixtures for the SDK tests: SDK agents, a registry that restarts on its port, a router stand-in."""
+"""Fixtures for the SDK tests: SDK agents, a registry that restarts on its port, a router stand-in,
+a mesh whose agents join with registration tokens."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from multidict import CIMultiDict
 from conftest import wait_for
 from registry.lifecycle import LifecycleConfig
 from registry.server import RegistryServer, RegistrySettings
+from router.server import RouterServer, RouterServerSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -178,3 +180,55 @@ async def issue_token(http: aiohttp.ClientSession, registry_url: str, admin_key:
                          headers={"X-API-Key": admin_key}) as response:
         assert response.status == 201, await response.text()
         return await response.json()
+
+
+class TokenMesh(msgspec.Struct, kw_only=True):
+    """A registry with auth on, where agents join with registration tokens, and a router following it."""
+
+    registry: RegistryServer
+    router: RouterServer
+    http: aiohttp.ClientSession
+
+    @property
+    def admin(self) -> dict[str, str]:
+        assert self.registry.new_admin_key is not None
+        return {"X-API-Key": self.registry.new_admin_key}
+
+    async def token(self, service: str) -> dict[str, Any]:
+        return await issue_token(self.http, self.registry.url, self.admin["X-API-Key"], service)
+
+    async def routable(self, agent_id: str) -> None:
+        mirror = self.router.mirror
+        await wait_for(lambda: agent_id in mirror.instances and agent_id in mirror.states
+                       and mirror.states[agent_id].state == "healthy", what=f"the router to route to {agent_id}")
+
+    async def registry_post(self, path: str, body: dict[str, Any], token: str) -> tuple[int, dict[str, Any]]:
+        async with self.http.post(f"{self.registry.url}{path}", json=body,
+                                  headers={"Authorization": f"Bearer {token}"}) as response:
+            return response.status, await response.json()
+
+
+@pytest.fixture
+async def token_mesh(start_registry: Callable[..., Awaitable[RegistryServer]],
+                     http: aiohttp.ClientSession) -> AsyncIterator[TokenMesh]:
+    """Caller auth is off on the router: it signs what it forwards to a token's instances either way."""
+    registry = await start_registry(auth=True, silence_timeout=30.0, health_interval=30.0)
+    router = RouterServer(RouterServerSettings(port=0, auth=False), hub=registry.hub)
+    await router.start()
+    await wait_for(lambda: router.mirror.synced, what="the router to load the registry")
+    yield TokenMesh(registry=registry, router=router, http=http)
+    await router.stop()
+
+
+def counting_agent(make: Callable[..., AgentReachSDK], agent_id: str, mesh: TokenMesh, capability: str,
+                   **options: Any) -> tuple[AgentReachSDK, list[Any]]:
+    """An SDK agent serving ``capability`` (echo) that records every payload its handler ran with."""
+    agent = make(agent_id, mesh.registry.url, **options)
+    ran: list[Any] = []
+
+    @agent.capability(capability)
+    async def echo(payload: Any, ctx: Any) -> Any:
+        ran.append(payload)
+        return {"echo": payload}
+
+    return agent, ran

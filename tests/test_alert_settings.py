@@ -6,7 +6,6 @@ import pytest
 
 from conftest import wait_for
 from router.reach import AlertConfig
-from router_support import mesh, start_mesh  # noqa: F401  (fixtures)
 
 STRICT = {"reach_threshold": 0.9, "consecutive_periods": 3, "min_failures": 5}
 DEFAULTS = {"reach_threshold": 0.98, "consecutive_periods": 2, "min_failures": 50}

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import registration, wait_for
 from agentreach.demo import DEMO_SERVICES, demo_credentials
-from router_support import Agent, capability, start_agent  # noqa: F401
+from router_support import capability
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "agentreach.cli"]

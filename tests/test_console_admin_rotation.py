@@ -9,11 +9,10 @@ from pathlib import Path
 
 import aiohttp
 
-from conftest import http, start_registry, wait_for  # noqa: F401
+from conftest import wait_for
 from console.signin import COOKIE
-from console_support import start_console  # noqa: F401
 from registry.access import admin_key_path
-from router_support import Mesh, start_agent, start_mesh  # noqa: F401
+from router_support import Mesh
 
 
 async def status_of(http: aiohttp.ClientSession, url: str, **options) -> int:

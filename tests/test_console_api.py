@@ -8,10 +8,9 @@ import socket
 
 import pytest
 
-from conftest import http, wait_for  # noqa: F401
-from console_support import Rig, rig, start_console, start_rig  # noqa: F401
+from conftest import wait_for
+from console_support import Rig
 from router.core import RouterSettings
-from router_support import Mesh, start_agent, start_mesh  # noqa: F401
 
 
 async def echo_mesh(rig: Rig, start_agent, *names: str) -> list:

@@ -9,10 +9,9 @@ import re
 import aiohttp
 from playwright.async_api import expect
 
-from conftest import http, wait_for  # noqa: F401
+from conftest import wait_for
 from agentreach.demo import DemoAgents
-from console_support import Rig, browser, page, rig, screenshot, start_console, start_rig  # noqa: F401
-from router_support import start_agent, start_mesh  # noqa: F401
+from console_support import Rig, screenshot
 
 WAIT_MS = 10_000
 

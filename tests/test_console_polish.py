@@ -6,9 +6,7 @@ from __future__ import annotations
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import http  # noqa: F401
-from console_support import Rig, auth_rig, rig, start_console, start_rig  # noqa: F401
-from router_support import start_agent, start_mesh  # noqa: F401
+from console_support import Rig
 
 
 async def test_healthz_and_metrics_are_open_with_auth_on(auth_rig: Rig, http):

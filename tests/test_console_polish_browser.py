@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from playwright.async_api import expect
 
-from conftest import http  # noqa: F401
-from console_support import Rig, auth_rig, browser, page, rig, screenshot, start_console, start_rig  # noqa: F401
-from router_support import start_agent, start_mesh  # noqa: F401
+from console_support import Rig, screenshot
 
 WAIT_MS = 10_000
 

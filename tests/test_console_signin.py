@@ -8,11 +8,9 @@ import aiohttp
 import pytest
 from playwright.async_api import expect
 
-from conftest import http, start_registry  # noqa: F401
 from console.server import ConsoleServer, ConsoleSettings
 from console.signin import COOKIE
-from console_support import Rig, auth_rig, browser, page, rig, screenshot, start_console, start_rig  # noqa: F401
-from router_support import start_agent, start_mesh  # noqa: F401
+from console_support import Rig, screenshot
 
 WAIT_MS = 10_000
 

@@ -8,8 +8,6 @@ from typing import Any
 from agent_reach import ReachClient
 from agent_reach.atp import ErrorFrame, RequestFrame, ResponseFrame
 
-from conftest import registry, start_registry  # noqa: F401
-from router_support import Agent, start_agent, start_mesh  # noqa: F401
 from sdk_support import free_port
 
 STATUSES = (400, 413, 414, 422, 429, 431, 500, 503)

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from conftest import wait_for
 from router.core import RouterSettings
-from router_support import Agent, Mesh, _OnLoopback, mesh, start_agent, start_mesh  # noqa: F401
+from router_support import Mesh, _OnLoopback
 
 BREAKER = {"min_requests": 5, "error_threshold_percent": 50, "reset_seconds": 30, "window_seconds": 60}
 

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import http, start_registry  # noqa: F401
-from console_support import Rig, auth_rig, start_console  # noqa: F401
+from console_support import Rig
 from hardening_support import RawAnswer, raw_request
-from router_support import start_mesh  # noqa: F401
 
 UNDECODABLE = b"\xff\xfe"
 FRAME = b'{"capability": "echo", "payload": {}}'

@@ -22,8 +22,7 @@ from agent_reach.signing import SIGNATURE_HEADER, signature, signing_key, verify
 from aiohttp import web
 from multidict import CIMultiDict
 
-from sdk_support import free_port, issue_token, make_agent, teardown  # noqa: F401
-from test_sdk_auth import SecureMesh, secure  # noqa: F401
+from sdk_support import TokenMesh, free_port, issue_token
 
 KEY = signing_key("art_example-token")
 NOW = 1_800_000_000.0
@@ -49,7 +48,7 @@ class Received(msgspec.Struct):
     body: bytes
 
 
-async def recording_instance(make: Any, teardown: contextlib.AsyncExitStack, mesh: SecureMesh, agent_id: str,
+async def recording_instance(make: Any, teardown: contextlib.AsyncExitStack, mesh: TokenMesh, agent_id: str,
                              token: str) -> tuple[str, list[Received]]:
     """An SDK agent of service ``alpha`` serving ``alpha.echo`` from an aiohttp route that keeps every
     call it served; labelled ``slot=<agent_id>`` so a caller can steer a call to it. Returns its URL."""
@@ -82,19 +81,19 @@ async def replay(http: aiohttp.ClientSession, url: str, captured: Received) -> t
 
 
 async def test_a_call_captured_at_one_instance_is_refused_by_its_sibling_and_by_itself(
-        secure: SecureMesh, make_agent: Any, teardown: contextlib.AsyncExitStack) -> None:  # noqa: F811
-    issued = await issue_token(secure.http, secure.registry.url, secure.admin["X-API-Key"], "alpha")
-    url_a, received_a = await recording_instance(make_agent, teardown, secure, "alpha-a", issued["token"])
-    url_b, received_b = await recording_instance(make_agent, teardown, secure, "alpha-b", issued["token"])
-    async with ReachClient(secure.router.url) as client:
+        token_mesh: TokenMesh, make_agent: Any, teardown: contextlib.AsyncExitStack) -> None:
+    issued = await issue_token(token_mesh.http, token_mesh.registry.url, token_mesh.admin["X-API-Key"], "alpha")
+    url_a, received_a = await recording_instance(make_agent, teardown, token_mesh, "alpha-a", issued["token"])
+    url_b, received_b = await recording_instance(make_agent, teardown, token_mesh, "alpha-b", issued["token"])
+    async with ReachClient(token_mesh.router.url) as client:
         assert await client.call("alpha.echo", {"n": 1}, {"routing_hint": {"slot": "alpha-a"}}) == {
             "served_by": "alpha-a"}
         [captured] = received_a
 
-        status, answer = await replay(secure.http, url_b, captured)
+        status, answer = await replay(token_mesh.http, url_b, captured)
         assert (status, answer["error_code"]) == (401, "UNAUTHENTICATED")
         assert "signature does not match" in answer["error_message"], answer
-        status, answer = await replay(secure.http, url_a, captured)
+        status, answer = await replay(token_mesh.http, url_a, captured)
         assert (status, answer["error_code"]) == (401, "UNAUTHENTICATED")
         assert "replayed" in answer["error_message"], answer
         assert received_b == [] and len(received_a) == 1, "neither replay reached a handler"

@@ -17,7 +17,6 @@ from cryptography.hazmat.primitives import serialization
 from joserfc import jwt as jose_jwt
 from joserfc.jwk import KeySet, OKPKey
 
-from router_support import secure, start_agent, start_mesh  # noqa: F401  (fixtures)
 from test_oauth import b64, bearer, claims, hs256_with_public_key, router_key, token_for, unsigned
 
 

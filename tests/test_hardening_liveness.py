@@ -14,8 +14,7 @@ from typing import Any
 from agent_reach import AgentReachSDK, ReachClient
 
 from conftest import wait_for
-from router_support import Agent, Mesh, mesh, start_agent, start_mesh  # noqa: F401
-from sdk_support import make_agent, teardown  # noqa: F401
+from router_support import Agent, Mesh
 
 
 def echo_agent(make: Any, agent_id: str, mesh: Mesh) -> AgentReachSDK:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import start_registry, wait_for  # noqa: F401
-from router_support import capability, start_agent  # noqa: F401
+from conftest import wait_for
+from router_support import capability
 from sdk_support import read_log_until
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,8 +14,8 @@ from typing import Any
 
 import aiohttp
 
-from conftest import start_registry, wait_for  # noqa: F401
-from router_support import Agent, capability, mesh, start_agent, start_mesh  # noqa: F401
+from conftest import wait_for
+from router_support import Agent, capability
 
 AGENTS = ("fd-1", "fd-2")
 # One counted failure would open every breaker: a call the router could not send must count for none.

@@ -35,7 +35,7 @@ from registry.store import WalStore
 from router.feed import follow_http
 from router.mirror import RegistryMirror
 from router.server import RouterServer, RouterServerSettings
-from sdk_support import free_port, issue_token, make_agent, teardown  # noqa: F401
+from sdk_support import free_port, issue_token
 from test_cli import agentreach
 
 Serve = Callable[..., Awaitable[RegistryServer]]
@@ -67,7 +67,7 @@ def assert_nothing_usable(data_dir: Path, *secrets: str) -> None:
 
 
 @pytest.fixture
-def serve(teardown: contextlib.AsyncExitStack) -> Serve:  # noqa: F811
+def serve(teardown: contextlib.AsyncExitStack) -> Serve:
     """Start a registry (auth on) on a chosen data dir and port, snapshotting often so snapshots are read too."""
 
     async def start(data_dir: Path, port: int = 0, snapshot_every: int = 3) -> RegistryServer:
@@ -81,7 +81,7 @@ def serve(teardown: contextlib.AsyncExitStack) -> Serve:  # noqa: F811
 
 
 async def follower(http: aiohttp.ClientSession, registry: RegistryServer, admin: str,
-                   teardown: contextlib.AsyncExitStack) -> RegistryMirror:  # noqa: F811
+                   teardown: contextlib.AsyncExitStack) -> RegistryMirror:
     """A router's view of ``registry``, fed over HTTP as a router elsewhere would be."""
     mirror = RegistryMirror()
     task = asyncio.create_task(follow_http(http, registry.url, mirror, admin_key=admin))
@@ -91,7 +91,7 @@ async def follower(http: aiohttp.ClientSession, registry: RegistryServer, admin:
 
 
 async def test_no_signing_key_at_rest_and_calls_stay_signed_across_a_restart(
-        serve: Serve, make_agent: Any, teardown: contextlib.AsyncExitStack, tmp_path: Path,  # noqa: F811
+        serve: Serve, make_agent: Any, teardown: contextlib.AsyncExitStack, tmp_path: Path,
         http: aiohttp.ClientSession) -> None:
     data, port = tmp_path / "data", free_port()
     registry = await serve(data, port)
@@ -136,7 +136,7 @@ async def test_no_signing_key_at_rest_and_calls_stay_signed_across_a_restart(
 
 
 async def test_a_log_written_before_sealing_is_resealed_and_its_clear_bytes_leave_the_data_dir(
-        serve: Serve, tmp_path: Path, http: aiohttp.ClientSession, teardown: contextlib.AsyncExitStack) -> None:  # noqa: F811
+        serve: Serve, tmp_path: Path, http: aiohttp.ClientSession, teardown: contextlib.AsyncExitStack) -> None:
     data = tmp_path / "old"
     token = "art_" + "o" * 43
     key = signing_key(token)

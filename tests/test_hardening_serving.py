@@ -21,7 +21,7 @@ from agent_reach.registration import AgentRef
 from agent_reach.serving import listen
 from aiohttp import web
 
-from conftest import agent, http, post, registration, start_registry, wait_for  # noqa: F401
+from conftest import post, registration, wait_for
 from registry.api import decode, errors_as_json
 from registry.health import HealthChecker
 

@@ -6,10 +6,8 @@ from __future__ import annotations
 from agent_reach import current, register_capability
 from fastapi import FastAPI
 
-from conftest import registry, start_registry  # noqa: F401
 from hardening_support import raw_request
-from router_support import start_mesh  # noqa: F401
-from sdk_support import make_agent, teardown, wait_state  # noqa: F401
+from sdk_support import wait_state
 from test_sdk_wrap import loopback_socket, run_uvicorn
 
 CONTEXT = {"session_id": "会话-1", "note": "你好，世界 — naïve café"}

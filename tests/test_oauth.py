@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from conftest import wait_for
 from router.keyring import KeyRing, KeyRingError
-from router_support import Agent, Mesh, secure, start_agent, start_mesh  # noqa: F401  (fixtures)
+from router_support import Mesh
 
 
 def bearer(token: str) -> dict[str, str]:

@@ -10,9 +10,8 @@ import subprocess
 import pytest
 from agent_reach.atp import ErrorCode
 
-from conftest import http  # noqa: F401
 from doc_support import ROOT, doc_mesh, promised_codes
-from router_support import Mesh, mesh, start_agent, start_mesh  # noqa: F401
+from router_support import Mesh
 
 CONTEXT = {"session_id": "s-1", "user_id": "u-7", "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736",
            "token_budget": 500, "locale": "fr-CA", "custom": {"nested": [1, 2, {"deep": True}]}}

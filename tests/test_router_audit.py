@@ -14,7 +14,7 @@ import msgspec
 
 from conftest import wait_for
 from router.server import RouterServer, RouterServerSettings
-from router_support import Agent, Mesh, start_agent, start_mesh  # noqa: F401  (fixtures)
+from router_support import Agent, Mesh
 
 
 def digest_of(payload: Any) -> str:

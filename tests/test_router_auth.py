@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from conftest import wait_for
-from router_support import Agent, Mesh, mesh, router_logs, secure, start_agent, start_mesh  # noqa: F401  (fixtures)
 
 
 def key(client: dict[str, Any]) -> dict[str, str]:

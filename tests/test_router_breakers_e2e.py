@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from conftest import wait_for
-from router_support import Agent, Answer, Mesh, mesh, start_agent, start_mesh  # noqa: F401
+from router_support import Agent, Answer, Mesh
 
 BREAKER = {"min_requests": 4, "error_threshold_percent": 50, "reset_seconds": 0.5, "window_seconds": 10}
 

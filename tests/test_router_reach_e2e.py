@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import wait_for
 from router.core import RouterSettings
 from router.reach import AlertConfig
-from router_support import Mesh, mesh, router_logs, start_agent, start_mesh  # noqa: F401
+from router_support import Mesh
 
 
 def samples(text: str) -> dict[tuple[str, frozenset], float]:

@@ -7,7 +7,7 @@ import time
 from collections import Counter
 
 from conftest import wait_for
-from router_support import Agent, Answer, Mesh, mesh, router_logs, run_load, start_agent, start_mesh  # noqa: F401
+from router_support import Agent, Answer, Mesh, run_load
 
 
 async def test_least_load_spreads_calls_by_inflight(mesh: Mesh, start_agent):

@@ -7,15 +7,7 @@ import time
 import pytest
 
 from conftest import wait_for
-from router_support import (  # noqa: F401
-    LogLines,
-    Mesh,
-    mesh,
-    router_logs,
-    slow_connect,
-    start_agent,
-    start_mesh,
-)
+from router_support import LogLines, Mesh
 
 
 async def timed_call(mesh: Mesh, **frame):

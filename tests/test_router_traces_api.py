@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 from router.core import RouterSettings
-from router_support import mesh, start_agent, start_mesh  # noqa: F401  (fixtures)
 
 
 async def send(mesh, frame):

@@ -8,7 +8,7 @@ import time
 from conftest import wait_for
 from registry.lifecycle import LifecycleConfig
 from registry.server import RegistryServer, RegistrySettings
-from router_support import QUIET_LIFECYCLE, Mesh, capability, router_logs, start_agent, start_mesh  # noqa: F401
+from router_support import QUIET_LIFECYCLE, Mesh, capability
 
 
 async def within_a_second(condition, what: str) -> float:

@@ -10,8 +10,7 @@ import msgspec
 from agent_reach import BusinessFailure, ResponseFrame
 
 from conftest import wait_for
-from sdk_support import (agent_view, free_port, make_agent, post_frame, registry_at,  # noqa: F401
-                         stand_in_router, teardown, wait_state)
+from sdk_support import agent_view, free_port, post_frame, wait_state
 
 
 def echo_agent(make_agent, registry_url, agent_id="echo-1", **options):

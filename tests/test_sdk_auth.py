@@ -8,16 +8,13 @@ direct fallback; a token opens the registry to its own service only.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import aiohttp
 import msgspec
 import pytest
-from agent_reach import AgentReachSDK, ReachClient, ReachError, register_capability
+from agent_reach import ReachClient, ReachError, register_capability
 from agent_reach.heartbeat import RegistryRejected
 from agent_reach.serving import listen
 from agent_reach.signing import DIRECT_HEADER, SIGNATURE_HEADER, sign, signing_key
@@ -25,59 +22,8 @@ from aiohttp import web
 from fastapi import FastAPI, Request
 
 from conftest import wait_for
-from registry.server import RegistryServer
-from router.server import RouterServer, RouterServerSettings
-from sdk_support import free_port, issue_token, make_agent, post_frame, teardown  # noqa: F401
+from sdk_support import counting_agent, free_port, post_frame
 from test_sdk_wrap import loopback_socket, run_uvicorn
-
-
-class SecureMesh(msgspec.Struct, kw_only=True):
-    registry: RegistryServer
-    router: RouterServer
-    http: aiohttp.ClientSession
-
-    @property
-    def admin(self) -> dict[str, str]:
-        assert self.registry.new_admin_key is not None
-        return {"X-API-Key": self.registry.new_admin_key}
-
-    async def token(self, service: str) -> dict[str, Any]:
-        return await issue_token(self.http, self.registry.url, self.admin["X-API-Key"], service)
-
-    async def routable(self, agent_id: str) -> None:
-        mirror = self.router.mirror
-        await wait_for(lambda: agent_id in mirror.instances and agent_id in mirror.states
-                       and mirror.states[agent_id].state == "healthy", what=f"the router to route to {agent_id}")
-
-    async def registry_post(self, path: str, body: dict[str, Any], token: str) -> tuple[int, dict[str, Any]]:
-        async with self.http.post(f"{self.registry.url}{path}", json=body,
-                                  headers={"Authorization": f"Bearer {token}"}) as response:
-            return response.status, await response.json()
-
-
-@pytest.fixture
-async def secure(start_registry: Callable[..., Awaitable[RegistryServer]],
-                 http: aiohttp.ClientSession) -> AsyncIterator[SecureMesh]:
-    registry = await start_registry(auth=True, silence_timeout=30.0, health_interval=30.0)
-    router = RouterServer(RouterServerSettings(port=0, auth=False), hub=registry.hub)
-    await router.start()
-    await wait_for(lambda: router.mirror.synced, what="the router to load the registry")
-    yield SecureMesh(registry=registry, router=router, http=http)
-    await router.stop()
-
-
-def counting_agent(make: Callable[..., AgentReachSDK], agent_id: str, mesh: SecureMesh, capability: str,
-                   **options: Any) -> tuple[AgentReachSDK, list[Any]]:
-    """An SDK agent serving ``capability`` (echo) that records every payload its handler ran with."""
-    agent = make(agent_id, mesh.registry.url, **options)
-    ran: list[Any] = []
-
-    @agent.capability(capability)
-    async def echo(payload: Any, ctx: Any) -> Any:
-        ran.append(payload)
-        return {"echo": payload}
-
-    return agent, ran
 
 
 def frame_bytes(capability: str, payload: Any, request_id: str) -> bytes:
@@ -88,18 +34,18 @@ def refusals(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [record for record in caplog.records if record.msg == "call_refused"]
 
 
-async def test_calls_through_the_router_are_served_and_calls_around_it_refused(secure, make_agent, caplog):
-    issued = await secure.token("alpha")
-    agent, ran = counting_agent(make_agent, "alpha-1", secure, "alpha.echo", registration_token=issued["token"])
+async def test_calls_through_the_router_are_served_and_calls_around_it_refused(token_mesh, make_agent, caplog):
+    issued = await token_mesh.token("alpha")
+    agent, ran = counting_agent(make_agent, "alpha-1", token_mesh, "alpha.echo", registration_token=issued["token"])
     await agent.start()
-    await secure.routable("alpha-1")
+    await token_mesh.routable("alpha-1")
     caplog.set_level(logging.WARNING, logger="agentreach")
-    async with ReachClient(secure.router.url) as client:
+    async with ReachClient(token_mesh.router.url) as client:
         assert await client.call("alpha.echo", {"n": 1}) == {"echo": {"n": 1}}
     assert ran == [{"n": 1}] and refusals(caplog) == []
 
     endpoint = f"{agent.base_url}/atp/alpha.echo"
-    status, answer = await post_frame(secure.http, endpoint, frame_bytes("alpha.echo", {"n": 2}, "sneak-1"),
+    status, answer = await post_frame(token_mesh.http, endpoint, frame_bytes("alpha.echo", {"n": 2}, "sneak-1"),
                                       headers={"X-Request-Id": "sneak-1"})
     assert status == 401 and answer["error_code"] == "UNAUTHENTICATED" and answer["can_retry"] is False
     assert "missing X-Reach-Signature" in answer["error_message"] and answer["request_id"] == "sneak-1"
@@ -107,21 +53,21 @@ async def test_calls_through_the_router_are_served_and_calls_around_it_refused(s
     [refused] = refusals(caplog)
     assert (refused.capability, refused.request_id) == ("alpha.echo", "sneak-1")
     assert refused.reason.startswith("missing X-Reach-Signature")
-    async with secure.http.get(f"{agent.base_url}/healthz") as response:
+    async with token_mesh.http.get(f"{agent.base_url}/healthz") as response:
         assert response.status == 200  # the agent's health stays open to the registry
 
 
-async def test_forged_tampered_and_stale_signatures_are_refused(secure, make_agent):
-    issued = await secure.token("alpha")
-    agent, ran = counting_agent(make_agent, "alpha-2", secure, "alpha.echo", registration_token=issued["token"])
-    other, _ = counting_agent(make_agent, "alpha-3", secure, "alpha.other", registration_token=issued["token"])
+async def test_forged_tampered_and_stale_signatures_are_refused(token_mesh, make_agent):
+    issued = await token_mesh.token("alpha")
+    agent, ran = counting_agent(make_agent, "alpha-2", token_mesh, "alpha.echo", registration_token=issued["token"])
+    other, _ = counting_agent(make_agent, "alpha-3", token_mesh, "alpha.other", registration_token=issued["token"])
     await agent.start()
     await other.start()
     key = signing_key(issued["token"])
     endpoint = f"{agent.base_url}/atp/alpha.echo"
 
     async def send(body: bytes, signature: str, request_id: str = "r-1") -> tuple[int, dict[str, Any]]:
-        return await post_frame(secure.http, endpoint, body,
+        return await post_frame(token_mesh.http, endpoint, body,
                                 headers={"X-Request-Id": request_id, SIGNATURE_HEADER: signature})
 
     body = frame_bytes("alpha.echo", "genuine", "r-1")
@@ -151,11 +97,11 @@ async def test_forged_tampered_and_stale_signatures_are_refused(secure, make_age
     assert ran == ["genuine"]
 
 
-async def test_wrapped_aiohttp_and_fastapi_routes_are_guarded_too(secure, make_agent, teardown):
-    issued = await secure.token("wrapped")
+async def test_wrapped_aiohttp_and_fastapi_routes_are_guarded_too(token_mesh, make_agent, teardown):
+    issued = await token_mesh.token("wrapped")
     ran: list[str] = []
     port = free_port()
-    aio = make_agent("wrapped-aio", secure.registry.url, base_url=f"http://127.0.0.1:{port}",
+    aio = make_agent("wrapped-aio", token_mesh.registry.url, base_url=f"http://127.0.0.1:{port}",
                      registration_token=issued["token"])
     routes = web.RouteTableDef()
 
@@ -173,7 +119,7 @@ async def test_wrapped_aiohttp_and_fastapi_routes_are_guarded_too(secure, make_a
 
     sock = loopback_socket()
     fast_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    fast = make_agent("wrapped-fast", secure.registry.url, registration_token=issued["token"])
+    fast = make_agent("wrapped-fast", token_mesh.registry.url, registration_token=issued["token"])
     fastapi = FastAPI()
 
     @register_capability(fast, name="wrapped.fast")
@@ -184,42 +130,42 @@ async def test_wrapped_aiohttp_and_fastapi_routes_are_guarded_too(secure, make_a
 
     fast.attach(fastapi, base_url=fast_url)
     async with run_uvicorn(fastapi, sock):
-        await secure.routable("wrapped-aio")
-        await secure.routable("wrapped-fast")
-        async with ReachClient(secure.router.url) as client:
+        await token_mesh.routable("wrapped-aio")
+        await token_mesh.routable("wrapped-fast")
+        async with ReachClient(token_mesh.router.url) as client:
             assert await client.call("wrapped.aio", {"q": 1}) == {"got": {"q": 1}}
             assert await client.call("wrapped.fast", {"q": 2}) == {"got": {"q": 2}}
         assert ran == ["aio", "fast"]
         for url in (f"http://127.0.0.1:{port}/internal/aio", f"{fast_url}/internal/fast"):
-            async with secure.http.post(url, json={"q": 3}, headers={"X-Request-Id": "sneak-2"}) as response:
+            async with token_mesh.http.post(url, json={"q": 3}, headers={"X-Request-Id": "sneak-2"}) as response:
                 answer = await response.json()
             assert response.status == 401 and answer["error_code"] == "UNAUTHENTICATED", url
             assert answer["request_id"] == "sneak-2"
         assert ran == ["aio", "fast"]
 
 
-async def test_direct_fallback_is_accepted_only_from_agents_that_declared_it(secure, make_agent, caplog):
-    gamma_token = (await secure.token("gamma"))["token"]
-    gamma, gamma_ran = counting_agent(make_agent, "gamma-1", secure, "gamma.echo", registration_token=gamma_token,
+async def test_direct_fallback_is_accepted_only_from_agents_that_declared_it(token_mesh, make_agent, caplog):
+    gamma_token = (await token_mesh.token("gamma"))["token"]
+    gamma, gamma_ran = counting_agent(make_agent, "gamma-1", token_mesh, "gamma.echo", registration_token=gamma_token,
                                       direct_fallback=True)
-    delta, delta_ran = counting_agent(make_agent, "delta-1", secure, "delta.echo",
-                                      registration_token=(await secure.token("delta"))["token"])
+    delta, delta_ran = counting_agent(make_agent, "delta-1", token_mesh, "delta.echo",
+                                      registration_token=(await token_mesh.token("delta"))["token"])
     await gamma.start()
     await delta.start()
     caplog.set_level(logging.WARNING, logger="agentreach")
     marked = {DIRECT_HEADER: "1", "X-Request-Id": "d-1"}
-    status, _ = await post_frame(secure.http, f"{gamma.base_url}/atp/gamma.echo",
+    status, _ = await post_frame(token_mesh.http, f"{gamma.base_url}/atp/gamma.echo",
                                  frame_bytes("gamma.echo", "direct", "d-1"), headers=marked)
     assert status == 200 and gamma_ran == ["direct"]
     assert [record.request_id for record in caplog.records if record.msg == "direct_call_accepted"] == ["d-1"]
-    status, answer = await post_frame(secure.http, f"{delta.base_url}/atp/delta.echo",
+    status, answer = await post_frame(token_mesh.http, f"{delta.base_url}/atp/delta.echo",
                                       frame_bytes("delta.echo", "direct", "d-2"), headers=marked)
     assert status == 401 and "registered without direct_fallback" in answer["error_message"]
     assert delta_ran == []
 
     # The real fallback: the router is down, the client finds gamma through the registry with a token.
     router_down = f"http://127.0.0.1:{free_port()}"
-    async with ReachClient(router_down, direct_fallback=True, registry_url=secure.registry.url,
+    async with ReachClient(router_down, direct_fallback=True, registry_url=token_mesh.registry.url,
                            registry_token=gamma_token) as client:
         assert await client.call("gamma.echo", "fallback") == {"echo": "fallback"}
         assert client.last_route.degraded and client.last_route.instance == "gamma-1"
@@ -227,44 +173,44 @@ async def test_direct_fallback_is_accepted_only_from_agents_that_declared_it(sec
             await client.call("delta.echo", "fallback")
         assert caught.value.error_code == "NO_ROUTABLE_INSTANCE"
     assert gamma_ran == ["direct", "fallback"] and delta_ran == []
-    async with ReachClient(router_down, direct_fallback=True, registry_url=secure.registry.url) as client:
+    async with ReachClient(router_down, direct_fallback=True, registry_url=token_mesh.registry.url) as client:
         with pytest.raises(ReachError) as caught:
             await client.call("gamma.echo", "no token")
         assert caught.value.error_code == "UNAUTHENTICATED" and "registry_token" in str(caught.value)
 
 
-async def test_verify_calls_off_serves_unsigned_calls(secure, make_agent, caplog):
+async def test_verify_calls_off_serves_unsigned_calls(token_mesh, make_agent, caplog):
     caplog.set_level(logging.WARNING, logger="agentreach")
-    agent, ran = counting_agent(make_agent, "lax-1", secure, "lax.echo",
-                                registration_token=(await secure.token("lax"))["token"], verify_calls=False)
+    agent, ran = counting_agent(make_agent, "lax-1", token_mesh, "lax.echo",
+                                registration_token=(await token_mesh.token("lax"))["token"], verify_calls=False)
     await agent.start()
-    status, _ = await post_frame(secure.http, f"{agent.base_url}/atp/lax.echo", frame_bytes("lax.echo", 1, "l-1"))
+    status, _ = await post_frame(token_mesh.http, f"{agent.base_url}/atp/lax.echo", frame_bytes("lax.echo", 1, "l-1"))
     assert status == 200 and ran == [1]
     assert any(record.msg.startswith("verify_calls is off") for record in caplog.records)
 
 
-async def test_an_agent_without_a_valid_token_cannot_join(secure, make_agent):
+async def test_an_agent_without_a_valid_token_cannot_join(token_mesh, make_agent):
     for token in (None, "art_made-up"):
-        rogue, _ = counting_agent(make_agent, "rogue-1", secure, "rogue.echo", registration_token=token)
+        rogue, _ = counting_agent(make_agent, "rogue-1", token_mesh, "rogue.echo", registration_token=token)
         with pytest.raises(RegistryRejected) as caught:
             await rogue.start()
         assert caught.value.status == 401
-    assert "rogue-1" not in secure.registry.registry.state.records
+    assert "rogue-1" not in token_mesh.registry.registry.state.records
 
 
-async def test_a_token_opens_the_registry_to_its_own_service_only(secure, make_agent):
-    alpha = (await secure.token("alpha"))["token"]
-    beta = (await secure.token("beta"))["token"]
-    owner, _ = counting_agent(make_agent, "beta-1", secure, "beta.echo", registration_token=beta)
+async def test_a_token_opens_the_registry_to_its_own_service_only(token_mesh, make_agent):
+    alpha = (await token_mesh.token("alpha"))["token"]
+    beta = (await token_mesh.token("beta"))["token"]
+    owner, _ = counting_agent(make_agent, "beta-1", token_mesh, "beta.echo", registration_token=beta)
     await owner.start()
 
-    impostor, _ = counting_agent(make_agent, "alpha-as-beta", secure, "alpha.echo", registration_token=alpha,
+    impostor, _ = counting_agent(make_agent, "alpha-as-beta", token_mesh, "alpha.echo", registration_token=alpha,
                                  service="beta")
     with pytest.raises(RegistryRejected) as caught:
         await impostor.start()
     assert caught.value.status == 403 and "for service 'alpha'" in str(caught.value)
 
-    squatter, _ = counting_agent(make_agent, "alpha-squat", secure, "beta.echo", registration_token=alpha)
+    squatter, _ = counting_agent(make_agent, "alpha-squat", token_mesh, "beta.echo", registration_token=alpha)
     with pytest.raises(RegistryRejected) as caught:
         await squatter.start()
     assert caught.value.status == 409 and "owned by service 'beta'" in str(caught.value)
@@ -274,25 +220,25 @@ async def test_a_token_opens_the_registry_to_its_own_service_only(secure, make_a
             ("/deregister", {"agent_id": "beta-1"}, (403, "forbidden")),
             ("/register", {"agent_id": "beta-1", "base_url": "http://127.0.0.1:9",
                            "capabilities": [{"name": "alpha.x", "endpoint": "/x"}]}, (409, "agent_id_taken"))):
-        status, answer = await secure.registry_post(path, body, alpha)
+        status, answer = await token_mesh.registry_post(path, body, alpha)
         assert (status, answer["error"]) == refusal, path
-    record = secure.registry.registry.state.records["beta-1"]
+    record = token_mesh.registry.registry.state.records["beta-1"]
     assert record.service == "beta" and record.evicted_at is None
 
 
-async def test_a_revoked_token_stops_registrations_heartbeats_and_signed_calls(secure, make_agent, caplog):
-    issued = await secure.token("omega")
-    agent, ran = counting_agent(make_agent, "omega-1", secure, "omega.echo", registration_token=issued["token"])
+async def test_a_revoked_token_stops_registrations_heartbeats_and_signed_calls(token_mesh, make_agent, caplog):
+    issued = await token_mesh.token("omega")
+    agent, ran = counting_agent(make_agent, "omega-1", token_mesh, "omega.echo", registration_token=issued["token"])
     await agent.start()
-    await secure.routable("omega-1")
-    async with ReachClient(secure.router.url) as client:
+    await token_mesh.routable("omega-1")
+    async with ReachClient(token_mesh.router.url) as client:
         assert await client.call("omega.echo", 1) == {"echo": 1}
 
         caplog.set_level(logging.WARNING, logger="agentreach")
-        async with secure.http.post(f"{secure.registry.url}/tokens/{issued['token_id']}/revoke",
-                                    headers=secure.admin) as response:
+        async with token_mesh.http.post(f"{token_mesh.registry.url}/tokens/{issued['token_id']}/revoke",
+                                    headers=token_mesh.admin) as response:
             assert response.status == 200
-        late, _ = counting_agent(make_agent, "omega-2", secure, "omega.echo", registration_token=issued["token"])
+        late, _ = counting_agent(make_agent, "omega-2", token_mesh, "omega.echo", registration_token=issued["token"])
         with pytest.raises(RegistryRejected) as caught:
             await late.start()
         assert caught.value.status == 401
@@ -301,7 +247,7 @@ async def test_a_revoked_token_stops_registrations_heartbeats_and_signed_calls(s
 
         # The router no longer holds a key for the token, and its instance was evicted with the revocation:
         # nothing is forwarded to it any more (tests/test_hardening_revocation.py).
-        await wait_for(lambda: secure.router.mirror.auth.signing_key(issued["token_id"]) is None,
+        await wait_for(lambda: token_mesh.router.mirror.auth.signing_key(issued["token_id"]) is None,
                        what="the router to learn of the revocation")
         with pytest.raises(ReachError) as caught:
             await client.call("omega.echo", 2)

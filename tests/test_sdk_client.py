@@ -10,8 +10,7 @@ import pytest
 from agent_reach import (ErrorCode, ReachClient, ReachError, RequestFrame, ResponseFrame, RouteFacts, SyncReachClient,
                          error_frame)
 
-from router_support import mesh, slow_connect, start_mesh  # noqa: F401
-from sdk_support import free_port, make_agent, stand_in_router, teardown, wait_state  # noqa: F401
+from sdk_support import free_port, wait_state
 
 
 async def answer_with(status, frame):

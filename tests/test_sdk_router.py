@@ -11,8 +11,7 @@ from agent_reach.serving import listen
 from aiohttp import web
 
 from conftest import wait_for
-from router_support import mesh, start_mesh  # noqa: F401
-from sdk_support import free_port, make_agent, teardown  # noqa: F401
+from sdk_support import free_port
 
 
 async def test_calls_through_the_router_reach_an_sdk_agent(mesh, make_agent):

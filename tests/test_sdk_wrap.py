@@ -15,7 +15,7 @@ from agent_reach.serving import listen
 from aiohttp import web
 from fastapi import FastAPI
 
-from sdk_support import EXAMPLES, agent_view, free_port, make_agent, teardown, wait_state  # noqa: F401
+from sdk_support import EXAMPLES, agent_view, free_port, wait_state
 
 
 def load_example(name: str):

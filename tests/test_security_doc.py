@@ -8,7 +8,6 @@ import json
 import re
 import subprocess
 
-from conftest import http  # noqa: F401  (fixture)
 from doc_support import ROOT, doc_environment, doc_mesh, promised_codes
 
 DOC = ROOT / "docs" / "security.md"

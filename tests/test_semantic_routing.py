@@ -8,7 +8,7 @@ from conftest import wait_for
 from router.core import RouterSettings
 from router.server import RouterServer, RouterServerSettings
 from router.semantic.settings import SemanticSettings
-from router_support import Mesh, capability, mesh, start_agent, start_mesh  # noqa: F401  (fixtures)
+from router_support import Mesh, capability
 
 CAPABILITIES = {
     "order.query": ("Look up where a customer's order is and its delivery status",
