@@ -154,7 +154,7 @@ async def bench_heartbeats(work: Path, instances: int, seconds: int) -> dict:
 def build_log(data_dir: Path, records: int, distinct: int) -> None:
     """Write `records` registration changes for `distinct` agents straight through the WAL API."""
     from agent_reach.registration import Capability
-    from registry.records import InstanceRecord, encode_value, instance_key
+    from mesh.records import InstanceRecord, encode_value, instance_key
     from registry.store import Change, encode_change
     from wal import WriteAheadLog
 

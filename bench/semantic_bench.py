@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT))
 
 from agent_reach.registration import Capability  # noqa: E402
 
-from registry.records import InstanceRecord, instance_key  # noqa: E402
-from registry.watch import Reset  # noqa: E402
+from mesh.records import InstanceRecord, instance_key  # noqa: E402
+from mesh.watch import Reset  # noqa: E402
 from router.mirror import RegistryMirror  # noqa: E402
 from router.semantic.calibrate import EvalSet, accuracy, is_calibration, load_eval_set, rank  # noqa: E402
 from router.semantic.embedder import DEFAULT_MODEL, MODELS, AsyncEmbedder  # noqa: E402

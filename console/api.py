@@ -21,7 +21,7 @@ from registry.errors import RegistryError
 from registry.views import AgentView
 from prometheus_client import CONTENT_TYPE_LATEST
 from router.api import MAX_TRACES_LISTED, ROUTE_HEADERS
-from router.policy import DEFAULT_POLICY
+from mesh.policy import DEFAULT_POLICY
 
 from console.collector import Collector
 from console.debug_callers import DebugCallers, DebugKey

@@ -24,10 +24,10 @@ from auth.sealing import SealError, seal, unseal
 from auth.secrets import (
     ADMIN_KEY_PREFIX, API_KEY_PREFIX, CLIENT_SECRET_PREFIX, REGISTRATION_TOKEN_PREFIX, digest, new_id, new_secret,
 )
+from mesh.records import encode_value
 from wal.private import write_private
 
 from registry.errors import RegistryError
-from registry.records import encode_value
 from registry.state import RegistryState
 from registry.store import Store
 

@@ -12,9 +12,10 @@ from agent_reach.connections import unreadable_body
 from agent_reach.registration import AgentRef, CapabilityRef, HeartbeatRequest, Name, RegisterRequest
 from aiohttp import web
 from auth.records import ClientCreate, PublishedKey, TokenCreate, client_view
+from mesh.alerts import AlertConfig
+from mesh.policy import Policy
+from mesh.watch import encode_event
 from prometheus_client import CONTENT_TYPE_LATEST
-from router.policy import Policy
-from router.reach import AlertConfig
 from wal import WalUnavailable
 
 from registry.access import admin_key_path
@@ -216,7 +217,7 @@ def create_app(registry: Registry, checker: HealthChecker | None = None, hub: Wa
         await response.prepare(request)
         try:
             async for event in subscription:
-                await response.write(_encoder.encode(event) + b"\n")
+                await response.write(encode_event(event))
         except ConnectionResetError:
             log.info("watch follower went away; it resumes by revision when it returns")
         return response

@@ -2,34 +2,15 @@
 
 While the registry holds an instance record (live, or evicted and kept as history) that record
 names the agent_id's service. Deregistering deletes the record, so the service is kept under
-``agent-ids/<agent_id>``: an instance restarting (deregister, then register again) finds its id
-still its own, and no other service can take it in between. Only the newest bindings are kept
-(``LifecycleConfig.kept_agent_ids``), so ids churned by short-lived instances do not pile up for ever.
+``agent-ids/<agent_id>`` (``mesh.records.AgentIdBinding``): an instance restarting (deregister, then
+register again) finds its id still its own, and no other service can take it in between. Only the
+newest bindings are kept (``LifecycleConfig.kept_agent_ids``), so ids churned by short-lived
+instances do not pile up for ever.
 """
 
 from __future__ import annotations
 
 from itertools import islice
-
-import msgspec
-
-BINDING_PREFIX = "agent-ids/"
-
-
-class AgentIdBinding(msgspec.Struct, kw_only=True):
-    service: str
-    released_at: float
-
-
-_decoder = msgspec.msgpack.Decoder(AgentIdBinding)
-
-
-def binding_key(agent_id: str) -> str:
-    return BINDING_PREFIX + agent_id
-
-
-def decode_binding(data: bytes) -> AgentIdBinding:
-    return _decoder.decode(data)
 
 
 def bindings_to_forget(bindings: dict[str, str], kept: int) -> list[str]:

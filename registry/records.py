@@ -1,71 +1,13 @@
-"""The durable instance record, and the pure step that turns a registration into one."""
+"""The pure step that turns a registration into the instance record the store keeps (mesh/records.py)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
-from agent_reach.registration import Capability, RegisterRequest, known_metadata
-from auth.records import (
-    ADMIN_KEY, CLIENT_PREFIX, PUBLISHED_KEY_PREFIX, TOKEN_PREFIX, AdminRecord, ClientRecord, PublishedKey, TokenRecord,
-)
-from router.policy import Policy
-from router.reach import AlertConfig
+from agent_reach.registration import RegisterRequest, known_metadata
+from mesh.records import InstanceRecord
 from yarl import URL
 
 from registry.errors import RegistryError, from_decode_error
-
-INSTANCE_PREFIX = "instances/"
-POLICY_PREFIX = "policies/"
-ALERTS_KEY = "settings/alerts"
-
-
-class InstanceRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """What the store keeps for one agent instance; endpoints are already absolute URLs."""
-
-    agent_id: str
-    service: str
-    capabilities: list[Capability]
-    health_url: str
-    metadata: dict[str, Any] = {}
-    base_url: str | None = None
-    direct_fallback: bool = False
-    registered_at: float = 0.0
-    evicted_at: float | None = None
-    # The registration token it joined with (None with auth off): the router signs calls to it with its key.
-    token_id: str | None = None
-
-
-# Which record a key holds, by key prefix: the store (msgpack) and the watch feed (JSON) both decode by it.
-RECORD_TYPES: list[tuple[str, type]] = [
-    (INSTANCE_PREFIX, InstanceRecord), (POLICY_PREFIX, Policy), (ALERTS_KEY, AlertConfig),
-    (CLIENT_PREFIX, ClientRecord), (TOKEN_PREFIX, TokenRecord), (ADMIN_KEY, AdminRecord),
-    (PUBLISHED_KEY_PREFIX, PublishedKey),
-]
-
-_encoder = msgspec.msgpack.Encoder()
-_decoders = [(prefix, msgspec.msgpack.Decoder(kind)) for prefix, kind in RECORD_TYPES]
-
-
-def instance_key(agent_id: str) -> str:
-    return INSTANCE_PREFIX + agent_id
-
-
-def policy_key(capability: str) -> str:
-    return POLICY_PREFIX + capability
-
-
-def encode_value(value: msgspec.Struct) -> bytes:
-    """Any stored record (instance, policy, alert settings) as the store keeps it."""
-    return _encoder.encode(value)
-
-
-def decode_value(key: str, data: bytes) -> Any:
-    """A stored record back as the object it holds, chosen by its key."""
-    for prefix, decoder in _decoders:
-        if key.startswith(prefix):
-            return decoder.decode(data)
-    return None
 
 
 def _absolute_url(value: str, field: str) -> URL:

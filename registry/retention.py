@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from registry.records import InstanceRecord
+from mesh.records import InstanceRecord
 
 
 def evicted_to_forget(records: Iterable[InstanceRecord], now: float, kept: int, max_age: float) -> list[str]:

@@ -14,23 +14,17 @@ from collections.abc import Callable
 import msgspec
 from agent_reach.registration import HeartbeatRequest, RegisterRequest
 from auth.records import TokenRecord, TokenView
+from mesh.alerts import AlertConfig
+from mesh.policy import Policy, PolicyError, validate_policy
+from mesh.records import (
+    ALERTS_KEY, INSTANCE_PREFIX, AgentIdBinding, InstanceRecord, binding_key, encode_value, instance_key, policy_key,
+)
 
 from registry.access import Access
-from registry.bindings import AgentIdBinding, binding_key, bindings_to_forget
+from registry.bindings import bindings_to_forget
 from registry.errors import RegistryError
 from registry.lifecycle import QUERY_ORDER, LifecycleConfig, Status, record_heartbeat, status_of
-from router.policy import Policy, PolicyError, validate_policy
-from router.reach import AlertConfig
-
-from registry.records import (
-    ALERTS_KEY,
-    INSTANCE_PREFIX,
-    InstanceRecord,
-    build_record,
-    encode_value,
-    instance_key,
-    policy_key,
-)
+from registry.records import build_record
 from registry.retention import evicted_to_forget
 from registry.state import RegistryState
 from registry.store import Change, Store

@@ -1,4 +1,5 @@
-"""The registry's in-memory view: instance records indexed by capability, plus soft liveness.
+"""The registry's in-memory view: the key space (mesh/keyspace.py, read as a router's mirror reads
+it), soft liveness, agent_id bindings and the claims of registrations in flight.
 
 It changes only by applying committed store changes (``apply``), so memory always equals
 what the log holds. Capability ownership is derived from the live records, an agent_id's service
@@ -11,68 +12,59 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from auth.book import AuthBook
-from router.policy import Policy
-from router.reach import AlertConfig
+from mesh.alerts import AlertConfig
+from mesh.keyspace import KeySpace
+from mesh.policy import Policy
+from mesh.records import BINDING_PREFIX, InstanceRecord, decode_binding, decode_value, instance_id
 
-from registry.bindings import BINDING_PREFIX, decode_binding
 from registry.lifecycle import Liveness
-from registry.records import ALERTS_KEY, INSTANCE_PREFIX, POLICY_PREFIX, InstanceRecord, decode_value
 from registry.store import Change
 
 
 class RegistryState:
     def __init__(self, clock: Callable[[], float]):
         self._clock = clock
-        self.records: dict[str, InstanceRecord] = {}
+        self.keys = KeySpace()
         self.liveness: dict[str, Liveness] = {}
-        self.policies: dict[str, Policy] = {}
-        self.alerts = AlertConfig()
-        self.auth = AuthBook()
         # agent_id -> service of the instances that deregistered, oldest first (registry/bindings.py).
         self.bindings: dict[str, str] = {}
-        self._holders: dict[str, dict[str, None]] = {}
         # ("capability" | "agent_id", name) -> (claiming service, registrations in flight).
         self._claims: dict[tuple[str, str], tuple[str, int]] = {}
+
+    @property
+    def records(self) -> dict[str, InstanceRecord]:
+        """Every instance record, evicted ones too."""
+        return self.keys.records
+
+    @property
+    def policies(self) -> dict[str, Policy]:
+        return self.keys.policies
+
+    @property
+    def alerts(self) -> AlertConfig:
+        return self.keys.alerts if self.keys.alerts is not None else AlertConfig()
+
+    @property
+    def auth(self) -> AuthBook:
+        return self.keys.auth
 
     def load(self, items: dict[str, bytes]) -> None:
         for key, value in items.items():
             self.apply(Change(key, value))
 
     def apply(self, change: Change) -> None:
-        if change.key == ALERTS_KEY:
-            self.alerts = decode_value(change.key, change.value) if change.value is not None else AlertConfig()
-        elif change.key.startswith(POLICY_PREFIX):
-            self._apply_policy(change)
-        elif change.key.startswith(INSTANCE_PREFIX):
-            self._apply_instance(change)
-        elif change.key.startswith(BINDING_PREFIX):
+        if change.key.startswith(BINDING_PREFIX):
             self._apply_binding(change)
-        elif self.auth.holds(change.key):
-            if change.value is None:
-                self.auth.delete(change.key)
-            else:
-                self.auth.put(change.key, decode_value(change.key, change.value))
-
-    def _apply_policy(self, change: Change) -> None:
-        capability = change.key[len(POLICY_PREFIX):]
-        if change.value is None:
-            self.policies.pop(capability, None)
-        else:
-            self.policies[capability] = decode_value(change.key, change.value)
-
-    def _apply_instance(self, change: Change) -> None:
-        agent_id = change.key[len(INSTANCE_PREFIX):]
-        self._unindex(agent_id)
-        if change.value is None:
-            self.records.pop(agent_id, None)
-            self.liveness.pop(agent_id, None)
             return
-        record = decode_value(change.key, change.value)
-        self.records[agent_id] = record
-        if record.evicted_at is None:
+        if change.value is None:
+            self.keys.delete(change.key)
+        else:
+            self.keys.put(change.key, decode_value(change.key, change.value))
+        agent_id = instance_id(change.key)
+        if agent_id is None:
+            return
+        if agent_id in self.keys.live:
             self.liveness[agent_id] = Liveness(registered=self._clock())
-            for capability in record.capabilities:
-                self._holders.setdefault(capability.name, {})[agent_id] = None
         else:
             self.liveness.pop(agent_id, None)
 
@@ -82,20 +74,9 @@ class RegistryState:
         if change.value is not None:
             self.bindings[agent_id] = decode_binding(change.value).service
 
-    def _unindex(self, agent_id: str) -> None:
-        previous = self.records.get(agent_id)
-        if previous is None:
-            return
-        for capability in previous.capabilities:
-            holders = self._holders.get(capability.name)
-            if holders is not None:
-                holders.pop(agent_id, None)
-                if not holders:
-                    del self._holders[capability.name]
-
     def owner(self, name: str, excluding: str | None = None) -> str | None:
         """The service that owns a capability name: from live holders, then from pending claims."""
-        for agent_id in self._holders.get(name, ()):
+        for agent_id in self.keys.offers.get(name, ()):
             if agent_id != excluding:
                 return self.records[agent_id].service
         claim = self._claims.get(("capability", name))
@@ -136,10 +117,10 @@ class RegistryState:
                 self._claims[name] = (service, count - 1)
 
     def holders(self, name: str) -> Iterator[str]:
-        return iter(self._holders.get(name, ()))
+        return iter(self.keys.offers.get(name, ()))
 
     def has_capability(self, name: str) -> bool:
-        return name in self._holders
+        return name in self.keys.offers
 
 
 def _claimed(record: InstanceRecord) -> list[tuple[str, str]]:

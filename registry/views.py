@@ -6,9 +6,9 @@ from typing import Any
 
 import msgspec
 from agent_reach.registration import Capability
+from mesh.records import InstanceRecord
 
 from registry.lifecycle import Liveness, Status
-from registry.records import InstanceRecord
 
 
 class AgentView(msgspec.Struct, kw_only=True):

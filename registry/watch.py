@@ -1,9 +1,9 @@
-"""The registry's change feed: full state, then ordered changes with a revision, resumable.
+"""The registry's side of the change feed (events in mesh/watch.py): one hub serves every follower.
 
-One hub serves every follower: the router in the same process reads events straight from a
-subscription, a router elsewhere reads the same events as JSON lines from `GET /watch`.
-Durable changes carry the store revision; soft state (status, load) travels as `states` events
-sent only for instances whose values changed since the last tick.
+The router in the same process reads events straight from a subscription, a router elsewhere
+reads the same events as JSON lines from `GET /watch`. Durable changes carry the store revision;
+soft state (status, load) travels as `states` events sent only for instances whose values changed
+since the last tick.
 """
 
 from __future__ import annotations
@@ -13,83 +13,14 @@ import heapq
 import logging
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import Any
 
-import msgspec
+from mesh.records import decode_value, instance_id
+from mesh.watch import Delete, InstanceState, Ping, Put, Reset, States, WatchEvent
 
-from registry.records import INSTANCE_PREFIX, RECORD_TYPES, decode_value
 from registry.service import Registry
 from registry.store import Change
 
 log = logging.getLogger("agentreach.registry.watch")
-
-
-class InstanceState(msgspec.Struct, array_like=True, frozen=True):
-    state: str
-    load: float
-    inflight: int | None
-
-
-class Reset(msgspec.Struct, tag="reset", tag_field="type"):
-    revision: int
-    records: dict[str, Any]
-    states: dict[str, InstanceState]
-
-
-class Put(msgspec.Struct, tag="put", tag_field="type"):
-    revision: int
-    key: str
-    value: Any
-
-
-class Delete(msgspec.Struct, tag="delete", tag_field="type"):
-    revision: int
-    key: str
-
-
-class States(msgspec.Struct, tag="states", tag_field="type"):
-    states: dict[str, InstanceState]
-
-
-class Ping(msgspec.Struct, tag="ping", tag_field="type"):
-    revision: int
-
-
-WatchEvent = Reset | Put | Delete | States | Ping
-
-
-class _WireReset(msgspec.Struct, tag="reset", tag_field="type"):
-    revision: int
-    records: dict[str, msgspec.Raw]
-    states: dict[str, InstanceState]
-
-
-class _WirePut(msgspec.Struct, tag="put", tag_field="type"):
-    revision: int
-    key: str
-    value: msgspec.Raw
-
-
-_wire_decoder = msgspec.json.Decoder(_WireReset | _WirePut | Delete | States | Ping)
-_json_decoders = {prefix: msgspec.json.Decoder(kind) for prefix, kind in RECORD_TYPES}
-
-
-def _json_value(key: str, raw: msgspec.Raw) -> Any:
-    for prefix, decoder in _json_decoders.items():
-        if key.startswith(prefix):
-            return decoder.decode(raw)
-    return None
-
-
-def decode_event(line: bytes) -> WatchEvent:
-    """One line of `GET /watch` back into the event the hub published."""
-    event = _wire_decoder.decode(line)
-    if isinstance(event, _WireReset):
-        records = {key: _json_value(key, raw) for key, raw in event.records.items()}
-        return Reset(revision=event.revision, records=records, states=event.states)
-    if isinstance(event, _WirePut):
-        return Put(revision=event.revision, key=event.key, value=_json_value(event.key, event.value))
-    return event
 
 
 class Subscription:
@@ -214,10 +145,11 @@ class WatchHub:
             self._publish(States(states={agent_id: state}))
 
     def _on_change(self, change: Change) -> None:
-        if change.key.startswith(INSTANCE_PREFIX):
+        agent_id = instance_id(change.key)
+        if agent_id is not None:
             # A follower forgets an instance's soft state when its record changes (a registration starts
             # pending again), so what it was last sent is no guide to what must be sent next.
-            self._states.pop(change.key[len(INSTANCE_PREFIX):], None)
+            self._states.pop(agent_id, None)
         self._history.append(change)
         if self._subscribers:
             self._publish(self._event(change))

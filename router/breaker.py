@@ -19,9 +19,10 @@ from enum import Enum
 
 import msgspec
 from agent_reach.atp import ErrorCode
+from mesh.policy import BreakerConfig
 
 from router.forward import AgentAnswer
-from router.policy import BreakerConfig, ResolvedTimeouts
+from router.timeouts import ResolvedTimeouts
 
 # An agent's answers that say the REQUEST was wrong (its form, size or content): the same request would
 # fail at every instance, so they end the call and say nothing about the agent.

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from agent_reach.atp import ErrorCode, ErrorFrame, RequestFrame, ResponseFrame, RouteFacts, error_frame
 from agent_reach.exhaustion import Throttle
+from mesh.alerts import AlertConfig
+from mesh.policy import DEFAULT_POLICY, Policy
 
 from router.auth import Caller, Refusal, Unauthenticated, authorize
 from router.audit import AuditLog, entry_from_trace
@@ -23,12 +25,12 @@ from router.breaker import REQUEST_REFUSALS, hurried, routers_own, verdict
 from router.forward import DEFAULT_MAX_ANSWER_BYTES, AgentAnswer, Forwarder
 from router.instances import InstanceBook
 from router.mirror import Offer, RegistryMirror
-from router.policy import DEFAULT_POLICY, Policy, resolve_timeouts
 from router.ratelimit import ClientLimits
-from router.reach import AlertConfig, Outcome, ReachLedger
+from router.reach import Outcome, ReachLedger
 from router.semantic.outcome import IntentRefusal
 from router.selection import Candidate, RouteRefusal, choose_policy, plan_route, session_hash_key
 from router.sticky import StickyTable, sticky_key
+from router.timeouts import resolve_timeouts
 from router.tracecontext import CallSpan, ParentSpan, open_span
 from router.traces import AttemptTrace, CallTrace, TraceStore
 

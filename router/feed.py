@@ -1,4 +1,4 @@
-"""Keep a RegistryMirror current: from a WatchHub in the same process, or from `GET /watch`."""
+"""Keep a RegistryMirror current: from a watch feed in the same process, or from `GET /watch`."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import logging
 import random
 
 import aiohttp
+from mesh.watch import WatchFeed, decode_event
 
-from registry.watch import WatchHub, decode_event
 from router.mirror import RegistryMirror
 
 log = logging.getLogger("agentreach.router.feed")
@@ -16,7 +16,7 @@ log = logging.getLogger("agentreach.router.feed")
 MAX_BACKOFF = 5.0
 
 
-async def follow_hub(hub: WatchHub, mirror: RegistryMirror) -> None:
+async def follow_hub(hub: WatchFeed, mirror: RegistryMirror) -> None:
     """In-process: read the hub's events directly; resubscribe from our revision if dropped."""
     while True:
         async for event in hub.subscribe(mirror.revision if mirror.synced else None):

@@ -21,7 +21,7 @@ from agent_reach.exhaustion import local_exhaustion
 from agent_reach.signing import SIGNATURE_HEADER, sign
 from yarl import URL
 
-from router.policy import ResolvedTimeouts
+from router.timeouts import ResolvedTimeouts
 from router.tracecontext import CallSpan
 
 _encoder = msgspec.json.Encoder()

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from mesh.policy import BreakerConfig
+
 from router.breaker import BreakerState, CircuitBreaker
-from router.policy import BreakerConfig
 from router.ratelimit import TokenBucket
 
 EJECT_BASE_SECONDS = 2.0

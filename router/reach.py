@@ -15,9 +15,10 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections import deque
-from typing import Annotated, Literal
+from typing import Literal
 
 import msgspec
+from mesh.alerts import AlertConfig
 
 Outcome = Literal["success", "degraded", "failed"]
 
@@ -93,15 +94,6 @@ class PeriodSummary(msgspec.Struct, kw_only=True):
     latency_p99_ms: float | None
     latency_buckets: list[int]
     latency_sum_ms: float
-
-
-class AlertConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    """When a capability's reach rate raises an alert; stored by the registry, editable live."""
-
-    reach_threshold: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.98
-    consecutive_periods: Annotated[int, msgspec.Meta(ge=1, le=1440)] = 2
-    min_failures: Annotated[int, msgspec.Meta(ge=0)] = 50
-
 
 
 class Alert(msgspec.Struct, kw_only=True):

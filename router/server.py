@@ -14,8 +14,8 @@ import msgspec
 from agent_reach.serving import cancel, close, listen
 from aiohttp import web
 from auth.records import PublishedKey
+from mesh.watch import WatchFeed
 
-from registry.watch import WatchHub
 from router.audit import AuditLog
 from router.api import DEFAULT_MAX_BODY, MAX_HEADER_LINE, create_app
 from router.auth import Authenticator
@@ -62,7 +62,7 @@ class RouterServerSettings(msgspec.Struct, kw_only=True):
 class RouterServer:
     """A router following a registry: in process through its hub, or over HTTP."""
 
-    def __init__(self, settings: RouterServerSettings, hub: WatchHub | None = None,
+    def __init__(self, settings: RouterServerSettings, hub: WatchFeed | None = None,
                  publish_keys: PublishKeys | None = None):
         """``publish_keys`` stores this router's verifying keys in the registry, so every router accepts
         its tokens; by default over HTTP (`PUT /signing-keys`) when following a registry by URL."""

@@ -26,11 +26,11 @@ from agent_reach.serving import listen
 from aiohttp import web
 
 from conftest import wait_for
+from mesh.policy import Policy
 from registry.access import read_admin_key
 from registry.server import RegistryServer
 from router.api import DEFAULT_MAX_BODY
 from router.core import Router, RouterSettings
-from router.policy import Policy
 from router.server import RouterServer, RouterServerSettings
 
 

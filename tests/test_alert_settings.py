@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import wait_for
-from router.reach import AlertConfig
+from mesh.alerts import AlertConfig
 
 STRICT = {"reach_threshold": 0.9, "consecutive_periods": 3, "min_failures": 5}
 DEFAULTS = {"reach_threshold": 0.98, "consecutive_periods": 2, "min_failures": 50}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from conftest import post, registration
-from registry.records import InstanceRecord
+from mesh.records import InstanceRecord
 from registry.lifecycle import LifecycleConfig
 from registry.retention import evicted_to_forget
 

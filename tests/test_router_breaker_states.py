@@ -1,7 +1,7 @@
 """Circuit breakers: a sliding error window, open, half-open probes, close or reopen."""
 
+from mesh.policy import BreakerConfig
 from router.breaker import BreakerSnapshot, BreakerState, CircuitBreaker, SlidingWindow
-from router.policy import BreakerConfig
 
 CONFIG = BreakerConfig(error_threshold_percent=50, min_requests=10, reset_seconds=30, window_seconds=60)
 

@@ -3,18 +3,17 @@
 import msgspec
 import pytest
 
-from registry.records import decode_value, encode_value, policy_key
-from router.policy import (
+from mesh.policy import (
     DEFAULT_POLICY,
     BreakerConfig,
     Policy,
     PolicyError,
-    ResolvedTimeouts,
     StickyConfig,
     TimeoutConfig,
-    resolve_timeouts,
     validate_policy,
 )
+from mesh.records import decode_value, encode_value, policy_key
+from router.timeouts import ResolvedTimeouts, resolve_timeouts
 
 SEED = b"""{"capability": "intent.detect", "policy": "least_load",
  "affinity": {"enabled": true, "key": "session_id", "ttl_seconds": 300},

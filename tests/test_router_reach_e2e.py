@@ -8,8 +8,8 @@ import asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import wait_for
+from mesh.alerts import AlertConfig
 from router.core import RouterSettings
-from router.reach import AlertConfig
 from router_support import Mesh
 
 

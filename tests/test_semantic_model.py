@@ -15,8 +15,8 @@ import pytest
 from agent_reach.atp import ErrorCode
 from agent_reach.registration import Capability
 
-from registry.records import InstanceRecord, instance_key
-from registry.watch import Delete, Put, Reset
+from mesh.records import InstanceRecord, instance_key
+from mesh.watch import Delete, Put, Reset
 from router.mirror import RegistryMirror
 from router.semantic.calibrate import accuracy, calibrate, is_calibration, load_eval_set, rank
 from router.semantic.embedder import DEFAULT_MODEL, MODELS, AsyncEmbedder, Embedder

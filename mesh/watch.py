@@ -1,0 +1,99 @@
+"""The watch feed's events and their JSON-lines codec: what the registry publishes and routers follow.
+
+A follower gets a full ``Reset``, then every committed change (``Put`` / ``Delete``, with the store
+revision), ``States`` for soft state (status, load, in-flight) that changed, and a ``Ping`` when
+the feed is quiet. In process the events travel as objects (``WatchFeed``); over HTTP each is one
+line of ``GET /watch``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable
+from typing import Any, Protocol
+
+import msgspec
+
+from mesh.records import RECORD_TYPES
+
+
+class InstanceState(msgspec.Struct, array_like=True, frozen=True):
+    state: str
+    load: float
+    inflight: int | None
+
+
+class Reset(msgspec.Struct, tag="reset", tag_field="type"):
+    revision: int
+    records: dict[str, Any]
+    states: dict[str, InstanceState]
+
+
+class Put(msgspec.Struct, tag="put", tag_field="type"):
+    revision: int
+    key: str
+    value: Any
+
+
+class Delete(msgspec.Struct, tag="delete", tag_field="type"):
+    revision: int
+    key: str
+
+
+class States(msgspec.Struct, tag="states", tag_field="type"):
+    states: dict[str, InstanceState]
+
+
+class Ping(msgspec.Struct, tag="ping", tag_field="type"):
+    revision: int
+
+
+WatchEvent = Reset | Put | Delete | States | Ping
+
+
+class WatchFeed(Protocol):
+    """A feed followed in process (the registry's WatchHub in `agentreach up`), so a router needs no registry."""
+
+    def subscribe(self, since: int | None = None) -> AsyncIterable[WatchEvent]:
+        """The changes after revision ``since`` (a full reset when None or too old); the stream ends when
+        the follower falls too far behind, and it subscribes again from its revision."""
+        ...
+
+
+class _WireReset(msgspec.Struct, tag="reset", tag_field="type"):
+    revision: int
+    records: dict[str, msgspec.Raw]
+    states: dict[str, InstanceState]
+
+
+class _WirePut(msgspec.Struct, tag="put", tag_field="type"):
+    revision: int
+    key: str
+    value: msgspec.Raw
+
+
+_encoder = msgspec.json.Encoder()
+_wire_decoder = msgspec.json.Decoder(_WireReset | _WirePut | Delete | States | Ping)
+_json_decoders = {prefix: msgspec.json.Decoder(kind) for prefix, kind in RECORD_TYPES}
+
+
+def _json_value(key: str, raw: msgspec.Raw) -> Any:
+    for prefix, decoder in _json_decoders.items():
+        if key.startswith(prefix):
+            return decoder.decode(raw)
+    return None
+
+
+def encode_event(event: WatchEvent) -> bytes:
+    """One line of `GET /watch`, newline included."""
+    return _encoder.encode(event) + b"\n"
+
+
+def decode_event(line: bytes) -> WatchEvent:
+    """One line of `GET /watch` back into the event the hub published."""
+    event = _wire_decoder.decode(line)
+    if isinstance(event, _WireReset):
+        records = {key: _json_value(key, raw) for key, raw in event.records.items()}
+        return Reset(revision=event.revision, records=records, states=event.states)
+    if isinstance(event, _WirePut):
+        return Put(revision=event.revision, key=event.key, value=_json_value(event.key, event.value))
+    return event
