@@ -42,6 +42,7 @@ class RegistryState:
 
     @property
     def alerts(self) -> AlertConfig:
+        """The stored alert settings, or the defaults while none are stored."""
         return self.keys.alerts if self.keys.alerts is not None else AlertConfig()
 
     @property
