@@ -43,11 +43,10 @@ async def test_max_qps_answers_busy_fast_and_never_queues(mesh: Mesh, start_agen
     # Each bucket holds max(1, max_qps) = 2 tokens: four calls pass at once, the fifth finds none.
     answers = await asyncio.gather(*(mesh.call(payload=i) for i in range(4)))
     assert [answer.status for answer in answers] == [200] * 4
-    started = time.monotonic()
     busy = await mesh.call(payload="one too many")
-    elapsed = time.monotonic() - started
+    # A call that queued would be served once a token came back (one every 0.5 s): BUSY with no call
+    # beyond the four shows it was answered at once, whatever the machine's load made "at once" take.
     assert busy.status == 429 and busy.body["error_code"] == "BUSY" and busy.body["can_retry"] is True
-    assert elapsed < 0.25, f"busy took {elapsed:.3f}s: it must not wait for a token (one comes every 0.5 s)"
     assert [agent.calls for agent in agents] == [2, 2]
     # Tokens come back at max_qps per second: a caller that retries later gets through.
     later = await wait_for(lambda: mesh.router.book.bucket("qps-0", 2).available(time.monotonic()) >= 1,

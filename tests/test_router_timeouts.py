@@ -16,6 +16,13 @@ async def timed_call(mesh: Mesh, **frame):
     return answer, time.monotonic() - started
 
 
+# Upper bounds on a timed-out call only catch a deadline that was not kept: the call would then end
+# at a later deadline or with the agent's answer (a 200, which the error code rules out). They sit
+# seconds past the deadline under test, far beyond anything a loaded machine adds; the lower bounds
+# (a deadline is never early) cannot flake.
+LATE = 3.0
+
+
 def timeout_line(logs: LogLines, request_id: str) -> dict:
     [line] = [line for line in logs.named("call timed out") if line["request_id"] == request_id]
     return line
@@ -27,7 +34,7 @@ async def test_connect_timeout(mesh: Mesh, slow_connect, router_logs):
     answer, elapsed = await timed_call(mesh)
     assert answer.status == 504
     assert (answer.body["error_code"], answer.body["can_retry"]) == ("CONNECT_TIMEOUT", True)
-    assert 0.15 <= elapsed < 1.0, elapsed
+    assert 0.15 <= elapsed < LATE, elapsed
     line = timeout_line(router_logs, answer.body["request_id"])
     assert (line["instance"], line["timeout"], line["capability"]) == ("unreachable", "CONNECT_TIMEOUT", "echo")
 
@@ -49,18 +56,18 @@ async def test_connect_timeout_fails_over_because_nothing_was_sent(mesh: Mesh, s
     assert answer.status == 200 and answer.route["attempts"] == 1
 
 
-@pytest.mark.parametrize(("knob", "timeout", "code", "window"), [
-    ("first_byte_delay", {"first_byte_ms": 200, "total_ms": 3000}, "FIRST_BYTE_TIMEOUT", (0.18, 0.8)),
-    ("body_delay", {"first_byte_ms": 200, "total_ms": 300}, "TOTAL_TIMEOUT", (0.28, 0.9)),  # slow body
+@pytest.mark.parametrize(("knob", "timeout", "code", "earliest"), [
+    ("first_byte_delay", {"first_byte_ms": 200, "total_ms": 3000}, "FIRST_BYTE_TIMEOUT", 0.18),
+    ("body_delay", {"first_byte_ms": 200, "total_ms": 300}, "TOTAL_TIMEOUT", 0.28),  # slow body
 ])
-async def test_first_byte_and_total_timeouts(mesh: Mesh, start_agent, router_logs, knob, timeout, code, window):
+async def test_first_byte_and_total_timeouts(mesh: Mesh, start_agent, router_logs, knob, timeout, code, earliest):
     await mesh.put_policy("echo", {"timeout": timeout})
     slow = await start_agent("slow")
     setattr(slow, knob, 1.0)
     await mesh.add(slow)
     answer, elapsed = await timed_call(mesh)
     assert answer.status == 504 and answer.body["error_code"] == code
-    assert window[0] <= elapsed < window[1], elapsed
+    assert earliest <= elapsed < LATE, elapsed
     assert slow.calls == 1
     line = timeout_line(router_logs, answer.body["request_id"])
     assert (line["instance"], line["timeout"]) == ("slow", code)
@@ -72,10 +79,12 @@ async def test_timeout_hint_shortens_but_never_lengthens(mesh: Mesh, start_agent
     dribbler = await start_agent("dribbler", protocol)
     dribbler.body_delay = 2.0
     await mesh.add(dribbler)
-    shortened, elapsed = await timed_call(mesh, timeout_hint=150)
-    assert shortened.body["error_code"] == "TOTAL_TIMEOUT" and 0.13 <= elapsed < 0.7, elapsed
+    shortened, short_elapsed = await timed_call(mesh, timeout_hint=150)
+    assert shortened.body["error_code"] == "TOTAL_TIMEOUT" and 0.13 <= short_elapsed, short_elapsed
     lengthened, elapsed = await timed_call(mesh, timeout_hint=5000)
-    assert lengthened.body["error_code"] == "TOTAL_TIMEOUT" and 0.78 <= elapsed < 1.8, elapsed
+    # Not lengthened: the agent's whole answer (2 s) would have been a success. Shortened: ended first.
+    assert lengthened.body["error_code"] == "TOTAL_TIMEOUT" and 0.78 <= elapsed < LATE, elapsed
+    assert short_elapsed < elapsed
     # The agent is told the budget it really has.
     if protocol == "rest":
         told = [int(received.headers["X-Reach-Timeout-Ms"]) for received in dribbler.received]

@@ -1,9 +1,7 @@
 """A router in its own role (`agentreach router --registry URL`) following the registry over
-HTTP `GET /watch`: changes within a second, its last view while the registry is away, and resuming."""
+HTTP `GET /watch`: changes as they are made, its last view while the registry is away, and resuming."""
 
 from __future__ import annotations
-
-import time
 
 from conftest import wait_for
 from registry.lifecycle import LifecycleConfig
@@ -11,18 +9,14 @@ from registry.server import RegistryServer, RegistrySettings
 from router_support import QUIET_LIFECYCLE, Mesh, capability
 
 
-async def within_a_second(condition, what: str) -> float:
-    started = time.monotonic()
-    await wait_for(condition, timeout=1.0, interval=0.01, what=what)
-    return time.monotonic() - started
-
-
-async def test_router_follows_registry_changes_over_http_within_a_second(start_mesh, start_agent):
+async def test_router_follows_registry_changes_over_http(start_mesh, start_agent):
+    # The feed pushes each change as it is written, with no polling period to bound: waiting with the
+    # usual deadline catches a change that never arrives; a one-second one would measure the machine.
     mesh: Mesh = await start_mesh(follow="http")
     assert mesh.router_server.settings.registry_url == mesh.registry.url
     first, second = await start_agent("w-1"), await start_agent("w-2")
     await mesh.register("w-1", [capability("echo", first.endpoint)])
-    await within_a_second(lambda: "w-1" in mesh.router.mirror.instances, "the registration to reach the router")
+    await wait_for(lambda: "w-1" in mesh.router.mirror.instances, what="the registration to reach the router")
     assert (await mesh.call(payload="hi")).body["result"]["agent"] == "w-1"
     await mesh.ready("w-1")
     # A policy change is applied to the next calls.
@@ -31,26 +25,26 @@ async def test_router_follows_registry_changes_over_http_within_a_second(start_m
 
     async def hashed() -> bool:
         return (await mesh.call(payload="x", context={"session_id": "s"})).route["policy"] == "hash"
-    await within_a_second(hashed, "the policy change to reach the router")
+    await wait_for(hashed, what="the policy change to reach the router")
     # A second instance joins, the first leaves: calls follow.
     await mesh.register("w-2", [capability("echo", second.endpoint)])
-    await within_a_second(lambda: "w-2" in mesh.router.mirror.instances, "the second registration")
+    await wait_for(lambda: "w-2" in mesh.router.mirror.instances, what="the second registration")
     await mesh.deregister("w-1")
-    await within_a_second(lambda: "w-1" not in mesh.router.mirror.instances, "the deregistration")
+    await wait_for(lambda: "w-1" not in mesh.router.mirror.instances, what="the deregistration")
     answers = [await mesh.call(payload=i, context={"session_id": f"s-{i}"}) for i in range(10)]
     assert {answer.body["result"]["agent"] for answer in answers} == {"w-2"}
     await mesh.deregister("w-2")
 
     async def gone() -> bool:
         return (await mesh.call(payload="x")).status == 503  # a policy exists, so: an empty pool
-    await within_a_second(gone, "the last deregistration")
+    await wait_for(gone, what="the last deregistration")
     # The policy is deleted: the capability is unknown now.
     async with mesh.http.delete(f"{mesh.registry.url}/policies/echo") as response:
         assert response.status == 200
 
     async def unknown() -> bool:
         return (await mesh.call(payload="x")).status == 404
-    await within_a_second(unknown, "the policy deletion")
+    await wait_for(unknown, what="the policy deletion")
 
 
 async def test_router_keeps_its_last_view_while_the_registry_restarts(start_mesh, start_agent, router_logs, tmp_path):
@@ -82,7 +76,7 @@ async def test_router_keeps_its_last_view_while_the_registry_restarts(start_mesh
                        what="the router to reconnect")
         assert router_logs.named("following registry")[-1]["since"] == str(revision)
         await mesh.register("newcomer", [capability("echo", newcomer.endpoint)])
-        await within_a_second(lambda: "newcomer" in mesh.router.mirror.instances, "a change after the restart")
+        await wait_for(lambda: "newcomer" in mesh.router.mirror.instances, what="a change after the restart")
         await mesh.ready("steady", "newcomer")
         answers = [await mesh.call(payload=i) for i in range(20)]
         assert all(answer.status == 200 for answer in answers)
