@@ -17,7 +17,7 @@ from auth.records import TokenRecord, TokenView
 from mesh.alerts import AlertConfig
 from mesh.policy import Policy, PolicyError, validate_policy
 from mesh.records import (
-    ALERTS_KEY, INSTANCE_PREFIX, AgentIdBinding, InstanceRecord, binding_key, encode_value, instance_key, policy_key,
+    ALERTS_KEY, AgentIdBinding, InstanceRecord, binding_key, encode_value, instance_id, instance_key, policy_key,
 )
 
 from registry.access import Access
@@ -63,8 +63,9 @@ class Registry:
 
     def _apply(self, change: Change) -> None:
         self.state.apply(change)
-        if change.key.startswith(INSTANCE_PREFIX):
-            self.touched.add(change.key[len(INSTANCE_PREFIX):])
+        agent_id = instance_id(change.key)
+        if agent_id is not None:
+            self.touched.add(agent_id)
 
     def close(self) -> None:
         self._unwatch()
