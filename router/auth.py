@@ -13,6 +13,7 @@ from typing import Literal, TypeVar
 
 import msgspec
 from agent_reach.atp import ErrorCode
+from agent_reach.registration import TrustLevel
 from auth.grants import DEFAULT_REQUIRED_TRUST, granted, trust_allows
 from auth.headers import api_key, bearer, presented_key
 from auth.records import ClientRecord
@@ -31,7 +32,7 @@ class Caller(msgspec.Struct, kw_only=True, frozen=True, gc=False):
 
     client_id: str
     name: str
-    trust_level: str
+    trust_level: TrustLevel
     grants: list[str]
     via: Literal["api_key", "jwt"]
     rate_limit_qps: float  # 0 = unlimited
@@ -131,7 +132,7 @@ class Authenticator:
         return cached
 
     def _caller(self, record: ClientRecord, grants: list[str], via: Literal["api_key", "jwt"],
-                trust_level: str | None = None) -> Caller:
+                trust_level: TrustLevel | None = None) -> Caller:
         rate = record.rate_limit_qps if record.rate_limit_qps is not None else self.default_qps
         return Caller(client_id=record.client_id, name=record.name, trust_level=trust_level or record.trust_level,
                       grants=grants, via=via, rate_limit_qps=rate)

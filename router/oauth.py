@@ -16,6 +16,7 @@ from urllib.parse import unquote_plus
 
 import jwt
 import msgspec
+from agent_reach.registration import TrustLevel
 from auth.book import AuthBook
 from auth.grants import narrow
 from auth.records import ClientRecord, PublishedKey
@@ -50,7 +51,7 @@ class TokenClaims(msgspec.Struct, kw_only=True):
     sub: str
     exp: float
     iat: float
-    trust_level: str
+    trust_level: TrustLevel
     grants: list[str]
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 from agent_reach.atp import ErrorCode
+from agent_reach.registration import Protocol, RoutingPolicy
 
 from router.hashring import HashRing
 
@@ -27,8 +28,10 @@ class Candidate(msgspec.Struct, kw_only=True):
 
     agent_id: str
     endpoint: str
-    protocol: str  # "atp" | "rest"
-    state: str  # "healthy" | "pending" | "demoted"
+    protocol: Protocol
+    # "healthy", "pending" or "demoted" as the registry's feed says it: plain text on the wire, so a state a
+    # newer registry adds is carried (and never routed to) rather than failing the feed.
+    state: str
     load: float = 0.0  # reported by the agent, 0..1
     inflight: int = 0  # router-side in-flight calls right now
     metadata: dict[str, Any] = {}  # zone, env, team, model, max_qps, routing_policy, ...
@@ -46,7 +49,7 @@ class RoutePlan(msgspec.Struct, kw_only=True):
     """
 
     order: list[Candidate]
-    policy: str
+    policy: RoutingPolicy
     degraded: bool
     panic: bool
     reason: str | None = None
@@ -65,7 +68,8 @@ def session_hash_key(context: dict[str, Any], request_id: str) -> str:
     return str(session) if session is not None and session != "" else request_id
 
 
-def choose_policy(capability_policy: str | None, instance_preferences: list[str | None], default: str) -> str:
+def choose_policy(capability_policy: RoutingPolicy | None, instance_preferences: list[RoutingPolicy | None],
+                  default: RoutingPolicy) -> RoutingPolicy:
     """The capability's policy wins; else the instances' most common preference (ties: by name); else default."""
     if capability_policy is not None:
         return capability_policy
@@ -78,7 +82,7 @@ def choose_policy(capability_policy: str | None, instance_preferences: list[str 
 def plan_route(
     candidates: list[Candidate],
     *,
-    policy_name: str,
+    policy_name: RoutingPolicy,
     hash_key: str,
     routing_hint: dict[str, Any] | None,
     sticky_agent: str | None,
@@ -160,7 +164,8 @@ def _ring_of(members: frozenset[str]) -> HashRing:
     return HashRing(members)
 
 
-_ORDERS: dict[str, Callable[[list[Candidate], list[Candidate], str, random.Random, int], list[Candidate]]] = {
+_Order = Callable[[list[Candidate], list[Candidate], str, random.Random, int], list[Candidate]]
+_ORDERS: dict[RoutingPolicy, _Order] = {
     "least_load": _by_load,
     # Affinity's hard part is the hint filter, applied under every policy; among matches, least load.
     "affinity": _by_load,

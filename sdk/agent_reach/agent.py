@@ -27,7 +27,7 @@ from agent_reach.dispatch import BusinessFailure, Dispatcher, Handler, LateCompl
 from agent_reach.guard import CallGuard
 from agent_reach.heartbeat import RegistryLink, RegistryUnavailable
 from agent_reach.inflight import Inflight
-from agent_reach.registration import Capability, HeartbeatRequest, RegisterRequest
+from agent_reach.registration import Capability, HeartbeatRequest, Protocol, RegisterRequest, TrustLevel
 from agent_reach.serving import cancel, close, listen
 from agent_reach.signing import DEFAULT_WINDOW_S, signing_key
 from agent_reach.watchdog import watch_loop
@@ -103,7 +103,7 @@ class AgentReachSDK:
 
     def capability(self, name: str, *, version: str = "1.0", description: str = "", examples: Sequence[str] = (),
                    timeout_sla_ms: int = 30_000, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
-                   idempotent: bool = False, trust_level: str | None = None) -> Callable[[Handler], Handler]:
+                   idempotent: bool = False, trust_level: TrustLevel | None = None) -> Callable[[Handler], Handler]:
         """Serve ``async def handler(payload, ctx)`` as capability ``name`` over ATP."""
         capability = _declare(name, endpoint=f"/atp/{name}", protocol="atp", version=version,
                               description=description, examples=list(examples), timeout_sla_ms=timeout_sla_ms,
@@ -119,7 +119,7 @@ class AgentReachSDK:
 
         return decorate
 
-    def add_route(self, name: str, handler: Any, *, protocol: str = "rest", version: str = "1.0",
+    def add_route(self, name: str, handler: Any, *, protocol: Protocol = "rest", version: str = "1.0",
                   path: str | None = None, **options: Any) -> None:
         """Declare an existing route as capability ``name`` (what ``register_capability`` calls)."""
         self._claim(name)

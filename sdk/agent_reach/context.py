@@ -8,6 +8,7 @@ user request form a tree. Nobody threads these through function arguments.
 from __future__ import annotations
 
 import contextvars
+import random
 import re
 import time
 from collections.abc import Iterator, Mapping
@@ -120,11 +121,23 @@ def remaining_budget(timeout: float | None) -> float | None:
     return max(left, 0.0) if timeout is None else max(min(timeout, left), 0.0)
 
 
+def new_span_id() -> str:
+    """64 random bits as 16 hex digits, never all zero (an all-zero span id is invalid in W3C). The module's
+    generator is reseeded in a forked child, so two workers do not repeat each other's spans."""
+    return f"{random.getrandbits(64) or 1:016x}"
+
+
+def format_traceparent(trace_id: str, span_id: str, flags: str = "01") -> str:
+    """The W3C traceparent (version 00) of span ``span_id`` in trace ``trace_id``: the one builder, for the
+    SDK's calls and the router's forwards alike."""
+    return f"00-{trace_id}-{span_id}-{flags}"
+
+
 def traceparent(trace_id: Any) -> str | None:
     """A W3C traceparent for a fresh span of ``trace_id``, when it is a W3C trace id."""
     if not isinstance(trace_id, str) or not _TRACE_ID.match(trace_id):
         return None
-    return f"00-{trace_id}-{new_request_id()[:16]}-01"
+    return format_traceparent(trace_id, new_span_id())
 
 
 def incoming_context(context: dict[str, Any], headers: Mapping[str, str]) -> dict[str, Any]:

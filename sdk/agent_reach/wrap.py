@@ -24,13 +24,14 @@ from agent_reach.context import CallContext, rest_context, rest_deadline, servin
 
 if TYPE_CHECKING:
     from agent_reach.agent import AgentReachSDK
+    from agent_reach.registration import Protocol
 
 HEALTH_PATH = "/healthz"
 
 _encoder = msgspec.json.Encoder()
 
 
-def register_capability(sdk: AgentReachSDK, name: str, protocol: str = "rest", version: str = "1.0",
+def register_capability(sdk: AgentReachSDK, name: str, protocol: Protocol = "rest", version: str = "1.0",
                         path: str | None = None, **options: Any) -> Callable[[Any], Any]:
     """Declare an existing route handler as capability ``name``; returns the handler itself.
 
