@@ -10,9 +10,9 @@ from typing import Any
 
 import aiohttp
 import pytest
-from agent_reach.serving import listen
 from aiohttp import web
 
+from recording_support import Received, RecordingServer
 from registry.lifecycle import LifecycleConfig
 from registry.server import RegistryServer, RegistrySettings
 
@@ -37,31 +37,15 @@ async def wait_for(condition: Callable[[], Awaitable[Any] | Any], timeout: float
         await asyncio.sleep(interval)
 
 
-class FakeAgent:
-    """A plain aiohttp agent whose /healthz can be switched between passing and failing."""
+async def not_found(request: web.Request, received: Received) -> web.Response:
+    return web.json_response({"error": "not_found"}, status=404)
+
+
+class FakeAgent(RecordingServer):
+    """An agent that is only its /healthz (``healthy`` switches it between passing and failing)."""
 
     def __init__(self) -> None:
-        self.healthy = True
-        self.health_checks = 0
-        self._runner: web.AppRunner | None = None
-        self.port = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    async def start(self) -> None:
-        async def healthz(request: web.Request) -> web.Response:
-            self.health_checks += 1
-            return web.json_response({"ok": self.healthy}, status=200 if self.healthy else 503)
-
-        app = web.Application()
-        app.router.add_get("/healthz", healthz)
-        self._runner, self.port = await listen(app, "127.0.0.1", 0)
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        super().__init__(not_found)
 
 
 @pytest.fixture

@@ -15,17 +15,17 @@ import socket
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, Self
 
 import aiohttp
 import msgspec
 import pytest
 from multidict import CIMultiDict
 from agent_reach import logs
-from agent_reach.serving import listen
 from aiohttp import web
 
 from conftest import wait_for
+from recording_support import Loopback, Received, RecordingServer
 from mesh.policy import Policy
 from registry.access import read_admin_key
 from registry.server import RegistryServer
@@ -34,29 +34,16 @@ from router.core import Router, RouterSettings
 from router.server import RouterServer, RouterServerSettings
 
 
-class Received(msgspec.Struct):
-    """One request an agent received: its headers and its decoded JSON body."""
-
-    headers: CIMultiDict[str]
-    body: Any
-
-
-class _OnLoopback:
-    """Something listening on 127.0.0.1:``port`` whose capability endpoint is ``/call``."""
-
-    port = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+class _OnLoopback(Loopback):
+    """Something on 127.0.0.1 whose capability endpoint is ``/call``."""
 
     @property
     def endpoint(self) -> str:
         return f"{self.url}/call"
 
 
-class Agent(_OnLoopback):
-    """A plain aiohttp agent on 127.0.0.1 whose behaviour can be changed while it runs.
+class Agent(_OnLoopback, RecordingServer):
+    """A plain aiohttp agent on 127.0.0.1 (a recording server) whose behaviour can be changed while it runs.
 
     ``protocol`` "rest": the body is the payload, the answer ``{"echo": payload, "agent": name}``.
     ``protocol`` "atp": the body is a request frame, the answer a response frame whose result is
@@ -67,6 +54,7 @@ class Agent(_OnLoopback):
     """
 
     def __init__(self, name: str, protocol: str = "rest"):
+        super().__init__(self._call)
         self.name = name
         self.protocol = protocol
         self.status = 200
@@ -75,54 +63,28 @@ class Agent(_OnLoopback):
         self.body_delay = 0.0
         self.gate: asyncio.Event | None = None
         self.report_completion = False
-        self.healthy = True
-        self.received: list[Received] = []
         self.inflight = 0
         self.completions: list[dict[str, Any]] = []
-        self.port = 0
-        self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
 
     @property
     def calls(self) -> int:
         return len(self.received)
 
-    async def start(self, port: int = 0) -> Agent:
-        app = web.Application()
-        app.router.add_post("/call", self._call)
-        app.router.add_get("/healthz", self._healthz)
-        self._runner, self.port = await listen(app, "127.0.0.1", port, shutdown_timeout=0.5)
+    async def start(self, port: int = 0) -> Self:
+        await super().start(port)
         self._session = aiohttp.ClientSession()
         return self
 
     async def stop(self) -> None:
-        """Stop listening (new connections are refused), finish the calls in flight, close."""
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        await super().stop()
         if self._session is not None:
             await self._session.close()
             self._session = None
 
-    async def kill(self) -> None:
-        """Die abruptly, as a killed process does: stop listening and reset every open connection,
-        calls in flight included."""
-        assert self._runner is not None and self._runner.server is not None
-        for site in list(self._runner.sites):
-            await site.stop()
-        for handler in self._runner.server.connections:
-            if handler.transport is not None:
-                handler.transport.abort()
-        await self.stop()
-
-    async def _healthz(self, request: web.Request) -> web.Response:
-        return web.json_response({"ok": self.healthy}, status=200 if self.healthy else 503)
-
-    async def _call(self, request: web.Request) -> web.StreamResponse:
+    async def _call(self, request: web.Request, received: Received) -> web.StreamResponse:
         started = time.monotonic()
-        raw = await request.read()
-        body = json.loads(raw) if raw else None
-        self.received.append(Received(headers=CIMultiDict(request.headers), body=body))
+        body = received.json()
         self.inflight += 1
         try:
             if self.gate is not None:

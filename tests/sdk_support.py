@@ -18,11 +18,11 @@ import msgspec
 import pytest
 from agent_reach import AgentReachSDK
 from agent_reach.atp import RequestFrame
-from agent_reach.serving import listen
 from aiohttp import web
 from multidict import CIMultiDict
 
 from conftest import wait_for
+from recording_support import Received, RecordingServer
 from registry.lifecycle import LifecycleConfig
 from registry.server import RegistryServer, RegistrySettings
 from router.server import RouterServer, RouterServerSettings
@@ -97,7 +97,7 @@ async def post_frame(http: aiohttp.ClientSession, url: str, frame: dict[str, Any
 Reply = Callable[[RequestFrame, "web.Request"], Awaitable[tuple[int, Any]]]
 
 
-class StandInRouter:
+class StandInRouter(RecordingServer):
     """A recorder on the router's URLs, for what only a recorder can show; routing itself is
     tested against the real router (test_sdk_router.py).
 
@@ -107,34 +107,27 @@ class StandInRouter:
     """
 
     def __init__(self, reply: Reply):
+        super().__init__(self._answer)
         self.reply = reply
-        self.frames: list[RequestFrame] = []
-        self.headers: list[CIMultiDict[str]] = []
-        self.completions: list[dict[str, Any]] = []
-        self._runner: web.AppRunner | None = None
-        self.url = ""
 
-    async def start(self) -> None:
-        async def atp(request: web.Request) -> web.Response:
-            frame = msgspec.json.decode(await request.read(), type=RequestFrame)
-            self.frames.append(frame)
-            self.headers.append(CIMultiDict(request.headers))
-            status, answer = await self.reply(frame, request)
-            return web.Response(body=msgspec.json.encode(answer), status=status, content_type="application/json")
+    @property
+    def frames(self) -> list[RequestFrame]:
+        return [msgspec.json.decode(received.body, type=RequestFrame) for received in self.at("/atp")]
 
-        async def completions(request: web.Request) -> web.Response:
-            self.completions.append(await request.json())
+    @property
+    def headers(self) -> list[CIMultiDict[str]]:
+        return [received.headers for received in self.at("/atp")]
+
+    @property
+    def completions(self) -> list[dict[str, Any]]:
+        return [received.json() for received in self.at("/completions")]
+
+    async def _answer(self, request: web.Request, received: Received) -> web.Response:
+        if received.path == "/completions":
             return web.json_response({"ok": True})
-
-        app = web.Application()
-        app.router.add_post("/atp", atp)
-        app.router.add_post("/completions", completions)
-        self._runner, port = await listen(app, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{port}"
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        frame = msgspec.json.decode(received.body, type=RequestFrame)
+        status, answer = await self.reply(frame, request)
+        return web.Response(body=msgspec.json.encode(answer), status=status, content_type="application/json")
 
 
 @pytest.fixture

@@ -15,22 +15,23 @@ from typing import Any
 
 import pytest
 from agent_reach.atp import MAX_REQUEST_ID_CHARS, ErrorCode
-from agent_reach.serving import listen
 from aiohttp import web
 
 from conftest import wait_for
+from recording_support import Received, RecordingServer
 from router.core import RouterSettings
 from router_support import Mesh, _OnLoopback
 
 BREAKER = {"min_requests": 5, "error_threshold_percent": 50, "reset_seconds": 30, "window_seconds": 60}
 
 
-class ScriptedAgent(_OnLoopback):
+class ScriptedAgent(_OnLoopback, RecordingServer):
     """An agent answering exactly the bytes it is given: ``status``, ``body`` and ``headers``; or, with
     ``stream`` set, a JSON string of that many bytes written in 64 KiB chunks (no Content-Length unless
     ``declare_length``). It notes how much it wrote and whether the router hung up before the end."""
 
     def __init__(self, name: str, protocol: str = "rest"):
+        super().__init__(self._answer)
         self.name = name
         self.protocol = protocol
         self.status = 200
@@ -40,27 +41,15 @@ class ScriptedAgent(_OnLoopback):
         self.declare_length = False
         self.written = 0
         self.cut_off = asyncio.Event()
-        self.calls = 0
-        self._runner: web.AppRunner | None = None
 
-    async def start(self) -> ScriptedAgent:
-        app = web.Application()
-        app.router.add_post("/call", self._call)
-        app.router.add_route("*", "/elsewhere", self._elsewhere)
-        self._runner, self.port = await listen(app, "127.0.0.1", 0, shutdown_timeout=0.5)
-        return self
+    @property
+    def calls(self) -> int:
+        return len(self.at("/call"))
 
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-    async def _elsewhere(self, request: web.Request) -> web.Response:
-        """Where the agent's redirects point: a router that followed one would get a success here."""
-        return web.json_response({"followed": True})
-
-    async def _call(self, request: web.Request) -> web.StreamResponse:
-        await request.read()
-        self.calls += 1
+    async def _answer(self, request: web.Request, received: Received) -> web.StreamResponse:
+        if received.path != "/call":
+            # Where the agent's redirects point: a router that followed one would get a success here.
+            return web.json_response({"followed": True})
         if not self.stream:
             return web.Response(status=self.status, body=self.body,
                                 headers={"Content-Type": "application/json", **self.headers})

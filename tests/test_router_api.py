@@ -27,7 +27,7 @@ async def test_a_rest_agent_gets_the_payload_and_the_context_in_headers(mesh: Me
     waited_ms = (time.monotonic() - started) * 1000
     assert answer.status == 200
     [received] = agent.received
-    assert received.body == payload
+    assert received.json() == payload
     assert received.headers["X-Request-Id"] == "req-42"
     assert json.loads(received.headers["X-Reach-Context"]) == CONTEXT
     assert re.fullmatch(r"00-4bf92f3577b34da6a3ce929d0e0e4736-[0-9a-f]{16}-01", received.headers["traceparent"])
@@ -70,12 +70,15 @@ async def test_request_id_is_generated_and_any_trace_id_becomes_a_w3c_trace(mesh
 async def test_an_atp_agent_gets_the_whole_frame(mesh: Mesh, start_agent):
     agent = await start_agent("atp-1", "atp")
     await mesh.add(agent)
+    started = time.monotonic()
     answer = await mesh.call(payload={"q": "x"}, context=CONTEXT, request_id="req-atp", timeout_hint=2500)
     [received] = agent.received
+    frame = received.json()
     # The hint the agent gets is the budget left when the router sends: the caller's 2500 ms less
-    # the router's own time.
-    assert 2400 <= received.body.pop("timeout_hint") <= 2500
-    assert received.body == {"request_id": "req-atp", "capability": "echo", "payload": {"q": "x"},
+    # the router's own time, which lies between the call leaving here and arriving at the agent (less
+    # one for the whole milliseconds sent).
+    assert 2500 - (received.arrived - started) * 1000 - 1 <= frame.pop("timeout_hint") <= 2500
+    assert frame == {"request_id": "req-atp", "capability": "echo", "payload": {"q": "x"},
                              "context": CONTEXT}
     assert received.headers["X-Request-Id"] == "req-atp" and "traceparent" in received.headers
     assert answer.status == 200 and answer.body["status"] == "success"
@@ -131,7 +134,7 @@ async def test_jsonrpc_batches_and_notifications(mesh: Mesh, start_agent):
     assert by_id[("a", None)]["result"]["result"]["echo"] == "A"
     assert by_id[("b", None)]["result"]["result"]["echo"] == "B"
     assert set(by_id) == {("a", None), ("b", None), (3, -32601), (None, -32600), (5, -32602)}
-    assert sorted(received.body for received in agent.received) == ["A", "B", "notified"]
+    assert sorted(received.json() for received in agent.received) == ["A", "B", "notified"]
     # A lone notification is run and answered with nothing at all.
     answer = await mesh.post({"jsonrpc": "2.0", "method": "atp.call", "params": {"capability": "echo", "payload": 9}})
     assert (answer.status, answer.body) == (204, None) and agent.calls == 4

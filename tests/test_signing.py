@@ -16,14 +16,13 @@ from typing import Any
 import aiohttp
 import msgspec
 import pytest
-from agent_reach.serving import close, listen
 from agent_reach.guard import SeenNonces
 from agent_reach.signing import SIGNATURE_HEADER, sign, signature, signing_key, verify
 from aiohttp import web
-from multidict import CIMultiDict
 
 from conftest import wait_for
 from registry.server import RegistryServer
+from recording_support import Received, RecordingServer
 from router.server import RouterServer, RouterServerSettings
 from sdk_support import issue_token
 
@@ -97,46 +96,17 @@ def test_a_nonce_is_accepted_once_while_its_signature_could_verify():
     assert len(seen) == 3, "bounded: the oldest go first"
 
 
-class Seen(msgspec.Struct):
-    path: str
-    headers: CIMultiDict[str]
-    body: bytes
-
-
-class Recorder:
-    """An agent that keeps every request's path, headers and raw body; answers an ATP frame or REST JSON."""
-
-    def __init__(self) -> None:
-        self.seen: list[Seen] = []
-        self.url = ""
-        self._runner: web.AppRunner | None = None
-
-    async def start(self) -> None:
-        async def call(request: web.Request) -> web.Response:
-            body = await request.read()
-            self.seen.append(Seen(request.path, CIMultiDict(request.headers), body))
-            if request.match_info["protocol"] == "atp":
-                frame = msgspec.json.decode(body)
-                return web.json_response({"request_id": frame["request_id"], "status": "success", "result": "ok"})
-            return web.json_response("ok")
-
-        async def healthz(request: web.Request) -> web.Response:
-            return web.json_response({"status": "ok"})
-
-        app = web.Application()
-        app.router.add_post("/{protocol}/call", call)
-        app.router.add_get("/healthz", healthz)
-        self._runner, port = await listen(app, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{port}"
-
-    async def stop(self) -> None:
-        await close(self._runner, None)
+async def answer_ok(request: web.Request, received: Received) -> web.Response:
+    """Answer an ATP frame (at /atp/call) or REST JSON (at /rest/call) with success."""
+    if received.path == "/atp/call":
+        return web.json_response({"request_id": received.json()["request_id"], "status": "success", "result": "ok"})
+    return web.json_response("ok")
 
 
 class SigningMesh(msgspec.Struct, kw_only=True):
     registry: RegistryServer
     router: RouterServer
-    recorder: Recorder
+    recorder: RecordingServer
     http: aiohttp.ClientSession
 
     @property
@@ -156,12 +126,12 @@ class SigningMesh(msgspec.Struct, kw_only=True):
         await wait_for(lambda: agent_id in self.router.mirror.instances and agent_id in states
                        and states[agent_id].state == "healthy", what=f"the router to route to {agent_id}")
 
-    async def call(self, capability: str, payload: Any = "hi") -> Seen:
-        before = len(self.recorder.seen)
+    async def call(self, capability: str, payload: Any = "hi") -> Received:
+        before = len(self.recorder.received)
         async with self.http.post(f"{self.router.url}/atp",
                                   json={"capability": capability, "payload": payload}) as response:
             assert response.status == 200, await response.text()
-        [seen] = self.recorder.seen[before:]
+        [seen] = self.recorder.received[before:]
         return seen
 
 
@@ -176,8 +146,7 @@ async def signing_mesh(start_registry: Callable[..., Awaitable[RegistryServer]],
             router = RouterServer(settings, hub=registry.hub if follow == "hub" else None)
             await router.start()
             stack.push_async_callback(router.stop)
-            recorder = Recorder()
-            await recorder.start()
+            recorder = await RecordingServer(answer_ok).start()
             stack.push_async_callback(recorder.stop)
             await wait_for(lambda: router.mirror.synced, what="the router to load the registry")
             return SigningMesh(registry=registry, router=router, recorder=recorder, http=http)
@@ -215,11 +184,11 @@ async def test_no_signature_without_a_token_or_after_revocation(signing_mesh):
     await wait_for(lambda: mesh.router.mirror.auth.signing_key(issued["token_id"]) is None,
                    what="the router to learn of the revocation")
     # Revocation evicts the token's instances, so nothing is sent unsigned in their place.
-    seen_before = len(mesh.recorder.seen)
+    seen_before = len(mesh.recorder.received)
     async with mesh.http.post(f"{mesh.router.url}/atp", json={"capability": "beta.rest", "payload": "hi"}) as response:
         assert response.status == 404
         assert (await response.json())["error_code"] == "UNKNOWN_CAPABILITY"
-    assert len(mesh.recorder.seen) == seen_before
+    assert len(mesh.recorder.received) == seen_before
 
 
 async def test_with_registry_auth_off_nothing_is_signed(signing_mesh):
