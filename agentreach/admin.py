@@ -17,6 +17,7 @@ from urllib.parse import quote
 
 import aiohttp
 import msgspec
+from agent_reach.headers import API_KEY_HEADER
 from agent_reach.registration import TrustLevel
 
 from agentreach.credentials import admin_key, default_registry
@@ -127,7 +128,7 @@ async def send(registry: str, key: str, call: Call) -> Any:
     url = f"{registry.rstrip('/')}{call.path}"
     try:
         async with aiohttp.ClientSession(timeout=TIMEOUT) as session, session.request(
-                call.method, url, json=call.body, headers={"X-API-Key": key}) as response:
+                call.method, url, json=call.body, headers={API_KEY_HEADER: key}) as response:
             body = await response.read()
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         raise CommandFailed(f"cannot reach the registry at {registry}: {str(exc) or type(exc).__name__}") from None

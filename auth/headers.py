@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from agent_reach.headers import API_KEY_HEADER
+
 
 def _as_sent(value: str | None) -> str | None:
     if value is None or value.isascii():
@@ -17,7 +19,7 @@ def _as_sent(value: str | None) -> str | None:
 
 
 def api_key(headers: Mapping[str, str]) -> str | None:
-    return _as_sent(headers.get("X-API-Key"))
+    return _as_sent(headers.get(API_KEY_HEADER))
 
 
 def bearer(headers: Mapping[str, str]) -> str | None:

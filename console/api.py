@@ -9,19 +9,22 @@ everything under /api/ but the sign-in endpoints needs a signed-in operator (con
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
-from urllib.parse import quote
 from typing import Any
+from urllib.parse import quote
 
 import msgspec
+from agent_reach.headers import API_KEY_HEADER, REQUEST_ID_HEADER, ROUTE_HEADERS
 from aiohttp import web
-from registry.api import errors_as_json
-from registry.errors import RegistryError
-from registry.views import AgentView
-from prometheus_client import CONTENT_TYPE_LATEST
-from router.api import MAX_TRACES_LISTED, ROUTE_HEADERS
 from mesh.policy import DEFAULT_POLICY
+from prometheus_client import CONTENT_TYPE_LATEST
+from registry.views import AgentView
+from router.api import MAX_TRACES_LISTED
+from weblayer.errors import ApiError
+from weblayer.middleware import errors_as_json
+from weblayer.responses import json_response
 
 from console.collector import Collector
 from console.debug_callers import DebugCallers, DebugKey
@@ -33,14 +36,14 @@ from console.signin import Gatekeeper
 from console.store import HOUR, ConsoleStore
 from console.upstream import Reply, Upstream
 
+log = logging.getLogger("agentreach.console.api")
+
 STATIC = Path(__file__).parent / "static"
 MAX_BODY = 16 * 1024 * 1024
 TOPICS = frozenset({"overview", "agents"})
 CALLER_KEY_HEADER = "X-Reach-Caller-Key"
 # How long a debug call made with a just-minted client waits for the router to learn that client.
 NEW_CLIENT_WAIT = 5.0
-_encoder = msgspec.json.Encoder()
-_decoder = msgspec.json.Decoder()
 
 
 class NamedCapability(msgspec.Struct):
@@ -48,6 +51,7 @@ class NamedCapability(msgspec.Struct):
 
 
 _named = msgspec.json.Decoder(NamedCapability)
+console_errors = errors_as_json("console", log)
 
 
 def named_capability(frame: bytes) -> str | None:
@@ -56,10 +60,6 @@ def named_capability(frame: bytes) -> str | None:
         return _named.decode(frame).capability
     except msgspec.MsgspecError:
         return None
-
-
-def json_response(body: Any, status: int = 200) -> web.Response:
-    return web.Response(body=_encoder.encode(body), status=status, content_type="application/json")
 
 
 def relay(reply: Reply) -> web.Response:
@@ -77,7 +77,7 @@ def bounded_int(request: web.Request, name: str, default: int, low: int, high: i
     if raw is None:
         return default
     if not raw.isdigit() or not low <= int(raw) <= high:
-        raise RegistryError(400, "invalid_field", f"{name} must be a whole number from {low} to {high}", name)
+        raise ApiError(400, "invalid_field", f"{name} must be a whole number from {low} to {high}", name)
     return int(raw)
 
 
@@ -137,7 +137,7 @@ class ConsoleApi:
     async def stream(self, request: web.Request) -> web.StreamResponse:
         topics = frozenset(request.query.get("topics", "overview").split(","))
         if not topics or not topics <= TOPICS:
-            raise RegistryError(400, "invalid_field", f"topics must be among {sorted(TOPICS)}", "topics")
+            raise ApiError(400, "invalid_field", f"topics must be among {sorted(TOPICS)}", "topics")
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                                "X-Accel-Buffering": "no"})
         await response.prepare(request)
@@ -236,22 +236,22 @@ class ConsoleApi:
 
     async def send_frame(self, frame: bytes, caller_key: str | None) -> Reply:
         # The debug page shows everything the router can say, the X-Reach-* route headers included.
-        headers = {ROUTE_HEADERS: "on", **({"X-API-Key": caller_key} if caller_key else {})}
+        headers = {ROUTE_HEADERS: "on", **({API_KEY_HEADER: caller_key} if caller_key else {})}
         return await self.router.request("POST", "/atp", frame, headers=headers)
 
     async def debug_key(self, capability: str) -> DebugKey:
         key = await self.debug_callers.key_for(capability)
         if isinstance(key, Reply):
-            raise RegistryError(502, "upstream_error", f"The registry did not give the console its debug client: "
-                                f"{key.error()}", None)
+            raise ApiError(502, "upstream_error", f"The registry did not give the console its debug client: "
+                           f"{key.error()}", None)
         return key
 
     async def send_as_debug_client(self, frame: bytes) -> Reply:
         """Send as the console's own client for the frame's capability (console/debug_callers.py)."""
         capability = named_capability(frame)
         if capability is None or capability not in self.collector.owners():
-            raise RegistryError(400, "invalid_field", "Calling as the console's debug client needs the frame to name "
-                                "a capability some instance offers", "capability")
+            raise ApiError(400, "invalid_field", "Calling as the console's debug client needs the frame to name "
+                           "a capability some instance offers", "capability")
         key = await self.debug_key(capability)
         reply = await self.send_frame(frame, key.api_key)
         if reply.status == 401 and not key.fresh:
@@ -278,14 +278,14 @@ class ConsoleApi:
         except msgspec.DecodeError:
             frame = reply.body.decode(errors="replace")
         headers = {name.lower(): value for name, value in reply.headers.items()
-                   if name.lower().startswith("x-reach-") or name.lower() == "x-request-id"}
-        request_id = headers.get("x-request-id") or (frame.get("request_id") if isinstance(frame, dict) else None)
+                   if name.lower().startswith("x-reach-") or name.lower() == REQUEST_ID_HEADER.lower()}
+        request_id = headers.get(REQUEST_ID_HEADER.lower()) or (frame.get("request_id") if isinstance(frame, dict) else None)
         return json_response(DebugResult(
             http_status=reply.status, request_id=request_id, elapsed_ms=round(reply.elapsed_ms, 3), headers=headers,
             frame=frame, trace_url=f"/api/traces/{request_id}" if request_id else None))
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[errors_as_json, self.gatekeeper.guard], client_max_size=MAX_BODY)
+        app = web.Application(middlewares=[console_errors, self.gatekeeper.guard], client_max_size=MAX_BODY)
         app.on_response_prepare.append(revalidate_static)
         self.gatekeeper.add_routes(app)
         routes = app.router

@@ -19,11 +19,12 @@ from collections.abc import Callable
 import msgspec
 from aiohttp import web
 from auth.headers import presented_key
-from registry.api import Handler, error_response
-from registry.errors import RegistryError
+from weblayer.errors import ApiError
+from weblayer.guard import Handler, require_admin
+from weblayer.responses import json_response
 
 from console.admin_key import AdminKey, could_be_admin_key
-from console.upstream import Upstream
+from console.upstream import Upstream, credential
 
 log = logging.getLogger("agentreach.console.signin")
 
@@ -33,6 +34,8 @@ SESSION_SECONDS = 12 * 3600
 # health and metrics (open on every part of the mesh, for probes and scrapers).
 OPEN_PATHS = ("/", "/api/session", "/healthz", "/metrics")
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# Tells the page this is the console asking for sign-in, not an upstream refusal it relays.
+SIGN_IN_REQUIRED = {"X-Console-Sign-In": "required"}
 
 
 class SignIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -40,10 +43,6 @@ class SignIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 _decoder = msgspec.json.Decoder(SignIn)
-
-
-def unauthenticated(message: str, field: str = "Authorization") -> RegistryError:
-    return RegistryError(401, "unauthenticated", message, field)
 
 
 class Sessions:
@@ -105,7 +104,7 @@ class Gatekeeper:
         async with self._asking:
             if admin.is_admin(key):
                 return True
-            reply = await self.registry.request("GET", "/settings/alerts", headers={"X-API-Key": key})
+            reply = await self.registry.request("GET", "/settings/alerts", headers=credential(key))
             if reply.ok:
                 admin.accepted(key)
             return reply.ok
@@ -119,35 +118,38 @@ class Gatekeeper:
         return self.sessions.valid(request.cookies.get(COOKIE)) and (
             request.method in SAFE_METHODS or same_origin(request))
 
+    async def refusal(self, request: web.Request) -> ApiError | None:
+        """The console's check for the admin-only guard: a signed-in browser or the admin key."""
+        if await self.signed_in(request):
+            return None
+        return ApiError(401, "unauthenticated",
+                        "Sign in with the admin key (or send it as X-API-Key or Authorization: Bearer)",
+                        "Authorization", headers=SIGN_IN_REQUIRED)
+
     @web.middleware
     async def guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if (self.sessions is None or request.path in OPEN_PATHS or request.path.startswith("/static/")
-                or await self.signed_in(request)):
-            return await handler(request)
-        response = error_response(unauthenticated(
-            "Sign in with the admin key (or send it as X-API-Key or Authorization: Bearer)"))
-        # Tells the page this is the console asking for sign-in, not an upstream refusal it relays.
-        response.headers["X-Console-Sign-In"] = "required"
-        return response
+        if self.sessions is not None and request.path not in OPEN_PATHS and not request.path.startswith("/static/"):
+            await require_admin(request, self.refusal)
+        return await handler(request)
 
     async def state(self, request: web.Request) -> web.Response:
-        return web.json_response({"auth": "off" if self.sessions is None else "on",
+        return json_response({"auth": "off" if self.sessions is None else "on",
                                   "signed_in": await self.signed_in(request)})
 
     async def sign_in(self, request: web.Request) -> web.Response:
         if self.sessions is None:
-            return web.json_response({"auth": "off", "signed_in": True})
+            return json_response({"auth": "off", "signed_in": True})
         if not same_origin(request):
-            raise RegistryError(403, "forbidden", "Sign in from the console's own page", "Origin")
+            raise ApiError(403, "forbidden", "Sign in from the console's own page", "Origin")
         try:
             key = _decoder.decode(await request.read()).admin_key.strip()
         except msgspec.MsgspecError:
-            raise RegistryError(400, "invalid_body", 'Send {"admin_key": "..."}', "admin_key") from None
+            raise ApiError(400, "invalid_body", 'Send {"admin_key": "..."}', "admin_key") from None
         if not key or not await self.is_admin(key):
             log.warning("console sign-in refused: not the admin key", extra={"remote": request.remote})
-            raise unauthenticated("That is not the admin key. It is in DATA_DIR/admin.key on the registry's host.",
-                                  "admin_key")
-        response = web.json_response({"auth": "on", "signed_in": True})
+            raise ApiError(401, "unauthenticated",
+                           "That is not the admin key. It is in DATA_DIR/admin.key on the registry's host.", "admin_key")
+        response = json_response({"auth": "on", "signed_in": True})
         response.set_cookie(COOKIE, self.sessions.open(), max_age=SESSION_SECONDS, path="/", httponly=True,
                             samesite="Strict")
         log.info("console sign-in", extra={"remote": request.remote})
@@ -156,8 +158,8 @@ class Gatekeeper:
     async def sign_out(self, request: web.Request) -> web.Response:
         if self.sessions is not None:
             self.sessions.close(request.cookies.get(COOKIE))
-        response = web.json_response({"auth": "off" if self.sessions is None else "on",
-                                      "signed_in": self.sessions is None})
+        response = json_response({"auth": "off" if self.sessions is None else "on",
+                                  "signed_in": self.sessions is None})
         response.del_cookie(COOKIE, path="/")
         return response
 

@@ -26,8 +26,7 @@ from auth.secrets import (
 )
 from mesh.records import encode_value
 from wal.private import write_private
-
-from registry.errors import RegistryError
+from weblayer.errors import ApiError
 from registry.state import RegistryState
 from registry.store import Store
 
@@ -72,7 +71,7 @@ class Access:
     def client(self, client_id: str) -> ClientRecord:
         record = self.book.clients.get(client_id)
         if record is None:
-            raise RegistryError(404, "client_not_found", f"No client {client_id!r}", "client_id")
+            raise ApiError(404, "client_not_found", f"No client {client_id!r}", "client_id")
         return record
 
     def clients(self) -> list[ClientView]:
@@ -108,7 +107,7 @@ class Access:
     async def revoke_token(self, token_id: str) -> TokenView:
         record = self.book.tokens.get(token_id)
         if record is None:
-            raise RegistryError(404, "token_not_found", f"No registration token {token_id!r}", "token_id")
+            raise ApiError(404, "token_not_found", f"No registration token {token_id!r}", "token_id")
         revoked = msgspec.structs.replace(record, revoked=True)
         await self._store_token(revoked)
         log.warning("registration token revoked", extra={"token_id": token_id, "service": record.service})

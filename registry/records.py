@@ -5,25 +5,24 @@ from __future__ import annotations
 import msgspec
 from agent_reach.registration import RegisterRequest, known_metadata
 from mesh.records import InstanceRecord
+from weblayer.errors import ApiError, from_decode_error
 from yarl import URL
-
-from registry.errors import RegistryError, from_decode_error
 
 
 def _absolute_url(value: str, field: str) -> URL:
     try:
         url = URL(value)
     except (ValueError, TypeError) as exc:
-        raise RegistryError(400, "invalid_url", f"Not a valid URL: {value!r} ({exc})", field) from None
+        raise ApiError(400, "invalid_url", f"Not a valid URL: {value!r} ({exc})", field) from None
     if url.scheme not in ("http", "https") or not url.host:
-        raise RegistryError(400, "invalid_url", f"Expected an absolute http(s) URL, got {value!r}", field)
+        raise ApiError(400, "invalid_url", f"Expected an absolute http(s) URL, got {value!r}", field)
     return url
 
 
 def _resolve_endpoint(endpoint: str, base: URL | None, field: str) -> URL:
     if endpoint.startswith("/"):
         if base is None:
-            raise RegistryError(
+            raise ApiError(
                 400, "invalid_url", f"Endpoint {endpoint!r} is a path, so base_url is required", field
             )
         return base.join(URL(endpoint))
@@ -41,7 +40,7 @@ def build_record(request: RegisterRequest, now: float, token_id: str | None = No
     capabilities = []
     for position, capability in enumerate(request.capabilities):
         if capability.name in seen:
-            raise RegistryError(
+            raise ApiError(
                 400, "duplicate_capability",
                 f"Capability {capability.name!r} appears more than once in this registration",
                 f"capabilities[{position}].name",

@@ -19,10 +19,10 @@ from mesh.policy import Policy, PolicyError, validate_policy
 from mesh.records import (
     ALERTS_KEY, AgentIdBinding, InstanceRecord, binding_key, encode_value, instance_id, instance_key, policy_key,
 )
+from weblayer.errors import ApiError
 
 from registry.access import Access
 from registry.bindings import bindings_to_forget
-from registry.errors import RegistryError
 from registry.lifecycle import QUERY_ORDER, LifecycleConfig, Status, record_heartbeat, status_of
 from registry.records import build_record
 from registry.retention import evicted_to_forget
@@ -82,20 +82,20 @@ class Registry:
         service only. An agent_id, like a capability name, belongs to one service (decision 3)."""
         if token is not None:
             if request.service not in (None, token.service):
-                raise RegistryError(403, "forbidden", f"This registration token is for service {token.service!r}, "
-                                    f"not {request.service!r}", "service")
+                raise ApiError(403, "forbidden", f"This registration token is for service {token.service!r}, "
+                               f"not {request.service!r}", "service")
             request = msgspec.structs.replace(request, service=token.service)
         record = build_record(request, self._wall_clock(), token.token_id if token is not None else None)
         owner = self.state.agent_id_owner(record.agent_id)
         if owner is not None and owner != record.service:
-            raise RegistryError(409, "agent_id_taken", f"Agent id {record.agent_id!r} belongs to service {owner!r}; "
-                                f"service {record.service!r} cannot take it", "agent_id", owner=owner)
+            raise ApiError(409, "agent_id_taken", f"Agent id {record.agent_id!r} belongs to service {owner!r}; "
+                           f"service {record.service!r} cannot take it", "agent_id", owner=owner)
         if token is not None and self._revoked(token.token_id):
-            raise RegistryError(401, "unauthenticated", "Unknown or revoked registration token", "Authorization")
+            raise ApiError(401, "unauthenticated", "Unknown or revoked registration token", "Authorization")
         conflicts = self.state.conflicts(record)
         if conflicts:
             name, owner = conflicts[0]
-            raise RegistryError(
+            raise ApiError(
                 409, "capability_owned",
                 f"Capability {name!r} is owned by service {owner!r}; service {record.service!r} cannot claim it",
                 f"capabilities[{[c.name for c in record.capabilities].index(name)}].name",
@@ -141,15 +141,15 @@ class Registry:
         """A token's holder may act on its own service's instances only."""
         record = self.state.records.get(agent_id)
         if token is not None and record is not None and record.service != token.service:
-            raise RegistryError(403, "forbidden", f"Instance {agent_id!r} belongs to service {record.service!r}; "
-                                f"this registration token is for {token.service!r}", "agent_id")
+            raise ApiError(403, "forbidden", f"Instance {agent_id!r} belongs to service {record.service!r}; "
+                           f"this registration token is for {token.service!r}", "agent_id")
 
     def heartbeat(self, request: HeartbeatRequest, token: TokenRecord | None = None) -> Status:
         self._check_owned(request.agent_id, token)
         liveness = self.state.liveness.get(request.agent_id)
         if liveness is None:
-            raise RegistryError(404, "unknown_agent", f"No live instance {request.agent_id!r}; register again",
-                                "agent_id")
+            raise ApiError(404, "unknown_agent", f"No live instance {request.agent_id!r}; register again",
+                           "agent_id")
         now = self.clock()
         revived = status_of(liveness, False, now, self.config) is not Status.HEALTHY
         record_heartbeat(liveness, now)
@@ -173,7 +173,7 @@ class Registry:
         self._check_owned(agent_id, token)
         record = self.state.records.get(agent_id)
         if record is None:
-            raise RegistryError(404, "unknown_agent", f"No instance {agent_id!r}", "agent_id")
+            raise ApiError(404, "unknown_agent", f"No instance {agent_id!r}", "agent_id")
         await self._release(record)
         self.counters.deregistrations += 1
         log.info("instance deregistered", extra={"agent_id": agent_id, "service": record.service})
@@ -210,8 +210,8 @@ class Registry:
             capability = next(c for c in record.capabilities if c.name == name)
             found.append(query_instance(record, capability, self.state.liveness[agent_id], state, now))
         if not found:
-            raise RegistryError(404, "capability_not_found", f"No instance offers capability {name!r}",
-                                "capability")
+            raise ApiError(404, "capability_not_found", f"No instance offers capability {name!r}",
+                           "capability")
         found.sort(key=lambda instance: (QUERY_ORDER[instance.state], instance.load))
         return QueryResult(capability=name, service=self.state.owner(name) or "", instances=found)
 
@@ -219,7 +219,7 @@ class Registry:
         try:
             validate_policy(policy, capability)
         except PolicyError as exc:
-            raise RegistryError(400, "invalid_policy", exc.message, exc.field) from None
+            raise ApiError(400, "invalid_policy", exc.message, exc.field) from None
         stored = msgspec.structs.replace(policy, capability=capability)
         await self.store.put(policy_key(capability), encode_value(stored))
         log.info("policy saved", extra={"capability": capability, "policy": stored.policy})
@@ -233,7 +233,7 @@ class Registry:
     def policy(self, capability: str) -> Policy:
         policy = self.state.policies.get(capability)
         if policy is None:
-            raise RegistryError(404, "policy_not_found", f"No policy stored for {capability!r}", "capability")
+            raise ApiError(404, "policy_not_found", f"No policy stored for {capability!r}", "capability")
         return policy
 
     async def put_alert_settings(self, config: AlertConfig) -> AlertConfig:
@@ -246,7 +246,7 @@ class Registry:
     def agent(self, agent_id: str) -> AgentView:
         record = self.state.records.get(agent_id)
         if record is None:
-            raise RegistryError(404, "unknown_agent", f"No instance {agent_id!r}", "agent_id")
+            raise ApiError(404, "unknown_agent", f"No instance {agent_id!r}", "agent_id")
         now = self.clock()
         return agent_view(record, self.state.liveness.get(agent_id), self.status(agent_id, now), now)
 

@@ -17,8 +17,8 @@ from agent_reach.atp import (MAX_CAPABILITY_CHARS, MAX_REQUEST_ID_CHARS, ErrorCo
 from agent_reach.connections import unreadable_body
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from weblayer.errors import from_decode_error
 
-from registry.errors import from_decode_error
 from router import jsonrpc
 from router.audit import AuditLog
 from router.audit_query import FilterError, parse_filters

@@ -7,6 +7,7 @@ import logging
 import random
 
 import aiohttp
+from agent_reach.headers import API_KEY_HEADER
 from mesh.watch import WatchFeed, decode_event
 
 from router.mirror import RegistryMirror
@@ -29,7 +30,7 @@ async def follow_http(session: aiohttp.ClientSession, registry_url: str, mirror:
     """Remote: stream `GET /watch`, resume by revision after a break, keep the last view meanwhile.
 
     The feed carries credentials' digests, so the registry serves it to the admin key only."""
-    headers = {"X-API-Key": admin_key} if admin_key else {}
+    headers = {API_KEY_HEADER: admin_key} if admin_key else {}
     backoff = 0.1
     while True:
         params = {"since": str(mirror.revision)} if mirror.synced else {}

@@ -18,7 +18,8 @@ import aiohttp
 import msgspec
 from agent_reach.atp import BusinessError, ErrorCode, RequestFrame, agent_business_error, agent_status_code
 from agent_reach.exhaustion import local_exhaustion
-from agent_reach.signing import SIGNATURE_HEADER, sign
+from agent_reach.headers import SIGNATURE_HEADER
+from agent_reach.signing import sign
 from yarl import URL
 
 from router.timeouts import ResolvedTimeouts

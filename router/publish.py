@@ -6,6 +6,7 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 import msgspec
+from agent_reach.headers import API_KEY_HEADER
 from auth.records import PublishedKey
 
 PublishKeys = Callable[[list[PublishedKey]], Awaitable[None]]
@@ -19,7 +20,7 @@ class PublishRefused(Exception):
 
 async def publish_over_http(session: aiohttp.ClientSession, registry_url: str, admin_key: str | None,
                             keys: list[PublishedKey]) -> None:
-    headers = {"Content-Type": "application/json", **({"X-API-Key": admin_key} if admin_key else {})}
+    headers = {"Content-Type": "application/json", **({API_KEY_HEADER: admin_key} if admin_key else {})}
     async with session.put(f"{registry_url}/signing-keys", data=msgspec.json.encode(keys), headers=headers,
                            timeout=_TIMEOUT) as response:
         if response.status != 200:

@@ -22,8 +22,9 @@ from agent_reach.serving import listen
 from aiohttp import web
 
 from conftest import post, registration, wait_for
-from registry.api import decode, errors_as_json
+from registry.api import registry_errors
 from registry.health import HealthChecker
+from weblayer.responses import read_json
 
 PARTIAL_HEADER = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
 
@@ -34,13 +35,13 @@ async def ok(request: web.Request) -> web.Response:
 
 async def echo(request: web.Request) -> web.Response:
     """The registry's own body path: its decoder behind its error middleware."""
-    ref = await decode(request, AgentRef)
+    ref = await read_json(request, AgentRef)
     return web.json_response({"agent_id": ref.agent_id})
 
 
 @contextlib.asynccontextmanager
 async def serving(limits: Limits) -> AsyncIterator[tuple[str, GuardedSite]]:
-    app = web.Application(middlewares=[errors_as_json])
+    app = web.Application(middlewares=[registry_errors])
     app.router.add_get("/", ok)
     app.router.add_post("/echo", echo)
     runner, port = await listen(app, "127.0.0.1", 0, limits=limits)

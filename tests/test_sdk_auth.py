@@ -15,9 +15,10 @@ from typing import Any
 import msgspec
 import pytest
 from agent_reach import ReachClient, ReachError, register_capability
+from agent_reach.headers import DIRECT_HEADER, SIGNATURE_HEADER
 from agent_reach.heartbeat import RegistryRejected
 from agent_reach.serving import listen
-from agent_reach.signing import DIRECT_HEADER, SIGNATURE_HEADER, sign, signing_key
+from agent_reach.signing import sign, signing_key
 from aiohttp import web
 from fastapi import FastAPI, Request
 

@@ -17,12 +17,13 @@ import aiohttp
 import msgspec
 import pytest
 from agent_reach.guard import SeenNonces
-from agent_reach.signing import SIGNATURE_HEADER, sign, signature, signing_key, verify
+from agent_reach.headers import SIGNATURE_HEADER
+from agent_reach.signing import sign, signature, signing_key, verify
 from aiohttp import web
 
 from conftest import wait_for
-from registry.server import RegistryServer
 from recording_support import Received, RecordingServer
+from registry.server import RegistryServer
 from router.server import RouterServer, RouterServerSettings
 from sdk_support import issue_token
 

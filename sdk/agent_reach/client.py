@@ -17,6 +17,7 @@ from agent_reach.atp import BusinessError, ErrorCode, ErrorFrame, RequestFrame, 
 from agent_reach.context import current, outgoing_context, remaining_budget
 from agent_reach.credentials import ClientCredentials, TokenRefused
 from agent_reach.direct import DirectRoute
+from agent_reach.headers import API_KEY_HEADER
 from agent_reach.transport import Answer, Unreachable, post
 
 # Extra seconds to wait past a call's timeout, so the router's own TOTAL_TIMEOUT frame arrives first.
@@ -122,7 +123,7 @@ class ReachClient:
     async def _auth_headers(self, timeout: aiohttp.ClientTimeout) -> dict[str, str]:
         headers = {}
         if self._api_key is not None:
-            headers["X-API-Key"] = self._api_key
+            headers[API_KEY_HEADER] = self._api_key
         if self._credentials is not None:
             try:
                 headers["Authorization"] = await self._credentials.authorization(self.session, timeout)

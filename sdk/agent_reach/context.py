@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 from agent_reach.atp import new_request_id
+from agent_reach.headers import CONTEXT_HEADER, TIMEOUT_HEADER, TRACEPARENT_HEADER
 
 _current: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar("agentreach_call", default=None)
 
@@ -143,7 +144,7 @@ def traceparent(trace_id: Any) -> str | None:
 def incoming_context(context: dict[str, Any], headers: Mapping[str, str]) -> dict[str, Any]:
     """The frame's context, with the trace id taken from ``traceparent`` when the frame lacks one."""
     if context.get("trace_id") is None:
-        match = _TRACEPARENT.match(headers.get("traceparent", ""))
+        match = _TRACEPARENT.match(headers.get(TRACEPARENT_HEADER, ""))
         if match:
             context = {**context, "trace_id": match.group("trace")}
     return context
@@ -152,7 +153,7 @@ def incoming_context(context: dict[str, Any], headers: Mapping[str, str]) -> dic
 def rest_deadline(headers: Mapping[str, str]) -> float | None:
     """When the router stops waiting for a REST call (``X-Reach-Timeout-Ms``), on the monotonic clock."""
     try:
-        return time.monotonic() + int(headers["X-Reach-Timeout-Ms"]) / 1000
+        return time.monotonic() + int(headers[TIMEOUT_HEADER]) / 1000
     except (KeyError, ValueError):
         return None
 
@@ -160,7 +161,7 @@ def rest_deadline(headers: Mapping[str, str]) -> float | None:
 def rest_context(headers: Mapping[str, str]) -> dict[str, Any]:
     """The context a router sends a REST endpoint in ``X-Reach-Context``; empty if absent or bad."""
     try:
-        context = msgspec.json.decode(headers.get("X-Reach-Context", "{}"))
+        context = msgspec.json.decode(headers.get(CONTEXT_HEADER, "{}"))
     except (msgspec.DecodeError, UnicodeEncodeError):  # aiohttp passes undecodable bytes as surrogates
         context = {}
     return incoming_context(context if isinstance(context, dict) else {}, headers)

@@ -16,7 +16,7 @@ import aiohttp
 import msgspec
 
 from agent_reach.atp import ErrorCode, RequestFrame, RouteFacts, error_frame
-from agent_reach.signing import DIRECT_HEADER
+from agent_reach.headers import DIRECT_HEADER
 from agent_reach.transport import Answer, Unreachable, post
 
 log = logging.getLogger("agentreach.sdk")

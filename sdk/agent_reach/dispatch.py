@@ -22,6 +22,7 @@ from agent_reach import logs
 from agent_reach.atp import BusinessError, ErrorCode, RequestFrame, ResponseFrame, error_frame
 from agent_reach.context import CallContext, incoming_context, serving
 from agent_reach.guard import CallGuard
+from agent_reach.headers import COMPLETION_URL_HEADER, REQUEST_ID_HEADER
 from agent_reach.inflight import Inflight
 from agent_reach.registration import Capability
 
@@ -91,7 +92,7 @@ class Dispatcher:
         ``caller_gone`` tells whether the caller hung up (e.g. the router's first-byte timeout fired
         before our deadline): a result it will never read is reported as a late completion too.
         """
-        request_id = headers.get("X-Request-Id", "")
+        request_id = headers.get(REQUEST_ID_HEADER, "")
         if native is None:
             return _error(request_id, ErrorCode.UNKNOWN_CAPABILITY, f"This agent has no capability {name!r}")
         limit = native.capability.max_payload_bytes
@@ -140,7 +141,7 @@ class Dispatcher:
             return _error(frame.request_id, ErrorCode.TOTAL_TIMEOUT, f"Handler did not finish within {budget_ms} ms")
         finished = time.monotonic()
         reply = self._reply(task, call)
-        completion_url = headers.get("X-Reach-Completion-Url")
+        completion_url = headers.get(COMPLETION_URL_HEADER)
         if completion_url and reply.status == 200 and (finished > call.deadline or caller_gone()):
             self._report_late(completion_url, LateCompletion(request_id=frame.request_id, agent_id=self.agent_id,
                                                              finished_ms=round((finished - started) * 1000, 3)))

@@ -20,7 +20,8 @@ import logging
 import time
 from collections.abc import Mapping
 
-from agent_reach.signing import DEFAULT_WINDOW_S, DIRECT_HEADER, SIGNATURE_HEADER, accepted
+from agent_reach.headers import DIRECT_HEADER, REQUEST_ID_HEADER, SIGNATURE_HEADER
+from agent_reach.signing import DEFAULT_WINDOW_S, accepted
 
 log = logging.getLogger("agentreach.sdk")
 
@@ -77,7 +78,7 @@ class CallGuard:
         """None when the call may proceed; otherwise why it may not (already logged)."""
         if self.key is None:
             return None
-        request_id = headers.get("X-Request-Id", "")
+        request_id = headers.get(REQUEST_ID_HEADER, "")
         signed = headers.get(SIGNATURE_HEADER)
         if signed is None and headers.get(DIRECT_HEADER) == "1":
             if self.direct_fallback:

@@ -26,9 +26,8 @@ import re
 import time
 from typing import NamedTuple
 
-SIGNATURE_HEADER = "X-Reach-Signature"
-# Sent by a caller's direct fallback (router unreachable); accepted unsigned only by agents that declared it.
-DIRECT_HEADER = "X-Reach-Direct"
+from agent_reach.headers import SIGNATURE_HEADER
+
 VERSION = "v2"
 DEFAULT_WINDOW_S = 60.0
 

@@ -17,6 +17,7 @@ import msgspec
 from agent_reach.atp import (ErrorCode, ErrorFrame, RequestFrame, ResponseFrame, agent_business_error,
                              agent_status_code, error_frame)
 from agent_reach.context import traceparent
+from agent_reach.headers import CONTEXT_HEADER, REQUEST_ID_HEADER, TRACEPARENT_HEADER
 
 Answer = ResponseFrame | ErrorFrame
 
@@ -34,10 +35,10 @@ class Unreachable(Exception):
 
 
 def call_headers(frame: RequestFrame) -> dict[str, str]:
-    headers = {"Content-Type": "application/json", "X-Request-Id": frame.request_id}
+    headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: frame.request_id}
     parent = traceparent(frame.context.get("trace_id"))
     if parent is not None:
-        headers["traceparent"] = parent
+        headers[TRACEPARENT_HEADER] = parent
     return headers
 
 
@@ -81,7 +82,7 @@ async def post(session: aiohttp.ClientSession, url: str, frame: RequestFrame, *,
     """POST ``frame`` to ``url`` in ``protocol`` form; raises Unreachable only if nothing was sent."""
     sent = {**call_headers(frame), **(headers or {})}
     if protocol == "rest":
-        sent["X-Reach-Context"] = _encoder.encode(frame.context).decode()
+        sent[CONTEXT_HEADER] = _encoder.encode(frame.context).decode()
         body: Any = _encoder.encode(frame.payload)
         decode = decode_rest
     else:

@@ -21,6 +21,7 @@ from multidict import CIMultiDict
 from agent_reach import logs
 from agent_reach.atp import ErrorCode, error_frame, new_request_id
 from agent_reach.context import CallContext, rest_context, rest_deadline, serving
+from agent_reach.headers import REQUEST_ID_HEADER
 
 if TYPE_CHECKING:
     from agent_reach.agent import AgentReachSDK
@@ -48,7 +49,7 @@ def register_capability(sdk: AgentReachSDK, name: str, protocol: Protocol = "res
 
 def _refusal(headers: Mapping[str, str], code: ErrorCode, message: str) -> tuple[int, bytes]:
     """An error frame for a call to a wrapped route that never reaches the route's handler."""
-    return code.http_status, _encoder.encode(error_frame(headers.get("X-Request-Id", ""), code, message))
+    return code.http_status, _encoder.encode(error_frame(headers.get(REQUEST_ID_HEADER, ""), code, message))
 
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -82,7 +83,7 @@ class RouteCall(contextlib.ExitStack):
     def __init__(self, sdk: AgentReachSDK, capability: str, headers: Mapping[str, str]):
         super().__init__()
         self._sdk = sdk
-        self.call = CallContext(headers.get("X-Request-Id") or new_request_id(), capability, rest_context(headers),
+        self.call = CallContext(headers.get(REQUEST_ID_HEADER) or new_request_id(), capability, rest_context(headers),
                                 deadline=rest_deadline(headers))
         self.status = 200
 
