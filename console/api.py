@@ -24,6 +24,7 @@ from registry.views import AgentView
 from router.api import MAX_TRACES_LISTED
 from weblayer.errors import ApiError
 from weblayer.middleware import errors_as_json
+from weblayer.reading import bounded_int
 from weblayer.responses import json_response
 
 from console.collector import Collector
@@ -70,15 +71,6 @@ def relay(reply: Reply) -> web.Response:
 def segment(value: str) -> str:
     """A path parameter passed on upstream as exactly one path segment, whatever it contains."""
     return quote(value, safe="")
-
-
-def bounded_int(request: web.Request, name: str, default: int, low: int, high: int) -> int:
-    raw = request.query.get(name)
-    if raw is None:
-        return default
-    if not raw.isdigit() or not low <= int(raw) <= high:
-        raise ApiError(400, "invalid_field", f"{name} must be a whole number from {low} to {high}", name)
-    return int(raw)
 
 
 def callers_in(node: dict[str, Any]) -> set[str]:

@@ -20,7 +20,8 @@ from wal import WalUnavailable
 from weblayer.errors import ApiError
 from weblayer.guard import Handler, admin_only
 from weblayer.middleware import errors_as_json
-from weblayer.responses import converted, json_response, read_json
+from weblayer.reading import converted, read_json
+from weblayer.responses import json_response
 
 from registry.access import Access, admin_key_path
 from registry.gate import Gate

@@ -24,7 +24,7 @@ from aiohttp import web
 from conftest import post, registration, wait_for
 from registry.api import registry_errors
 from registry.health import HealthChecker
-from weblayer.responses import read_json
+from weblayer.reading import read_json
 
 PARTIAL_HEADER = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
 

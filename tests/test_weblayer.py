@@ -17,7 +17,8 @@ from aiohttp import web
 from weblayer.errors import ApiError, envelope
 from weblayer.guard import admin_only
 from weblayer.middleware import errors_as_json
-from weblayer.responses import converted, json_response, read_json
+from weblayer.reading import bounded_int, converted, read_json
+from weblayer.responses import json_response
 
 log = logging.getLogger("agentreach.test.weblayer")
 
@@ -58,6 +59,10 @@ async def coloured(request: web.Request) -> web.Response:
     return json_response({"colour": converted(request.match_info["colour"], Colour, "colour")})
 
 
+async def page(request: web.Request) -> web.Response:
+    return json_response({"limit": bounded_int(request, "limit", 50, 1, 100)})
+
+
 async def only_with_key(request: web.Request) -> ApiError | None:
     if request.headers.get("X-Key") == "admin":
         return None
@@ -73,7 +78,8 @@ async def serving() -> AsyncIterator[str]:
     app = web.Application(middlewares=[errors_as_json("test part", log, outage)], client_max_size=1024)
     for method, path, handler in (("POST", "/refused", refused), ("GET", "/broken", broken),
                                   ("POST", "/outage", out_of_storage), ("POST", "/items", item),
-                                  ("GET", "/colours/{colour}", coloured), ("GET", "/secret", admin_only(secret, only_with_key))):
+                                  ("GET", "/colours/{colour}", coloured),
+                                  ("GET", "/page", page), ("GET", "/secret", admin_only(secret, only_with_key))):
         app.router.add_route(method, path, handler)
     runner, port = await listen(app, "127.0.0.1", 0)
     try:
@@ -153,3 +159,14 @@ async def test_the_admin_only_guard_answers_its_check_s_refusal_and_passes_the_r
     assert (status, body) == (401, envelope("unauthenticated", "send the key", "X-Key"))
     status, _, body = await answer(http, "GET", f"{url}/secret", headers={"X-Key": "admin"})
     assert (status, body) == (200, {"secret": 42})
+
+
+@pytest.mark.parametrize(("query", "answered"), [("", 50), ("?limit=1", 1), ("?limit=100", 100)])
+async def test_a_bounded_query_number_is_its_default_or_what_was_sent(url, http, query, answered):
+    assert (await answer(http, "GET", f"{url}/page{query}"))[::2] == (200, {"limit": answered})
+
+
+@pytest.mark.parametrize("sent", ["0", "101", "-1", "1.5", "ten", ""])
+async def test_a_bounded_query_number_out_of_its_range_is_a_400_naming_it(url, http, sent):
+    status, _, body = await answer(http, "GET", f"{url}/page?limit={sent}")
+    assert (status, body) == (400, envelope("invalid_field", "limit must be a whole number from 1 to 100", "limit"))

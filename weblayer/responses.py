@@ -1,17 +1,14 @@
-"""JSON answers, and request bodies decoded into Structs with msgspec's complaints as 400s naming the field."""
+"""JSON answers: a body encoded by msgspec, and errors in the one envelope."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 import msgspec
 from aiohttp import web
 
-from weblayer.errors import ApiError, from_decode_error
-
-T = TypeVar("T")
+from weblayer.errors import ApiError
 
 _encoder = msgspec.json.Encoder()
 
@@ -23,26 +20,3 @@ def json_response(body: Any, status: int = 200, headers: Mapping[str, str] | Non
 
 def error_response(error: ApiError) -> web.Response:
     return json_response(error.body(), error.status, error.headers)
-
-
-@functools.cache
-def _decoder(kind: Any) -> msgspec.json.Decoder[Any]:
-    """One decoder per type, built on first use: building one costs more than decoding a small body."""
-    return msgspec.json.Decoder(kind)
-
-
-async def read_json(request: web.Request, kind: type[T]) -> T:
-    """The body as a ``kind``; anything else is a 400 saying which field is wrong."""
-    body = await request.read()
-    try:
-        return _decoder(kind).decode(body)
-    except msgspec.MsgspecError as exc:
-        raise from_decode_error(exc) from None
-
-
-def converted(value: Any, kind: type[T], field: str) -> T:
-    """``value`` (a path segment, a query parameter) held to the rules of ``kind``, refused as ``field``."""
-    try:
-        return msgspec.convert(value, kind)
-    except msgspec.ValidationError as exc:
-        raise from_decode_error(exc, prefix=field) from None
