@@ -13,16 +13,12 @@ import argparse
 import asyncio
 import hashlib
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from router.audit import AuditLog, entry_from_trace  # noqa: E402
-from router.traces import AttemptTrace, CallTrace  # noqa: E402
+from router.audit import AuditLog, entry_from_trace
+from router.traces import AttemptTrace, CallTrace
 
 BATCH_SIZES = (100, 500, 2000)
 

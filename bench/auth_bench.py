@@ -1,6 +1,6 @@
 """Router throughput with caller authentication, one command: `python bench/auth_bench.py [--wrk-rounds 3]`.
 
-In one run, against the same echo agent (the one bench/router_bench.py uses, in its own process),
+In one run, against the same echo agent (bench/common.py's, as bench/router_bench.py uses, in its own process),
 four ways through a router (each router in a process of its own, following one registry with
 auth on over its watch feed; the agent joined with a registration token, so every way signs what
 it forwards):
@@ -31,15 +31,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from common import (ROOT, RESULTS, best_rounds, echo_app, free_port, keep_alive, machine, require, spawn,
+                    stop_processes, wait_http, wrk_max)
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-from router_bench import (  # noqa: E402
-    best_rounds, echo_app, free_port, keep_alive, machine, spawn, stop_processes, wait_http, wrk_max,
-)
-from registry.access import read_admin_key  # noqa: E402
+from registry.access import read_admin_key
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
 WAYS = ("off", "api_key", "jwt", "audited")
 BODY = json.dumps({"capability": "echo", "payload": {"text": "hello, agent", "n": 1}})
 
@@ -194,6 +190,7 @@ def main() -> None:
     elif args.command == "router":
         asyncio.run(serve_router(args.port, args.registry, args.registry_key, args.auth == "on", args.audit))
     else:
+        require("wrk")
         info = machine()
         raw = asyncio.run(bench(args))
         summary = summarize(raw)

@@ -12,21 +12,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
-import re
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
-
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
+from common import RESULTS, RegistryProcess, machine, require, wrk
 
 REGISTER_LUA = """
 local counter = 0
@@ -49,66 +42,14 @@ end
 """
 
 
-def machine() -> dict[str, str]:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    fs = subprocess.run(["df", "-T", str(RESULTS)], capture_output=True, text=True).stdout.splitlines()[-1].split()[1]
-    return {"cpu": cpu, "cores": str(os.cpu_count()), "python": platform.python_version(), "filesystem": fs,
-            "kernel": platform.release()}
+def filesystem(path: Path) -> str:
+    """The file system type under ``path`` (the registry's WAL and data live there)."""
+    return subprocess.run(["df", "-T", str(path)], capture_output=True, text=True).stdout.splitlines()[-1].split()[1]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class RegistryProcess:
-    def __init__(self, data_dir: Path, *extra: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "agentreach.cli", "registry", "--port", str(self.port), "--data-dir",
-             str(data_dir), "--log-level", "warning", "--silence-timeout", "3600", "--auth", "off", *extra], cwd=ROOT)
-
-    async def wait_ready(self, timeout: float = 120) -> float:
-        start = time.monotonic()
-        async with aiohttp.ClientSession() as session:
-            while time.monotonic() - start < timeout:
-                try:
-                    async with session.get(f"{self.url}/healthz") as response:
-                        if response.status == 200:
-                            return time.monotonic() - start
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.01)
-        raise RuntimeError("registry did not start")
-
-    def rss_bytes(self) -> int:
-        status = Path(f"/proc/{self.process.pid}/status").read_text()
-        return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(30)
-
-
-def wrk(url: str, script: str, connections: int, seconds: int) -> dict[str, float]:
-    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as handle:
-        handle.write(script)
-    threads = 1
-    out = subprocess.run(["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{seconds}s", "--latency",
-                          "-s", handle.name, url], capture_output=True, text=True, check=True).stdout
-    os.unlink(handle.name)
-
-    def ms(text: str) -> float:
-        value, unit = re.match(r"([\d.]+)(us|ms|s)", text).groups()
-        return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
-
-    percentiles = {f"p{p}": ms(re.search(rf"^\s+{p}%\s+(\S+)", out, re.M).group(1)) for p in (50, 90, 99)}
-    non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    return {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)), **percentiles,
-            "errors": int(non_2xx.group(1)) if non_2xx else 0}
+def wrk_latency(url: str, script: str, connections: int, seconds: int) -> dict[str, float]:
+    run = wrk(url, script, connections, seconds)
+    return {"rps": run.rps, **{f"p{p}": run.latency_ms(p) for p in (50, 90, 99)}, "errors": run.non_2xx}
 
 
 async def register_many(url: str, count: int, prefix: str) -> None:
@@ -133,7 +74,7 @@ async def bench_registrations(work: Path, seconds: int) -> list[dict]:
             data_dir = work / f"reg-{mode.replace(' ', '-')}-{connections}"
             registry = RegistryProcess(data_dir, *extra)
             await registry.wait_ready()
-            result = wrk(registry.url, REGISTER_LUA, connections, seconds)
+            result = wrk_latency(registry.url, REGISTER_LUA, connections, seconds)
             registry.stop()
             rows.append({"mode": mode, "connections": connections, **result})
             shutil.rmtree(data_dir)
@@ -146,7 +87,7 @@ async def bench_heartbeats(work: Path, instances: int, seconds: int) -> dict:
     rss_before = registry.rss_bytes()
     await register_many(registry.url, instances, "hb")
     rss_after = registry.rss_bytes()
-    result = wrk(registry.url, HEARTBEAT_LUA % instances, 64, seconds)
+    result = wrk_latency(registry.url, HEARTBEAT_LUA % instances, 64, seconds)
     registry.stop()
     return {"instances": instances, **result, "bytes_per_instance": (rss_after - rss_before) / instances}
 
@@ -194,10 +135,11 @@ async def main() -> None:
     parser.add_argument("--replay-records", type=int, default=1_000_000)
     parser.add_argument("--json", type=Path, default=RESULTS / "registry_bench.json")
     args = parser.parse_args()
+    require("wrk", "df")
     RESULTS.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="registry-bench-", dir=RESULTS))
     try:
-        results = {"machine": machine(),
+        results = {"machine": machine(filesystem=filesystem(RESULTS)),
                    "registrations": await bench_registrations(work, args.seconds),
                    "heartbeats": await bench_heartbeats(work, args.instances, args.seconds * 2),
                    "replay": await bench_replay(work, args.replay_records)}

@@ -17,18 +17,14 @@ import asyncio
 import contextvars
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from agent_reach import AgentReachSDK
+from agent_reach.serving import listen
 from aiohttp import web
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from registry_bench import RESULTS, RegistryProcess, free_port, machine, wrk  # noqa: E402
-
-from agent_reach import AgentReachSDK  # noqa: E402
-from agent_reach.serving import listen  # noqa: E402
+from common import RESULTS, RegistryProcess, free_port, machine, post_script, require, wrk
 
 HOUR = 3600.0
 DEFAULT_INTERVAL = 3.0
@@ -40,12 +36,6 @@ def percentiles(samples: list[float]) -> dict[str, float]:
     return {"p50_us": round(pick(0.50), 1), "p90_us": round(pick(0.90), 1), "p99_us": round(pick(0.99), 1),
             "mean_us": round(statistics.fmean(ordered), 1)}
 
-
-FRAME_LUA = """
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-wrk.body = '%s'
-"""
 
 # Per request: the middleware's start time in, the handler's own duration out (shared through the
 # contextvar, which the SDK's handler task inherits).
@@ -88,10 +78,10 @@ async def bench_overhead(registry_url: str, seconds: int) -> list[dict]:
             for connections in (1, 16):
                 overhead_us.clear()
                 handler_us.clear()
-                load = await asyncio.to_thread(wrk, f"{sdk.base_url}/atp/bench.echo", FRAME_LUA % frame,
+                load = await asyncio.to_thread(wrk, f"{sdk.base_url}/atp/bench.echo", post_script(frame),
                                                connections, seconds)
-                rows.append({"payload": label, "connections": connections, "calls_per_s": load["rps"],
-                             "client_p50_ms": load["p50"], "overhead": percentiles(overhead_us),
+                rows.append({"payload": label, "connections": connections, "calls_per_s": load.rps,
+                             "client_p50_ms": load.latency_ms(50), "overhead": percentiles(overhead_us),
                              "handler": percentiles(handler_us)})
     finally:
         await runner.cleanup()
@@ -139,6 +129,7 @@ async def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="duration of each heartbeat CPU run")
     parser.add_argument("--json", type=Path, default=RESULTS / "sdk_bench.json")
     args = parser.parse_args()
+    require("wrk")
     RESULTS.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="sdk-bench-") as work:
         registry = RegistryProcess(Path(work) / "registry")

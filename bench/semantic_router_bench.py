@@ -12,29 +12,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import re
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
+from common import RESULTS, ROOT, free_port, machine, post_script, require, wrk
 
 FRAMES = {
     "exact": {"capability": "demo.echo", "payload": {"text": "hi"}},
     "semantic (cached intent)": {"intent": "say hello back to me", "payload": {"text": "hi"}},
 }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def post(url: str, frame: dict) -> dict:
@@ -55,19 +45,9 @@ def wait_routable(url: str, frame: dict, timeout: float = 60) -> dict:
             time.sleep(0.2)
 
 
-def wrk(url: str, frame: dict, connections: int, seconds: int) -> dict[str, float]:
-    script = (f'wrk.method = "POST"\nwrk.body = {json.dumps(json.dumps(frame))}\n'
-              'wrk.headers["Content-Type"] = "application/json"\n')
-    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as handle:
-        handle.write(script)
-    out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", handle.name, url],
-                         capture_output=True, text=True, check=True).stdout
-    Path(handle.name).unlink()
-    non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    return {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
-            "p50": re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1),
-            "p99": re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1),
-            "errors": int(non_2xx.group(1)) if non_2xx else 0}
+def wrk_frames(url: str, frame: dict, connections: int, seconds: int) -> dict[str, Any]:
+    run = wrk(url, post_script(json.dumps(frame)), connections, seconds)
+    return {"rps": run.rps, "p50": run.latency[50], "p99": run.latency[99], "errors": run.non_2xx}
 
 
 def main() -> None:
@@ -75,6 +55,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=8)
     parser.add_argument("--connections", type=int, default=16)
     args = parser.parse_args()
+    require("wrk")
     RESULTS.mkdir(parents=True, exist_ok=True)
     registry_port, router_port, console_port = free_port(), free_port(), free_port()
     with tempfile.TemporaryDirectory(dir=RESULTS) as data_dir:
@@ -88,13 +69,12 @@ def main() -> None:
             for name, frame in FRAMES.items():
                 answer = wait_routable(url, frame)
                 assert answer.get("route", {}).get("capability") == "demo.echo", answer
-                rows[name] = wrk(url, frame, args.connections, args.seconds)
+                rows[name] = wrk_frames(url, frame, args.connections, args.seconds)
         finally:
             process.terminate()
             process.wait(30)
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    print(f"machine: {cpu}, 2 cores, Python {platform.python_version()}; wrk -t1 -c{args.connections}")
+    info = machine()
+    print(f"machine: {info['cpu']}, {info['cores']} cores, Python {info['python']}; wrk -t1 -c{args.connections}")
     print(f"{'frames':<28}{'calls/s':>10}{'p50':>10}{'p99':>10}{'non-2xx':>9}")
     for name, row in rows.items():
         print(f"{name:<28}{row['rps']:>10.0f}{row['p50']:>10}{row['p99']:>10}{row['errors']:>9}")

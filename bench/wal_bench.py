@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
 import shutil
 import sys
@@ -22,10 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import RESULTS, machine
 
-from wal import WriteAheadLog  # noqa: E402
+from wal import WriteAheadLog
 
 RAM_FILESYSTEMS = {"tmpfs", "ramfs"}
 BUILD_WAVE = 10_000
@@ -44,22 +42,13 @@ def mount_of(path: Path) -> tuple[str, str, str]:
     return best
 
 
-def cpu_model() -> str:
-    with open("/proc/cpuinfo") as cpuinfo:
-        for line in cpuinfo:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
 def scratch_base() -> Path:
     """The system temp dir if it is on a real disk, else bench/results/ (gitignored)."""
     temp = Path(tempfile.gettempdir())
     if mount_of(temp)[1] not in RAM_FILESYSTEMS:
         return temp
-    fallback = ROOT / "bench" / "results"
-    fallback.mkdir(parents=True, exist_ok=True)
-    return fallback
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    return RESULTS
 
 
 def payloads(count: int, seed: int) -> list[bytes]:
@@ -142,17 +131,10 @@ def measure_replay(directory: Path, drop_caches: bool) -> dict:
     }
 
 
-def machine(scratch: Path) -> dict:
+def disk(scratch: Path) -> dict[str, str]:
+    """Where the logs were written: appends/s are the disk's fsync rate more than anything else."""
     point, fstype, device = mount_of(scratch)
-    return {
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "filesystem": fstype,
-        "device": device,
-        "mount": point,
-        "directory": str(scratch),
-    }
+    return {"filesystem": fstype, "device": device, "mount": point, "directory": str(scratch)}
 
 
 def render(result: dict) -> str:
@@ -203,7 +185,7 @@ def main() -> None:
         replay_dir = scratch / "replay"
         build_seconds = asyncio.run(build_log(replay_dir, args.replay_records))
         result = {
-            "machine": machine(scratch),
+            "machine": machine(**disk(scratch)),
             "records": args.records,
             "appends": appends,
             "ratio_at_64": appends["group_64"]["appends_per_second"] / appends["single_64"]["appends_per_second"],
