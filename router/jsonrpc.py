@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from agent_reach.atp import ErrorFrame, RequestFrame
+from agent_reach.atp import ErrorFrame
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -68,7 +68,3 @@ def error_answer(request_id: Any, code: int, message: str, data: Any = None) -> 
     if data is not None:
         error["data"] = data
     return {"jsonrpc": "2.0", "id": request_id, "error": error}
-
-
-def decode_frame(params: dict[str, Any]) -> RequestFrame:
-    return msgspec.convert(params, RequestFrame)
