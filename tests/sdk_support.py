@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import msgspec
 import pytest
+import uvicorn
 from agent_reach import AgentReachSDK
 from agent_reach.atp import RequestFrame
 from aiohttp import web
@@ -31,10 +32,31 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 
 
+def loopback_socket() -> socket.socket:
+    """A socket bound to a free port on 127.0.0.1, to hand a server that listens on it."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+    with loopback_socket() as sock:
         return sock.getsockname()[1]
+
+
+@contextlib.asynccontextmanager
+async def run_uvicorn(app: Any, sock: socket.socket) -> AsyncIterator[uvicorn.Server]:
+    """Serve an ASGI ``app`` (FastAPI) with uvicorn on ``sock`` until the block ends."""
+    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            assert not task.done(), "uvicorn exited during startup"
+            await asyncio.sleep(0.01)
+        yield server
+    finally:
+        server.should_exit = True
+        await task
 
 
 @pytest.fixture

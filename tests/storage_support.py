@@ -36,6 +36,11 @@ class Running:
                 if event["logger"] == logger]
 
 
+def agentreach(*args: str) -> subprocess.CompletedProcess:
+    """Run `agentreach` to completion from the repository root; its output captured as text."""
+    return subprocess.run([*AGENTREACH, *args], capture_output=True, text=True, cwd=ROOT, timeout=60)
+
+
 def start_logged(command: Sequence[str], *, ready: str, umask: int | None = None, timeout: float = 30.0) -> Running:
     """Start `command` (agentreach, or something that runs it) and return once it logs the event `ready`;
     its stderr keeps being read."""

@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from conftest import post, registration, wait_for
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def agentreach(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agentreach.cli", *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=60)
+from sdk_support import free_port
+from storage_support import AGENTREACH, ROOT, agentreach
 
 
 @pytest.mark.parametrize("command,expected", [
@@ -63,19 +55,13 @@ def test_wal_inspect_of_a_missing_dir_fails_cleanly(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 async def test_up_demo_starts_a_live_mesh_to_call_at_once(tmp_path, http):
     """With auth on (the default): the demo agents register with their tokens, and the demo
     caller's key (kept in DATA_DIR/demo/) calls through the router."""
-    registry_port, router_port, console_port = _free_port(), _free_port(), _free_port()
+    registry_port, router_port, console_port = free_port(), free_port(), free_port()
     data_dir = tmp_path / "demo"
     process = subprocess.Popen(
-        [sys.executable, "-m", "agentreach.cli", "up", "--demo", "--data-dir", str(data_dir),
+        [*AGENTREACH, "up", "--demo", "--data-dir", str(data_dir),
          "--registry-port", str(registry_port), "--router-port", str(router_port),
          "--console-port", str(console_port), "--log-level", "warning"],
         cwd=ROOT, env={**os.environ, "AGENTREACH_AUTH": "on"})

@@ -7,10 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import stat
 import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -20,9 +18,8 @@ import pytest
 from conftest import registration, wait_for
 from agentreach.demo import DEMO_SERVICES, demo_credentials
 from router_support import capability
-
-ROOT = Path(__file__).resolve().parents[1]
-CLI = [sys.executable, "-m", "agentreach.cli"]
+from sdk_support import free_port
+from storage_support import AGENTREACH, ROOT
 
 
 def environment(auth: str | None = None) -> dict[str, str]:
@@ -34,7 +31,7 @@ def environment(auth: str | None = None) -> dict[str, str]:
 
 async def agentreach(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run the command in a thread, so registries served by this test's event loop keep answering."""
-    return await asyncio.to_thread(subprocess.run, [*CLI, *args], capture_output=True, text=True, cwd=cwd,
+    return await asyncio.to_thread(subprocess.run, [*AGENTREACH, *args], capture_output=True, text=True, cwd=cwd,
                                    env={**(env or environment()), "PYTHONPATH": str(ROOT)}, timeout=60)
 
 
@@ -47,17 +44,11 @@ async def admin(*args: str, registry: Any, **options: Any) -> Any:
     return json.loads(result.stdout)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class Process:
     """A long-running `agentreach` process whose stderr is read line by line into ``lines``."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None):
-        self.popen = subprocess.Popen([*CLI, *args], stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        self.popen = subprocess.Popen([*AGENTREACH, *args], stderr=subprocess.PIPE, text=True, cwd=ROOT,
                                       env=env or environment())
         self.lines: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()

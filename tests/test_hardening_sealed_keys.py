@@ -36,7 +36,7 @@ from router.feed import follow_http
 from router.mirror import RegistryMirror
 from router.server import RouterServer, RouterServerSettings
 from sdk_support import free_port, issue_token
-from test_cli import agentreach
+from storage_support import agentreach
 
 Serve = Callable[..., Awaitable[RegistryServer]]
 

@@ -7,8 +7,7 @@ from agent_reach import current, register_capability
 from fastapi import FastAPI
 
 from hardening_support import raw_request
-from sdk_support import wait_state
-from test_sdk_wrap import loopback_socket, run_uvicorn
+from sdk_support import loopback_socket, run_uvicorn, wait_state
 
 CONTEXT = {"session_id": "会话-1", "note": "你好，世界 — naïve café"}
 

@@ -23,8 +23,7 @@ from aiohttp import web
 from fastapi import FastAPI, Request
 
 from conftest import wait_for
-from sdk_support import counting_agent, free_port, post_frame
-from test_sdk_wrap import loopback_socket, run_uvicorn
+from sdk_support import counting_agent, free_port, loopback_socket, post_frame, run_uvicorn
 
 
 def frame_bytes(capability: str, payload: Any, request_id: str) -> bytes:

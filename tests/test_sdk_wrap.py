@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import importlib.util
 import json
-import socket
 
 import pytest
-import uvicorn
 from agent_reach import AgentReachSDK, ReachClient, ReachError, atp_handler, current, register_capability
 from agent_reach.serving import listen
 from aiohttp import web
 from fastapi import FastAPI
 
-from sdk_support import EXAMPLES, agent_view, free_port, wait_state
+from sdk_support import EXAMPLES, agent_view, free_port, loopback_socket, run_uvicorn, wait_state
 
 
 def load_example(name: str):
@@ -23,26 +19,6 @@ def load_example(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def loopback_socket() -> socket.socket:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    return sock
-
-
-@contextlib.asynccontextmanager
-async def run_uvicorn(app, sock: socket.socket):
-    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        while not server.started:
-            assert not task.done(), "uvicorn exited during startup"
-            await asyncio.sleep(0.01)
-        yield server
-    finally:
-        server.should_exit = True
-        await task
 
 
 async def test_fastapi_seed_example_registers_its_route_and_behaves_as_before(registry, http, monkeypatch):
