@@ -107,3 +107,17 @@ def registration(agent_id: str, *capabilities: str, service: str | None = None, 
 async def post(http: aiohttp.ClientSession, url: str, body: Any) -> tuple[int, Any]:
     async with http.post(url, json=body) as response:
         return response.status, await response.json()
+
+
+async def call(http: aiohttp.ClientSession, method: str, url: str, key: str | None = None,
+               body: Any = None) -> tuple[int, Any]:
+    """One request, with ``key`` as the X-API-Key when given."""
+    headers = {"X-API-Key": key} if key else {}
+    async with http.request(method, url, json=body, headers=headers) as response:
+        return response.status, await response.json()
+
+
+def admin_key(server: RegistryServer) -> str:
+    """The admin key a registry with auth on made at its first start."""
+    assert server.new_admin_key is not None
+    return server.new_admin_key

@@ -15,9 +15,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from conftest import registration, wait_for
+from conftest import admin_key, call, registration, wait_for
 from registry.server import RegistryServer
-from test_registry_access import admin_key, call
 
 Start = Callable[..., Awaitable[RegistryServer]]
 

@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives import serialization
 from joserfc import jwt as jose_jwt
 from joserfc.jwk import KeySet, OKPKey
 
-from test_oauth import b64, bearer, claims, hs256_with_public_key, router_key, token_for, unsigned
+from oauth_support import b64, bearer, claims, hs256_with_public_key, router_key, token_for, unsigned
 
 
 async def test_tokens_and_jwks_say_ed25519_and_an_rfc_9864_client_verifies_them_without_warnings(secure):

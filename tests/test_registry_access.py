@@ -10,13 +10,12 @@ import logging
 import stat
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
 from agent_reach.serving import cancel
 
-from conftest import registration, wait_for
+from conftest import admin_key, call, registration, wait_for
 from registry.server import RegistryServer
 from router.feed import follow_http
 from router.mirror import RegistryMirror
@@ -24,21 +23,9 @@ from router.mirror import RegistryMirror
 Start = Callable[..., Awaitable[RegistryServer]]
 
 
-async def call(http: aiohttp.ClientSession, method: str, url: str, key: str | None = None,
-               body: Any = None) -> tuple[int, Any]:
-    headers = {"X-API-Key": key} if key else {}
-    async with http.request(method, url, json=body, headers=headers) as response:
-        return response.status, await response.json()
-
-
 @pytest.fixture
 async def secured(start_registry: Start) -> RegistryServer:
     return await start_registry(auth=True)
-
-
-def admin_key(server: RegistryServer) -> str:
-    assert server.new_admin_key is not None
-    return server.new_admin_key
 
 
 async def test_first_start_creates_an_admin_key_file_readable_by_the_owner_only(start_registry: Start,
