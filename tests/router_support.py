@@ -25,8 +25,8 @@ from agent_reach import logs
 from aiohttp import web
 
 from conftest import wait_for
-from recording_support import Loopback, Received, RecordingServer
 from mesh.policy import Policy
+from recording_support import Loopback, Received, RecordingServer
 from registry.access import read_admin_key
 from registry.server import RegistryServer
 from router.api import DEFAULT_MAX_BODY
@@ -83,7 +83,6 @@ class Agent(_OnLoopback, RecordingServer):
             self._session = None
 
     async def _call(self, request: web.Request, received: Received) -> web.StreamResponse:
-        started = time.monotonic()
         body = received.json()
         self.inflight += 1
         try:
@@ -93,7 +92,7 @@ class Agent(_OnLoopback, RecordingServer):
                 await asyncio.sleep(self.first_byte_delay)
             status, answer = self._answer(body)
             if self.report_completion:
-                await self._report(request, (time.monotonic() - started) * 1000)
+                await self._report(request, (time.monotonic() - received.arrived) * 1000)
         finally:
             self.inflight -= 1
         data = json.dumps(answer).encode()
