@@ -9,10 +9,11 @@ only what a caller sent.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, Self
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Self, TypeVar
 
 import msgspec
 from agent_reach.serving import listen
@@ -94,3 +95,24 @@ class RecordingServer(Loopback):
         received = Received(request.method, request.path, CIMultiDict(request.headers), body, time.monotonic())
         self.received.append(received)
         return await self.answer(request, received)
+
+
+Server = TypeVar("Server", bound=RecordingServer)
+
+
+@contextlib.asynccontextmanager
+async def starting(kind: Callable[..., Server]) -> AsyncIterator[Callable[..., Awaitable[Server]]]:
+    """Start servers of ``kind`` (the arguments of each start go to ``kind``); all of them stop when the
+    block ends."""
+    servers: list[Server] = []
+
+    async def start(*args: Any, **options: Any) -> Server:
+        server = await kind(*args, **options).start()
+        servers.append(server)
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in servers:
+            await server.stop()

@@ -1,166 +1,33 @@
-"""Real agents, a slow-connect target and a registry+router mesh for the router's tests.
+"""A registry+router mesh for the router's tests, and a client for both.
 
 Everything listens on 127.0.0.1 and speaks real HTTP: the registry is the real RegistryServer,
 the router the real RouterServer (following the registry in process through its WatchHub, or
-over HTTP `GET /watch`), and the agents plain aiohttp servers with no SDK. Tests wait for
-conditions with a deadline (``wait_for``), never for a fixed time.
+over HTTP `GET /watch`), and the agents (agent_support) plain aiohttp servers with no SDK. Tests
+wait for conditions with a deadline (``wait_for``), never for a fixed time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import logging
-import socket
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any, Self
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import msgspec
 import pytest
 from multidict import CIMultiDict
-from agent_reach import logs
-from aiohttp import web
 
+from agent_support import Agent, SlowConnectTarget
 from conftest import wait_for
 from mesh.policy import Policy
-from recording_support import Loopback, Received, RecordingServer
 from registry.access import read_admin_key
 from registry.server import RegistryServer
 from router.api import DEFAULT_MAX_BODY
 from router.core import Router, RouterSettings
 from router.server import RouterServer, RouterServerSettings
-
-
-class _OnLoopback(Loopback):
-    """Something on 127.0.0.1 whose capability endpoint is ``/call``."""
-
-    @property
-    def endpoint(self) -> str:
-        return f"{self.url}/call"
-
-
-class Agent(_OnLoopback, RecordingServer):
-    """A plain aiohttp agent on 127.0.0.1 (a recording server) whose behaviour can be changed while it runs.
-
-    ``protocol`` "rest": the body is the payload, the answer ``{"echo": payload, "agent": name}``.
-    ``protocol`` "atp": the body is a request frame, the answer a response frame whose result is
-    the same echo. Knobs: ``status`` (answer this HTTP status with an error body), ``business_error``
-    (answer HTTP 200 carrying it), ``first_byte_delay`` (seconds before the status line),
-    ``body_delay`` (status line at once, the rest of the body that much later), ``gate`` (hold every
-    call until the event is set), ``report_completion`` (POST the router's completion URL once done).
-    """
-
-    def __init__(self, name: str, protocol: str = "rest"):
-        super().__init__(self._call)
-        self.name = name
-        self.protocol = protocol
-        self.status = 200
-        self.business_error: dict[str, Any] | None = None
-        self.first_byte_delay = 0.0
-        self.body_delay = 0.0
-        self.gate: asyncio.Event | None = None
-        self.report_completion = False
-        self.inflight = 0
-        self.completions: list[dict[str, Any]] = []
-        self._session: aiohttp.ClientSession | None = None
-
-    @property
-    def calls(self) -> int:
-        return len(self.received)
-
-    async def start(self, port: int = 0) -> Self:
-        await super().start(port)
-        self._session = aiohttp.ClientSession()
-        return self
-
-    async def stop(self) -> None:
-        await super().stop()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    async def _call(self, request: web.Request, received: Received) -> web.StreamResponse:
-        body = received.json()
-        self.inflight += 1
-        try:
-            if self.gate is not None:
-                await self.gate.wait()
-            if self.first_byte_delay:
-                await asyncio.sleep(self.first_byte_delay)
-            status, answer = self._answer(body)
-            if self.report_completion:
-                await self._report(request, (time.monotonic() - received.arrived) * 1000)
-        finally:
-            self.inflight -= 1
-        data = json.dumps(answer).encode()
-        if not self.body_delay:
-            return web.Response(body=data, status=status, content_type="application/json")
-        response = web.StreamResponse(status=status, headers={"Content-Type": "application/json"})
-        await response.prepare(request)
-        await response.write(data[:1])
-        await asyncio.sleep(self.body_delay)
-        await response.write(data[1:])
-        await response.write_eof()
-        return response
-
-    def _answer(self, body: Any) -> tuple[int, Any]:
-        if self.protocol == "rest":
-            if self.status != 200:
-                return self.status, {"error": f"{self.name} answers {self.status}"}
-            if self.business_error is not None:
-                return 200, {"business_error": self.business_error}
-            return 200, {"echo": body, "agent": self.name}
-        request_id = body.get("request_id") if isinstance(body, dict) else None
-        if self.status != 200:
-            return self.status, {"request_id": request_id, "error_code": "AGENT_ERROR",
-                                 "error_message": f"{self.name} answers {self.status}", "can_retry": True}
-        frame: dict[str, Any] = {"request_id": request_id, "status": "success",
-                                 "result": {"echo": body.get("payload"), "agent": self.name},
-                                 "context_update": {"served_by": self.name}}
-        if self.business_error is not None:
-            frame["business_error"] = self.business_error
-        return 200, frame
-
-    async def _report(self, request: web.Request, finished_ms: float) -> None:
-        url = request.headers.get("X-Reach-Completion-Url")
-        if url is None or self._session is None:
-            return
-        note = {"request_id": request.headers["X-Request-Id"], "agent_id": self.name, "finished_ms": finished_ms}
-        async with self._session.post(url, json=note) as answer:
-            self.completions.append({"status": answer.status, **await answer.json()})
-
-
-class SlowConnectTarget(_OnLoopback):
-    """A port whose TCP handshake never completes: a listening socket with backlog 0 that never
-    accepts, its accept queue filled by our own connections, so the kernel drops new SYNs."""
-
-    def __init__(self) -> None:
-        self._listener = socket.socket()
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(0)
-        self.port = self._listener.getsockname()[1]
-        self._fillers: list[socket.socket] = []
-
-    async def start(self) -> SlowConnectTarget:
-        for _ in range(4):
-            filler = socket.socket()
-            filler.setblocking(False)
-            filler.connect_ex(("127.0.0.1", self.port))
-            self._fillers.append(filler)
-        # Prove the trick works here: a fresh connect must hang rather than complete or be refused.
-        try:
-            await asyncio.wait_for(asyncio.open_connection("127.0.0.1", self.port), 0.2)
-        except TimeoutError:
-            return self
-        raise AssertionError("the filled backlog did not make connects hang")
-
-    def close(self) -> None:
-        for filler in self._fillers:
-            filler.close()
-        self._listener.close()
 
 
 class Answer(msgspec.Struct):
@@ -370,63 +237,6 @@ async def start_mesh(start_registry: Callable[..., Awaitable[RegistryServer]],
 @pytest.fixture
 async def mesh(start_mesh: StartMesh) -> Mesh:
     return await start_mesh()
-
-
-@pytest.fixture
-async def start_agent() -> AsyncIterator[Callable[..., Awaitable[Agent]]]:
-    agents: list[Agent] = []
-
-    async def start(name: str, protocol: str = "rest") -> Agent:
-        agent = await Agent(name, protocol).start()
-        agents.append(agent)
-        return agent
-
-    yield start
-    for agent in agents:
-        if agent.gate is not None:
-            agent.gate.set()
-        await agent.stop()
-
-
-@pytest.fixture
-async def slow_connect() -> AsyncIterator[SlowConnectTarget]:
-    target = await SlowConnectTarget().start()
-    yield target
-    target.close()
-
-
-class LogLines:
-    """The agentreach.* log lines written during a test, each as the JSON object it would print."""
-
-    def __init__(self) -> None:
-        self.lines: list[dict[str, Any]] = []
-
-    def named(self, event: str) -> list[dict[str, Any]]:
-        return [line for line in self.lines if line["event"] == event]
-
-
-class _Capture(logging.Handler):
-    def __init__(self, sink: LogLines):
-        super().__init__(logging.INFO)
-        self.setFormatter(logs.JsonFormatter())
-        self._sink = sink
-
-    def emit(self, record: logging.LogRecord) -> None:
-        # Formatting here, in the caller's context, is what binds request_id and capability.
-        self._sink.lines.append(json.loads(self.format(record)))
-
-
-@pytest.fixture
-def router_logs() -> Iterator[LogLines]:
-    sink = LogLines()
-    logger = logging.getLogger("agentreach")
-    handler = _Capture(sink)
-    previous = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield sink
-    logger.removeHandler(handler)
-    logger.setLevel(previous)
 
 
 async def run_load(call: Callable[[], Awaitable[Answer]], *, until: Callable[[], bool],

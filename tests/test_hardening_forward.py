@@ -17,15 +17,16 @@ import pytest
 from agent_reach.atp import MAX_REQUEST_ID_CHARS, ErrorCode
 from aiohttp import web
 
+from agent_support import CallEndpoint
 from conftest import wait_for
-from recording_support import Received, RecordingServer
+from recording_support import Received, RecordingServer, starting
 from router.core import RouterSettings
-from router_support import Mesh, _OnLoopback
+from router_support import Mesh
 
 BREAKER = {"min_requests": 5, "error_threshold_percent": 50, "reset_seconds": 30, "window_seconds": 60}
 
 
-class ScriptedAgent(_OnLoopback, RecordingServer):
+class ScriptedAgent(CallEndpoint, RecordingServer):
     """An agent answering exactly the bytes it is given: ``status``, ``body`` and ``headers``; or, with
     ``stream`` set, a JSON string of that many bytes written in 64 KiB chunks (no Content-Length unless
     ``declare_length``). It notes how much it wrote and whether the router hung up before the end."""
@@ -71,16 +72,8 @@ class ScriptedAgent(_OnLoopback, RecordingServer):
 
 @pytest.fixture
 async def start_scripted():
-    agents: list[ScriptedAgent] = []
-
-    async def start(name: str, protocol: str = "rest") -> ScriptedAgent:
-        agent = await ScriptedAgent(name, protocol).start()
-        agents.append(agent)
-        return agent
-
-    yield start
-    for agent in agents:
-        await agent.stop()
+    async with starting(ScriptedAgent) as start:
+        yield start
 
 
 def breaker_counts(mesh: Mesh, capability: str = "echo") -> dict[str, tuple[str, int, int]]:

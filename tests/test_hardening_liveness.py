@@ -13,8 +13,9 @@ from typing import Any
 
 from agent_reach import AgentReachSDK, ReachClient
 
+from agent_support import Agent
 from conftest import wait_for
-from router_support import Agent, Mesh
+from router_support import Mesh
 
 
 def echo_agent(make: Any, agent_id: str, mesh: Mesh) -> AgentReachSDK:

@@ -14,8 +14,9 @@ from typing import Any
 
 import aiohttp
 
+from agent_support import Agent
 from conftest import wait_for
-from router_support import Agent, capability
+from router_support import capability
 
 AGENTS = ("fd-1", "fd-2")
 # One counted failure would open every breaker: a call the router could not send must count for none.

@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 from agent_reach.atp import RequestFrame
 
+from agent_support import Agent
 from conftest import wait_for
 from router.forward import Forwarder
 from router.tracecontext import MAX_TRACESTATE, parent_span
-from router_support import Agent, Mesh
+from router_support import Mesh
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"

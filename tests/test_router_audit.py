@@ -12,9 +12,10 @@ from typing import Any
 
 import msgspec
 
+from agent_support import Agent
 from conftest import wait_for
 from router.server import RouterServer, RouterServerSettings
-from router_support import Agent, Mesh
+from router_support import Mesh
 
 
 def digest_of(payload: Any) -> str:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import time
 
+from agent_support import Agent
 from conftest import wait_for
-from router_support import Agent, Answer, Mesh
+from router_support import Answer, Mesh
 
 BREAKER = {"min_requests": 4, "error_threshold_percent": 50, "reset_seconds": 0.5, "window_seconds": 10}
 

@@ -6,8 +6,9 @@ import asyncio
 import time
 from collections import Counter
 
+from agent_support import Agent
 from conftest import wait_for
-from router_support import Agent, Answer, Mesh, run_load
+from router_support import Answer, Mesh, run_load
 
 
 async def test_least_load_spreads_calls_by_inflight(mesh: Mesh, start_agent):

@@ -7,7 +7,8 @@ import time
 import pytest
 
 from conftest import wait_for
-from router_support import LogLines, Mesh
+from log_support import LogLines
+from router_support import Mesh
 
 
 async def timed_call(mesh: Mesh, **frame):
