@@ -1,5 +1,6 @@
-"""Agents for the router's tests: plain aiohttp agents with no SDK (recording servers whose answers
-can be changed while they run) and a target whose TCP handshake never completes."""
+"""Agents for the router's tests, all plain aiohttp with no SDK: an echo agent whose behaviour can be
+changed while it runs, a scripted agent that answers exactly the bytes it is given (both recording
+servers), and a target whose TCP handshake never completes."""
 
 from __future__ import annotations
 
@@ -156,8 +157,59 @@ async def start_agent() -> AsyncIterator[Callable[..., Awaitable[Agent]]]:
         yield start
 
 
+class ScriptedAgent(CallEndpoint, RecordingServer):
+    """An agent answering exactly the bytes it is given: ``status``, ``body`` and ``headers``; or, with
+    ``stream`` set, a JSON string of that many bytes written in 64 KiB chunks (no Content-Length unless
+    ``declare_length``). It notes how much it wrote and whether the router hung up before the end."""
+
+    def __init__(self, name: str, protocol: str = "rest"):
+        super().__init__(self._answer)
+        self.name = name
+        self.protocol = protocol
+        self.status = 200
+        self.body = b"{}"
+        self.headers: dict[str, str] = {}
+        self.stream = 0
+        self.declare_length = False
+        self.written = 0
+        self.cut_off = asyncio.Event()
+
+    @property
+    def calls(self) -> int:
+        return len(self.at("/call"))
+
+    async def _answer(self, request: web.Request, received: Received) -> web.StreamResponse:
+        if received.path != "/call":
+            # Where the agent's redirects point: a router that followed one would get a success here.
+            return web.json_response({"followed": True})
+        if not self.stream:
+            return web.Response(status=self.status, body=self.body,
+                                headers={"Content-Type": "application/json", **self.headers})
+        length = {"Content-Length": str(self.stream)} if self.declare_length else {}
+        response = web.StreamResponse(status=200, headers={"Content-Type": "application/json", **length})
+        await response.prepare(request)
+        chunk = b"a" * 65536
+        try:
+            await response.write(b'"')
+            self.written = 1
+            while self.written < self.stream - 1:
+                await response.write(chunk)
+                self.written += len(chunk)
+            await response.write(b'"')
+        except ConnectionError:
+            self.cut_off.set()
+        return response
+
+
 @pytest.fixture
 async def slow_connect() -> AsyncIterator[SlowConnectTarget]:
     target = await SlowConnectTarget().start()
     yield target
     target.close()
+
+
+@pytest.fixture
+async def start_scripted() -> AsyncIterator[Callable[..., Awaitable[ScriptedAgent]]]:
+    """``await start_scripted(name, protocol="rest")``: a running ScriptedAgent, stopped at teardown."""
+    async with starting(ScriptedAgent) as start:
+        yield start

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import gzip
 
+from agent_support import ScriptedAgent
 from router.core import RouterSettings
-from test_hardening_forward import ScriptedAgent, start_scripted  # noqa: F401 (the fixture)
 
 CAP = 1024 * 1024
 

@@ -8,72 +8,18 @@ documented ATP outcome (6); an agent's "your request is wrong" is the caller's e
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from typing import Any
 
 import pytest
 from agent_reach.atp import MAX_REQUEST_ID_CHARS, ErrorCode
-from aiohttp import web
 
-from agent_support import CallEndpoint
 from conftest import wait_for
-from recording_support import Received, RecordingServer, starting
 from router.core import RouterSettings
 from router_support import Mesh
 
 BREAKER = {"min_requests": 5, "error_threshold_percent": 50, "reset_seconds": 30, "window_seconds": 60}
-
-
-class ScriptedAgent(CallEndpoint, RecordingServer):
-    """An agent answering exactly the bytes it is given: ``status``, ``body`` and ``headers``; or, with
-    ``stream`` set, a JSON string of that many bytes written in 64 KiB chunks (no Content-Length unless
-    ``declare_length``). It notes how much it wrote and whether the router hung up before the end."""
-
-    def __init__(self, name: str, protocol: str = "rest"):
-        super().__init__(self._answer)
-        self.name = name
-        self.protocol = protocol
-        self.status = 200
-        self.body = b"{}"
-        self.headers: dict[str, str] = {}
-        self.stream = 0
-        self.declare_length = False
-        self.written = 0
-        self.cut_off = asyncio.Event()
-
-    @property
-    def calls(self) -> int:
-        return len(self.at("/call"))
-
-    async def _answer(self, request: web.Request, received: Received) -> web.StreamResponse:
-        if received.path != "/call":
-            # Where the agent's redirects point: a router that followed one would get a success here.
-            return web.json_response({"followed": True})
-        if not self.stream:
-            return web.Response(status=self.status, body=self.body,
-                                headers={"Content-Type": "application/json", **self.headers})
-        length = {"Content-Length": str(self.stream)} if self.declare_length else {}
-        response = web.StreamResponse(status=200, headers={"Content-Type": "application/json", **length})
-        await response.prepare(request)
-        chunk = b"a" * 65536
-        try:
-            await response.write(b'"')
-            self.written = 1
-            while self.written < self.stream - 1:
-                await response.write(chunk)
-                self.written += len(chunk)
-            await response.write(b'"')
-        except ConnectionError:
-            self.cut_off.set()
-        return response
-
-
-@pytest.fixture
-async def start_scripted():
-    async with starting(ScriptedAgent) as start:
-        yield start
 
 
 def breaker_counts(mesh: Mesh, capability: str = "echo") -> dict[str, tuple[str, int, int]]:
