@@ -15,7 +15,7 @@ from agent_reach.serving import listen
 from aiohttp import web
 
 from router.audit import AuditEntry, AuditFilter, AuditLog, entry_from_trace
-from router.api import audit_handler
+from router.api import AUDIT_KEY, audit_entries, guarded
 from router.audit_query import FilterError, parse_filters
 from router.traces import AttemptTrace, CallTrace
 from conftest import wait_for
@@ -62,7 +62,8 @@ async def serve() -> AsyncIterator[Callable[[AuditLog], Awaitable[str]]]:
 
     async def start(audit: AuditLog) -> str:
         app = web.Application()
-        app.router.add_get("/audit", audit_handler(audit))
+        app[AUDIT_KEY] = audit
+        app.router.add_get("/audit", guarded(audit_entries))
         runner, port = await listen(app, "127.0.0.1", 0)
         runners.append(runner)
         return f"http://127.0.0.1:{port}/audit"
