@@ -18,7 +18,8 @@ import aiohttp
 import msgspec
 from agent_reach.atp import BusinessError, ErrorCode, RequestFrame, agent_business_error, agent_status_code
 from agent_reach.exhaustion import local_exhaustion
-from agent_reach.headers import SIGNATURE_HEADER
+from agent_reach.headers import (COMPLETION_URL_HEADER, CONTEXT_HEADER, REQUEST_ID_HEADER, SIGNATURE_HEADER,
+                                 TIMEOUT_HEADER, TRACEPARENT_HEADER, TRACESTATE_HEADER)
 from agent_reach.signing import sign
 from yarl import URL
 
@@ -75,8 +76,8 @@ def _atp_request(frame: RequestFrame, timeout_hint_ms: int) -> tuple[bytes, dict
 
 
 def _rest_request(frame: RequestFrame, timeout_hint_ms: int) -> tuple[bytes, dict[str, str]]:
-    headers = {"Content-Type": "application/json", "X-Reach-Context": _encoder.encode(frame.context).decode(),
-               "X-Reach-Timeout-Ms": str(timeout_hint_ms)}
+    headers = {"Content-Type": "application/json", CONTEXT_HEADER: _encoder.encode(frame.context).decode(),
+               TIMEOUT_HEADER: str(timeout_hint_ms)}
     return _encoder.encode(frame.payload), headers
 
 
@@ -215,14 +216,14 @@ class Forwarder:
         # One coroutine, not a timing wrapper around another: every await resumes through each frame.
         build, classify = _PROTOCOLS[protocol]
         body, headers = build(frame, int(timeouts.total_s * 1000))
-        headers["X-Request-Id"] = frame.request_id
-        headers["traceparent"] = span.traceparent
+        headers[REQUEST_ID_HEADER] = frame.request_id
+        headers[TRACEPARENT_HEADER] = span.traceparent
         if span.tracestate is not None:
-            headers["tracestate"] = span.tracestate
+            headers[TRACESTATE_HEADER] = span.tracestate
         if signing_key is not None:
             headers[SIGNATURE_HEADER] = sign(signing_key, agent_id, "POST", _path(endpoint), frame.request_id, body)
         if self.completion_url:
-            headers["X-Reach-Completion-Url"] = self.completion_url
+            headers[COMPLETION_URL_HEADER] = self.completion_url
         client_timeout = _client_timeout(timeouts.connect_s)
         # One timer for both deadlines: the first byte's, then (headers in) the whole call's.
         now = asyncio.get_running_loop().time()
