@@ -269,9 +269,10 @@ class ConsoleApi:
             frame = reply.json()
         except msgspec.DecodeError:
             frame = reply.body.decode(errors="replace")
+        request_id_header = REQUEST_ID_HEADER.lower()
         headers = {name.lower(): value for name, value in reply.headers.items()
-                   if name.lower().startswith("x-reach-") or name.lower() == REQUEST_ID_HEADER.lower()}
-        request_id = headers.get(REQUEST_ID_HEADER.lower()) or (frame.get("request_id") if isinstance(frame, dict) else None)
+                   if name.lower().startswith("x-reach-") or name.lower() == request_id_header}
+        request_id = headers.get(request_id_header) or (frame.get("request_id") if isinstance(frame, dict) else None)
         return json_response(DebugResult(
             http_status=reply.status, request_id=request_id, elapsed_ms=round(reply.elapsed_ms, 3), headers=headers,
             frame=frame, trace_url=f"/api/traces/{request_id}" if request_id else None))

@@ -147,8 +147,8 @@ class Gatekeeper:
             raise ApiError(400, "invalid_body", 'Send {"admin_key": "..."}', "admin_key") from None
         if not key or not await self.is_admin(key):
             log.warning("console sign-in refused: not the admin key", extra={"remote": request.remote})
-            raise ApiError(401, "unauthenticated",
-                           "That is not the admin key. It is in DATA_DIR/admin.key on the registry's host.", "admin_key")
+            raise ApiError(401, "unauthenticated", "That is not the admin key. It is in DATA_DIR/admin.key on the "
+                                                   "registry's host.", "admin_key")
         response = json_response({"auth": "on", "signed_in": True})
         response.set_cookie(COOKIE, self.sessions.open(), max_age=SESSION_SECONDS, path="/", httponly=True,
                             samesite="Strict")

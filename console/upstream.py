@@ -1,7 +1,7 @@
 """The console's only way to the mesh: HTTP to the registry and the router, failures as values.
 
 A mesh part that is down must show on screen as "unreachable", not as a console crash, so every
-call answers a Reply; a connection failure becomes a 502 Reply in the mesh's error envelope (weblayer.errors).
+call answers a Reply; a connection failure becomes a 502 Reply in the mesh's error envelope.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 
 import aiohttp
 import msgspec
+from agent_reach.connections import error_body
 from agent_reach.headers import API_KEY_HEADER
-from weblayer.errors import envelope
 from yarl import URL
 
 from console.admin_key import AdminKey
@@ -46,7 +46,7 @@ class Reply(msgspec.Struct, kw_only=True):
 
 
 def unreachable(url: URL, exc: BaseException) -> Reply:
-    body = envelope("upstream_unreachable", f"{url}: {str(exc) or type(exc).__name__}")
+    body = error_body("upstream_unreachable", f"{url}: {str(exc) or type(exc).__name__}")
     return Reply(status=502, body=msgspec.json.encode(body))
 
 

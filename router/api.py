@@ -20,7 +20,7 @@ from agent_reach.atp import (MAX_CAPABILITY_CHARS, MAX_REQUEST_ID_CHARS, ErrorCo
 from agent_reach.headers import REQUEST_ID_HEADER, ROUTE_HEADERS, TRACEPARENT_HEADER, TRACESTATE_HEADER
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from weblayer.errors import ApiError, envelope, from_decode_error
+from weblayer.errors import ApiError, from_decode_error
 from weblayer.guard import Handler, admin_only
 from weblayer.middleware import failure_response
 from weblayer.reading import bounded_int
@@ -382,9 +382,9 @@ async def unrouted(request: web.Request) -> web.Response:
             allowed |= (await resource.resolve(request))[1]
     if allowed:
         methods = ", ".join(sorted(allowed))
-        return json_response(envelope("method_not_allowed", f"{request.method} is not allowed here; use {methods}"),
-                             405, {"Allow": methods})
-    return json_response(envelope("not_found", f"No such endpoint: {request.path}"), 404)
+        message = f"{request.method} is not allowed here; use {methods}"
+        return error_response(ApiError(405, "method_not_allowed", message, headers={"Allow": methods}))
+    return error_response(ApiError(404, "not_found", f"No such endpoint: {request.path}"))
 
 
 OPEN: list[tuple[str, str, Handler]] = [

@@ -14,13 +14,18 @@ import msgspec
 import pytest
 from agent_reach.serving import listen
 from aiohttp import web
-from weblayer.errors import ApiError, envelope
+from weblayer.errors import ApiError
 from weblayer.guard import admin_only
 from weblayer.middleware import errors_as_json
 from weblayer.reading import bounded_int, converted, read_json
 from weblayer.responses import json_response
 
 log = logging.getLogger("agentreach.test.weblayer")
+
+
+def envelope(code: str, message: str, field: str | None = None) -> dict[str, str | None]:
+    """The error body as docs/atp.md and the README spell it."""
+    return {"error": code, "message": message, "field": field}
 
 
 class Outage(Exception):

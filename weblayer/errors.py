@@ -1,7 +1,7 @@
 """Errors as values: a code, an HTTP status, a human message and the offending field.
 
 Every error the registry, the router and the console answer has one shape,
-``{"error": code, "message": text, "field": path}``, built here and nowhere else.
+``{"error": code, "message": text, "field": path}``, built by the SDK's ``error_body`` (agents answer in it too).
 """
 
 from __future__ import annotations
@@ -10,14 +10,10 @@ import re
 from collections.abc import Mapping
 
 import msgspec
+from agent_reach.connections import error_body
 
 _AT_PATH = re.compile(r" - at `\$(?P<path>[^`]*)`$")
 _FIELD_NAME = re.compile(r"field `(?P<name>[^`]+)`")
-
-
-def envelope(code: str, message: str, field: str | None = None, **details: object) -> dict[str, object]:
-    """The error body every API answers."""
-    return {"error": code, "message": message, "field": field, **details}
 
 
 class ApiError(Exception):
@@ -31,7 +27,7 @@ class ApiError(Exception):
         self.headers, self.details = headers, details
 
     def body(self) -> dict[str, object]:
-        return envelope(self.code, self.message, self.field, **self.details)
+        return {**error_body(self.code, self.message, self.field), **self.details}
 
 
 def from_decode_error(exc: msgspec.MsgspecError, prefix: str = "") -> ApiError:

@@ -53,17 +53,23 @@ class SlowBody(RequestPayloadError):
     """The request body did not arrive within the body deadline."""
 
 
+def error_body(code: str, message: str, field: str | None = None) -> dict[str, str | None]:
+    """The error envelope every server in the mesh answers in, the SDK's agents and the mesh's own
+    parts (weblayer) alike: what went wrong as a code, in words, and which field."""
+    return {"error": code, "message": message, "field": field}
+
+
 def unreadable_body(exc: RequestPayloadError) -> tuple[int, dict[str, str | None]]:
     """The answer for a body that could not be read: too slow (408), or not decodable (400)."""
     if isinstance(exc, SlowBody):
-        return 408, {"error": "body_timeout", "message": str(exc), "field": "body"}
+        return 408, error_body("body_timeout", str(exc), "body")
     reason = getattr(exc.__cause__, "message", None) or str(exc)
-    return 400, {"error": "invalid_body", "field": "body",
-                 "message": f"The request body could not be read ({reason}); check Content-Encoding"}
+    return 400, error_body("invalid_body", f"The request body could not be read ({reason}); check Content-Encoding",
+                           "body")
 
 
 def error_answer(status: int, code: str, message: str, field: str | None = None) -> web.Response:
-    body = _encoder.encode({"error": code, "message": message, "field": field})
+    body = _encoder.encode(error_body(code, message, field))
     return web.Response(body=body, status=status, content_type="application/json")
 
 
