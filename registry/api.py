@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from agent_reach.connections import error_body
 from agent_reach.registration import AgentRef, CapabilityRef, HeartbeatRequest, Name, RegisterRequest
 from aiohttp import web
 from auth.records import ClientCreate, PublishedKey, TokenCreate, client_view
@@ -102,9 +103,9 @@ async def healthz(request: web.Request) -> web.Response:
     store = request.app[REGISTRY_KEY].store
     storage = store.health
     if not storage.writable:
-        return json_response({"status": "unavailable", "error": "storage_unavailable", "field": None,
-                              "message": f"The registry cannot store changes: {storage.problem}",
-                              "since": storage.since, "revision": store.revision}, 503)
+        problem = error_body("storage_unavailable", f"The registry cannot store changes: {storage.problem}")
+        return json_response({"status": "unavailable", **problem, "since": storage.since, "revision": store.revision},
+                             503)
     return json_response({"status": "ok", "revision": store.revision})
 
 

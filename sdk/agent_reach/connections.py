@@ -110,8 +110,8 @@ class Refusal(asyncio.Protocol):
     """What a connection past the cap gets: a 503 and the door closed, before any of it is read."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        body = _encoder.encode({"error": "too_many_connections", "field": None,
-                                "message": "The server has as many connections open as it accepts; retry shortly"})
+        body = _encoder.encode(error_body("too_many_connections",
+                                          "The server has as many connections open as it accepts; retry shortly"))
         assert isinstance(transport, asyncio.Transport)
         transport.write(_TOO_MANY % (len(body), body))
         transport.close()
