@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 from agent_reach import logs
 from agent_reach.atp import (MAX_CAPABILITY_CHARS, MAX_REQUEST_ID_CHARS, ErrorCode, ErrorFrame, RequestFrame,
-                             RouteFacts, error_frame, valid_capability, valid_request_id)
+                             RouteFacts, error_frame, valid_capability, valid_request_id, valid_routing_hint)
 from agent_reach.headers import REQUEST_ID_HEADER, ROUTE_HEADERS, TRACEPARENT_HEADER, TRACESTATE_HEADER
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -135,6 +135,9 @@ def checked(frame: RequestFrame) -> RequestFrame | CallResult:
     if frame.timeout_hint is not None and frame.timeout_hint <= 0:
         return invalid_frame(frame.request_id, "timeout_hint must be a positive number of milliseconds",
                              "timeout_hint")
+    if not valid_routing_hint(frame.context):
+        return invalid_frame(frame.request_id, "context.routing_hint must be an object: the metadata labels an "
+                                               "instance must have, with their values", "context.routing_hint")
     if frame.context and len(context := _encoder.encode(frame.context)) > MAX_CONTEXT_BYTES:
         return invalid_frame(frame.request_id, f"context is {len(context)} bytes as JSON; the mesh carries at most "
                                                f"{MAX_CONTEXT_BYTES} (it travels in a header to rest agents): send "

@@ -4,11 +4,9 @@ closed (calls flow; errors counted over a sliding window) -> open (error rate re
 on enough requests; nothing flows) -> half_open (``reset_seconds`` later; ``half_open_probes`` calls
 may pass) -> closed on a successful probe, or open again for another ``reset_seconds`` on a failed one.
 
-What counts as a failure is ``verdict``'s decision, made before ``record`` is called: timeouts,
-connection errors, agent errors *and* business errors (an HTTP 200 that carries ``business_error``)
-are failures; an agent's busy answer, its refusal of the request itself, a timeout the caller's own
-deadline brought forward, a refusal the router made itself (busy, no instance) and the router's own
-failure (INTERNAL_ERROR: out of file descriptors, say) are not recorded at all.
+What counts as a failure is decided before ``record`` is called, by the outcome observer
+(router/outcome.py: whose failure an answer was); answers that say nothing about the agent are not
+recorded at all.
 """
 
 from __future__ import annotations
@@ -18,44 +16,7 @@ from collections import deque
 from enum import Enum
 
 import msgspec
-from agent_reach.atp import ErrorCode
 from mesh.policy import BreakerConfig
-
-from router.forward import AgentAnswer
-from router.timeouts import ResolvedTimeouts
-
-# An agent's answers that say the REQUEST was wrong (its form, size or content): the same request would
-# fail at every instance, so they end the call and say nothing about the agent.
-REQUEST_REFUSALS = frozenset({ErrorCode.INVALID_FRAME, ErrorCode.PAYLOAD_TOO_LARGE, ErrorCode.INVALID_PAYLOAD})
-
-
-_DEADLINES = {ErrorCode.CONNECT_TIMEOUT: "connect_s", ErrorCode.FIRST_BYTE_TIMEOUT: "first_byte_s",
-              ErrorCode.TOTAL_TIMEOUT: "total_s"}
-
-
-def verdict(answer: AgentAnswer) -> bool | None:
-    """What one answer tells a breaker: True a success, False a failure, None nothing. Busy means full,
-    not broken; a refused request, or a timeout at the caller's own shorter deadline, is the caller's
-    doing, and counting it would let any one caller open a breaker for every other caller; the router's
-    own failure would open every breaker it has at once."""
-    if answer.ok:
-        return True
-    if answer.error_code is ErrorCode.BUSY or answer.error_code in REQUEST_REFUSALS or answer.cut_short \
-            or routers_own(answer):
-        return None
-    return False
-
-
-def routers_own(answer: AgentAnswer) -> bool:
-    """Whether the attempt failed in the router itself: no instance is to blame, none is tried next."""
-    return answer.error_code is ErrorCode.INTERNAL_ERROR
-
-
-def hurried(code: ErrorCode | None, given: ResolvedTimeouts, own: ResolvedTimeouts) -> bool:
-    """Whether the timeout ``code`` fired at a deadline shorter in ``given`` (the caller's hint applied)
-    than in ``own`` (the capability's)."""
-    deadline = _DEADLINES.get(code) if code is not None else None
-    return deadline is not None and getattr(given, deadline) < getattr(own, deadline)
 
 
 class BreakerState(str, Enum):

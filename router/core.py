@@ -11,26 +11,27 @@ import logging
 import random
 import time
 from collections import Counter, OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 from agent_reach.atp import ErrorCode, ErrorFrame, RequestFrame, ResponseFrame, RouteFacts, error_frame
 from agent_reach.exhaustion import Throttle
+from agent_reach.registration import RoutingPolicy
 from mesh.alerts import AlertConfig
 from mesh.policy import DEFAULT_POLICY, Policy
 
 from router.auth import Caller, Refusal, Unauthenticated, authorize
 from router.audit import AuditLog, entry_from_trace
-from router.breaker import REQUEST_REFUSALS, hurried, routers_own, verdict
 from router.forward import DEFAULT_MAX_ANSWER_BYTES, AgentAnswer, Forwarder
 from router.instances import InstanceBook
 from router.mirror import Offer, RegistryMirror
+from router.outcome import Observer, Step, hurried
 from router.ratelimit import ClientLimits
 from router.reach import Outcome, ReachLedger
 from router.semantic.outcome import IntentRefusal
 from router.selection import Candidate, RouteRefusal, choose_policy, plan_route, session_hash_key
 from router.sticky import StickyTable, sticky_key
-from router.timeouts import resolve_timeouts
+from router.timeouts import ResolvedTimeouts, resolve_timeouts
 from router.tracecontext import CallSpan, ParentSpan, open_span
 from router.traces import AttemptTrace, CallTrace, TraceStore
 
@@ -54,7 +55,7 @@ CANCELLED = "CANCELLED"
 
 
 class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):
-    default_policy: str = "least_load"
+    default_policy: RoutingPolicy = "least_load"
     panic_threshold: float = 0.5
     period_seconds: float = 60.0
     alert: AlertConfig = AlertConfig()
@@ -78,7 +79,7 @@ class CallResult(msgspec.Struct, kw_only=True):
     @property
     def http_status(self) -> int:
         if isinstance(self.frame, ErrorFrame):
-            return ErrorCode(self.frame.error_code).http_status
+            return self.frame.error_code.http_status
         return 200
 
 
@@ -86,7 +87,7 @@ class _Attempts(msgspec.Struct, kw_only=True):
     answer: AgentAnswer | None = None
     refusal: RouteRefusal | None = None
     instance: str | None = None
-    policy: str | None = None
+    policy: RoutingPolicy | None = None
     attempts: int = 0
     degraded: bool = False
     reason: str | None = None
@@ -110,6 +111,7 @@ class Router:
         self.forwarder = forwarder
         self.settings = settings
         self.book = InstanceBook()
+        self.observer = Observer(self.book)
         self.sticky = StickyTable()
         self.ledger = ReachLedger(period_seconds=settings.period_seconds, alert=settings.alert)
         self.decisions: Counter[str] = Counter()
@@ -228,14 +230,13 @@ class Router:
         answer = result.frame if result is not None else None
         update = answer.context_update if isinstance(answer, ResponseFrame) else None
         tokens = update.get("tokens_used") if update else None
-        hint = frame.context.get("routing_hint")
         parent_request_id = frame.context.get("parent_request_id")
         trace = CallTrace(
             request_id=frame.request_id, capability=frame.capability or "", trace_id=str(frame.context["trace_id"]),
             started_at=started_at, parent_request_id=parent_request_id if isinstance(parent_request_id, str) else None,
             caller=caller.client_id if caller is not None else None,
             payload_bytes=len(payload), timeout_hint=frame.timeout_hint,
-            routing_hint=hint if isinstance(hint, dict) else None, policy=route.policy,
+            routing_hint=frame.context.get("routing_hint"), policy=route.policy,
             plan=result.plan if result is not None else [], degraded=route.degraded, reason=route.reason,
             attempts=flight.tried, outcome=outcome,
             error_code=CANCELLED if answer is None else answer.error_code if isinstance(answer, ErrorFrame) else None,
@@ -273,10 +274,7 @@ class Router:
         capability_breaker = self.book.breaker("", capability, policy.circuit_breaker)
         if capability_breaker.allow(now):
             attempts = await self._attempt(frame, capability, offers, policy, started, flight)
-            # Like the instance breakers: an agent's 429 or its refusal of the request is not counted.
-            counted = verdict(attempts.answer) if attempts.answer is not None else None
-            if counted is not None:
-                capability_breaker.record(counted, time.monotonic())
+            self.observer.observe_capability(capability_breaker, attempts.answer, time.monotonic())
         else:
             attempts = _Attempts(answer=AgentAnswer(error_code=ErrorCode.CIRCUIT_OPEN, sent=False,
                                                     message=f"circuit open for capability {capability!r}"),
@@ -321,9 +319,8 @@ class Router:
         policy_name = choose_policy(policy.policy, [o.record.metadata.get("routing_policy") for o in offers],
                                     self.settings.default_policy)
         sticky = sticky_key(capability, frame.context, policy.affinity.key) if policy.affinity.enabled else None
-        hint = frame.context.get("routing_hint")
         plan = plan_route(candidates, policy_name=policy_name, hash_key=session_hash_key(frame.context, frame.request_id),
-                          routing_hint=hint if isinstance(hint, dict) else None,
+                          routing_hint=frame.context.get("routing_hint"),  # an object or None: checked at the edge
                           sticky_agent=self.sticky.get(sticky, now) if sticky else None,
                           rng=self._rng, panic_threshold=self.settings.panic_threshold)
         if isinstance(plan, RouteRefusal):
@@ -371,28 +368,16 @@ class Router:
             state.answer = answer
             state.agent_ms += answer.elapsed_ms
             answer.cut_short = hurried(answer.error_code, timeouts, own)
-            counted = verdict(answer)
-            if counted is not None:
-                # Business errors count as failures even though the agent answered HTTP 200.
-                breaker.record(counted, time.monotonic())
-            if answer.ok:
-                self.book.reinstate(candidate.agent_id)
-                if sticky:
-                    self.sticky.put(sticky, candidate.agent_id, policy.affinity.ttl_seconds, time.monotonic())
-                break
-            if answer.cut_short or routers_own(answer):
-                # The caller's deadline passed, or the router failed itself: no instance is to blame, nor
-                # would another do better (out of descriptors, trying every instance is a failover storm).
-                break
-            if not answer.sent:
-                seconds = self.book.eject(candidate.agent_id, time.monotonic())
-                log.warning("instance ejected: connection failed", extra={
-                    "instance": candidate.agent_id, "eject_seconds": seconds, "error": answer.message})
-            elif answer.error_code is not ErrorCode.BUSY:
+            step = self.observer.observe(breaker, candidate.agent_id, answer, time.monotonic())
+            if step is Step.RETRY:
                 tries += 1
-                if tries >= tries_allowed or answer.error_code is ErrorCode.BUSINESS_ERROR \
-                        or answer.error_code in REQUEST_REFUSALS:
-                    break
+                if tries < tries_allowed:
+                    continue
+            elif step is Step.NEXT:
+                continue
+            elif answer.ok and sticky:
+                self.sticky.put(sticky, candidate.agent_id, policy.affinity.ttl_seconds, time.monotonic())
+            break
         if state.answer is None:
             refusal = RouteRefusal(code=ErrorCode.CIRCUIT_OPEN, reason="every instance's circuit is open") if broken \
                 else RouteRefusal(code=ErrorCode.BUSY, reason="every instance is at its max_qps")
@@ -410,7 +395,7 @@ class Router:
             has_capacity=self.book.bucket(agent_id, max_qps).available(now) >= 1,
         )
 
-    async def _send(self, frame: RequestFrame, capability: str, offer: Offer, timeouts: Any,
+    async def _send(self, frame: RequestFrame, capability: str, offer: Offer, timeouts: ResolvedTimeouts,
                     remaining: float, span: CallSpan) -> AgentAnswer:
         agent_id = offer.record.agent_id
         attempt_timeouts = msgspec.structs.replace(
@@ -428,7 +413,7 @@ class Router:
             self._remember_timeout(frame.request_id, agent_id, capability, answer.error_code.value)
             log.warning("call timed out", extra={"instance": agent_id, "timeout": answer.error_code.value,
                                                  "elapsed_ms": round(answer.elapsed_ms, 1)})
-        elif routers_own(answer):
+        elif answer.error_code is ROUTER_FAILURE:
             self._short_of_resources.log(log, logging.ERROR, "router out of a system resource: calls fail "
                                          "without reaching any agent", instance=agent_id, error=answer.message)
         elif not answer.ok:

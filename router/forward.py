@@ -20,6 +20,7 @@ from agent_reach.atp import BusinessError, ErrorCode, RequestFrame, agent_busine
 from agent_reach.exhaustion import local_exhaustion
 from agent_reach.headers import (COMPLETION_URL_HEADER, CONTEXT_HEADER, REQUEST_ID_HEADER, SIGNATURE_HEADER,
                                  TIMEOUT_HEADER, TRACEPARENT_HEADER, TRACESTATE_HEADER)
+from agent_reach.registration import Protocol
 from agent_reach.signing import sign
 from yarl import URL
 
@@ -207,7 +208,7 @@ class Forwarder:
         self._session = session
         self.completion_url = completion_url
 
-    async def send(self, endpoint: str, protocol: str, frame: RequestFrame, timeouts: ResolvedTimeouts,
+    async def send(self, endpoint: str, protocol: Protocol, frame: RequestFrame, timeouts: ResolvedTimeouts,
                    signing_key: str | None = None, agent_id: str = "",
                    max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES, *, span: CallSpan) -> AgentAnswer:
         """``signing_key``: the key of the registration token the instance ``agent_id`` joined with, if any;

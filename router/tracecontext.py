@@ -9,12 +9,11 @@ fail its call. Pure functions; the API reads the headers and the forwarder write
 from __future__ import annotations
 
 import hashlib
-import os
-import random
 import re
 from typing import Any
 
 import msgspec
+from agent_reach.context import format_traceparent, new_span_id, new_trace_id
 
 # Version 00 only, lowercase hex (W3C Trace Context, level 1, section 3.2).
 _TRACEPARENT = re.compile(r"00-(?P<trace>[0-9a-f]{32})-(?P<span>[0-9a-f]{16})-(?P<flags>[0-9a-f]{2})")
@@ -24,7 +23,6 @@ _HEX = re.compile(r"[0-9a-f]+")
 MAX_TRACESTATE = 512
 _TRACESTATE = re.compile(r"[\x20-\x7e]*")
 _ZERO_TRACE, _ZERO_SPAN = "0" * 32, "0" * 16
-_spans = random.Random()
 
 
 class ParentSpan(msgspec.Struct, frozen=True, gc=False):
@@ -47,7 +45,7 @@ class CallSpan(msgspec.Struct, frozen=True, gc=False):
 
     @property
     def traceparent(self) -> str:
-        return f"00-{self.trace_id}-{self.span_id}-{self.flags}"
+        return format_traceparent(self.trace_id, self.span_id, self.flags)
 
 
 def parent_span(traceparent: str, tracestate: str) -> ParentSpan | None:
@@ -69,18 +67,6 @@ def w3c_id(text: str, size: int) -> str:
     if len(plain) >= size * 2 and _HEX.fullmatch(plain) and plain[:size * 2].strip("0"):
         return plain[:size * 2]
     return hashlib.blake2b(text.encode(), digest_size=size).hexdigest()
-
-
-def new_trace_id() -> str:
-    """128 bits from the system's generator as 32 hex digits: a trace nobody can predict, so no caller
-    can put its calls into another caller's trace (the span generator's outputs can be told in advance
-    once enough of them are seen). All zero, invalid in W3C, would take 2**128 tries."""
-    return os.urandom(16).hex()
-
-
-def new_span_id() -> str:
-    """64 random bits, never all zero (an all-zero span id is invalid in W3C)."""
-    return f"{_spans.getrandbits(64) or 1:016x}"
 
 
 def open_span(context: dict[str, Any], parent: ParentSpan | None) -> CallSpan:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import os
 import re
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Literal
 
 import msgspec
+
+from agent_reach.registration import RoutingPolicy
 
 # A request id and a capability name travel in HTTP headers (X-Request-Id, X-Reach-Capability), so
 # both are bounded and plain: visible ASCII, nothing a header could be split on. Checked by the
@@ -30,6 +32,13 @@ def valid_request_id(value: object) -> bool:
     """1 to 128 visible ASCII characters (0x21-0x7e; isprintable admits the space, so it is excluded)."""
     return isinstance(value, str) and 0 < len(value) <= MAX_REQUEST_ID_CHARS and value.isascii() \
         and value.isprintable() and " " not in value
+
+
+def valid_routing_hint(context: dict[str, Any]) -> bool:
+    """``context.routing_hint`` absent, null or an object of labels. It is a hard filter, so a hint of any
+    other shape is refused rather than ignored: ignoring it would route where the caller said not to."""
+    hint = context.get("routing_hint")
+    return hint is None or isinstance(hint, dict)
 
 
 def valid_capability(name: str) -> bool:
@@ -67,7 +76,7 @@ class RouteFacts(msgspec.Struct, kw_only=True, omit_defaults=True):
     """How the mesh routed a call, so callers can calibrate their timeouts."""
 
     instance: str | None = None
-    policy: str | None = None
+    policy: RoutingPolicy | None = None
     attempts: int = 0
     degraded: bool = False
     timeout_sla_ms: int | None = None
@@ -93,7 +102,7 @@ class ErrorFrame(msgspec.Struct, kw_only=True, omit_defaults=True):
     """What the mesh (or an agent) answers when the call did not succeed."""
 
     request_id: str
-    error_code: str
+    error_code: ErrorCode
     error_message: str
     can_retry: bool
     business_error: BusinessError | None = None
@@ -102,8 +111,9 @@ class ErrorFrame(msgspec.Struct, kw_only=True, omit_defaults=True):
     field: str | None = None
 
 
-class ErrorCode(str, Enum):
-    """Every error the mesh can answer, with its HTTP status and whether a retry may help."""
+class ErrorCode(StrEnum):
+    """Every error the mesh can answer, with its HTTP status and whether a retry may help. A StrEnum, so
+    it reads as its code wherever it is written (f-strings, logs, metric labels, the audit table)."""
 
     INVALID_FRAME = "INVALID_FRAME"
     PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
@@ -192,5 +202,5 @@ def agent_business_error(raw: object) -> BusinessError | None:
 def error_frame(request_id: str, code: ErrorCode, message: str, field: str | None = None) -> ErrorFrame:
     """Build an error frame whose can_retry always agrees with the table."""
     return ErrorFrame(
-        request_id=request_id, error_code=code.value, error_message=message, can_retry=code.can_retry, field=field
+        request_id=request_id, error_code=code, error_message=message, can_retry=code.can_retry, field=field
     )
