@@ -362,7 +362,7 @@ class Router:
             flight.tried.append(attempt)
             answer = await self._send(frame, capability, offer, timeouts, remaining, flight.span)
             attempt.elapsed_ms, attempt.message = round(answer.elapsed_ms, 3), answer.message
-            attempt.error_code = answer.error_code.value if answer.error_code else None
+            attempt.error_code = answer.error_code
             state.attempts += 1
             state.instance = candidate.agent_id
             state.answer = answer

@@ -108,14 +108,16 @@ class Observer:
     def observe(self, breaker: CircuitBreaker, instance: str, answer: AgentAnswer, now: float) -> Step:
         """Account one attempt's ``answer`` from ``instance`` (``breaker``: the instance's for this
         capability, the one the attempt passed) and say what the call does next."""
+        if answer.error_code is None:  # the common case, without the table
+            breaker.record(True, now)
+            self.book.reinstate(instance)
+            return Step.DONE
         reading = read(answer)
         counted = _COUNTED[reading]
         if counted is not None:
             # Business errors count as failures even though the agent answered HTTP 200.
             breaker.record(counted, now)
-        if reading is Reading.SUCCESS:
-            self.book.reinstate(instance)
-        elif reading is Reading.UNREACHED:
+        if reading is Reading.UNREACHED:
             seconds = self.book.eject(instance, now)
             log.warning("instance ejected: connection failed", extra={
                 "instance": instance, "eject_seconds": seconds, "error": answer.message})

@@ -17,15 +17,17 @@ from collections.abc import Iterable
 from typing import Any
 
 import msgspec
+from agent_reach.atp import ErrorCode, RoutedBy
+from agent_reach.registration import Protocol
 
 
 class AttemptTrace(msgspec.Struct, kw_only=True, gc=False):
     instance: str
     endpoint: str
-    protocol: str
+    protocol: Protocol
     started_ms: float  # since the call started
     elapsed_ms: float
-    error_code: str | None = None
+    error_code: ErrorCode | None = None
     message: str = ""
 
 
@@ -39,13 +41,13 @@ class CallTrace(msgspec.Struct, kw_only=True, gc=False):
     payload_bytes: int = 0
     timeout_hint: int | None = None
     routing_hint: dict[str, Any] | None = None
-    policy: str | None = None
+    policy: RoutedBy | None = None
     plan: list[str] = []
     degraded: bool = False
     reason: str | None = None
     attempts: list[AttemptTrace] = []
     outcome: str = "pending"
-    error_code: str | None = None
+    error_code: str | None = None  # an ErrorCode, or CANCELLED (nothing was answered)
     total_ms: float = 0.0
     overhead_ms: float = 0.0
     tokens: int | None = None

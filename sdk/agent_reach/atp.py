@@ -72,11 +72,16 @@ class IntentCandidate(msgspec.Struct, frozen=True):
     score: float
 
 
+# How a call was routed: its capability's policy, or "direct" when the router was unreachable and the
+# SDK called an instance itself (agent_reach.direct).
+RoutedBy = RoutingPolicy | Literal["direct"]
+
+
 class RouteFacts(msgspec.Struct, kw_only=True, omit_defaults=True):
     """How the mesh routed a call, so callers can calibrate their timeouts."""
 
     instance: str | None = None
-    policy: RoutingPolicy | None = None
+    policy: RoutedBy | None = None
     attempts: int = 0
     degraded: bool = False
     timeout_sla_ms: int | None = None

@@ -32,10 +32,10 @@ class ReachError(Exception):
         if isinstance(frame, ErrorFrame):
             self.error_code, self.can_retry, message = frame.error_code, frame.can_retry, frame.error_message
         elif frame.business_error is not None:
-            self.error_code, self.can_retry = ErrorCode.BUSINESS_ERROR.value, False
+            self.error_code, self.can_retry = ErrorCode.BUSINESS_ERROR, False
             message = f"{frame.business_error.code}: {frame.business_error.message}"
         else:
-            self.error_code, self.can_retry, message = ErrorCode.BUSY.value, True, f"status {frame.status}"
+            self.error_code, self.can_retry, message = ErrorCode.BUSY, True, f"status {frame.status}"
         super().__init__(f"{self.error_code}: {message}")
 
     @property
