@@ -1,7 +1,9 @@
 """One routed call, start to finish: find the capability, plan, attempt, fail over, account.
 
-Decisions come from the pure modules (selection, breaker, policy); the only I/O here is the
-forward itself. Everything the caller needs to calibrate is returned in RouteFacts.
+Decisions come from the pure modules (selection, breaker, policy); what each answer means for its
+instance (breakers, ejection, reinstatement) and for the call's next step is the outcome observer's
+(router/outcome.py). The only I/O here is the forward itself. Everything the caller needs to
+calibrate is returned in RouteFacts.
 """
 
 from __future__ import annotations
