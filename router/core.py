@@ -30,7 +30,7 @@ from router.mirror import Offer, RegistryMirror
 from router.outcome import Observer, Step, hurried
 from router.ratelimit import ClientLimits
 from router.reach import Outcome, ReachLedger
-from router.semantic.outcome import IntentRefusal
+from router.semantic.outcome import IntentMatch, IntentRefusal
 from router.selection import Candidate, RouteRefusal, choose_policy, plan_route, session_hash_key
 from router.sticky import StickyTable, sticky_key
 from router.timeouts import ResolvedTimeouts, resolve_timeouts
@@ -156,18 +156,19 @@ class Router:
             refusal = self._admit(caller, started)
             if refusal is not None:
                 return self._refuse(frame, refusal, caller, started)
-        match = None
+        match: IntentMatch | None = None
         if not frame.capability and self.semantic is None:
             return self._error(frame, ErrorCode.INVALID_FRAME,
                                "capability is required (semantic matching is off, so intent cannot stand for it)",
                                RouteFacts(), started, ledgered=False)
         if not frame.capability and frame.intent and self.semantic is not None:
             # A name always wins; only a frame without one is matched by meaning.
-            match = await self.semantic.resolve(frame.intent)
-            if isinstance(match, IntentRefusal):
-                self.decisions[match.code.value.lower()] += 1
-                return self._error(frame, match.code, match.message,
-                                   RouteFacts(intent_candidates=match.candidates), started, ledgered=False)
+            resolved = await self.semantic.resolve(frame.intent)
+            if isinstance(resolved, IntentRefusal):
+                self.decisions[resolved.code.value.lower()] += 1
+                return self._error(frame, resolved.code, resolved.message,
+                                   RouteFacts(intent_candidates=resolved.candidates), started, ledgered=False)
+            match = resolved
             self.decisions["semantic"] += 1
             frame.capability = match.capability  # in place: the trace and audit row name the matched capability
         capability = frame.capability or ""
@@ -418,7 +419,7 @@ class Router:
         elif answer.error_code is ROUTER_FAILURE:
             self._short_of_resources.log(log, logging.ERROR, "router out of a system resource: calls fail "
                                          "without reaching any agent", instance=agent_id, error=answer.message)
-        elif not answer.ok:
+        elif answer.error_code is not None:
             log.info("attempt failed", extra={"instance": agent_id, "error_code": answer.error_code.value,
                                               "error": answer.message})
         return answer
@@ -455,7 +456,7 @@ class Router:
             return self._error(frame, attempts.refusal.code, attempts.refusal.reason, route, started)
         answer = attempts.answer
         assert answer is not None
-        if answer.ok:
+        if answer.error_code is None:
             return CallResult(frame=ResponseFrame(request_id=frame.request_id, status="success", result=answer.result,
                                                   context_update=answer.context_update, route=route), route=route,
                               plan=attempts.plan)

@@ -12,6 +12,9 @@ from router.ratelimit import TokenBucket
 
 EJECT_BASE_SECONDS = 2.0
 EJECT_MAX_SECONDS = 60.0
+# Doublings past this are past EJECT_MAX_SECONDS anyway; without the cap a long outage's strike count
+# overflows a float (2.0 * 2 ** 1024 does), and every call to the instance would fail in the router.
+_MAX_DOUBLINGS = 16
 
 
 class Ejection:
@@ -23,7 +26,7 @@ class Ejection:
 
     def eject(self, now: float) -> float:
         self.strikes += 1
-        seconds = min(EJECT_MAX_SECONDS, EJECT_BASE_SECONDS * 2 ** (self.strikes - 1))
+        seconds = min(EJECT_MAX_SECONDS, EJECT_BASE_SECONDS * 2.0 ** min(self.strikes - 1, _MAX_DOUBLINGS))
         self.until = now + seconds
         return seconds
 

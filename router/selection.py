@@ -93,11 +93,13 @@ def plan_route(
     """Order the candidates to try for one call, or say why none may be tried."""
     if not candidates:
         return RouteRefusal(code=ErrorCode.NO_ROUTABLE_INSTANCE, reason="the capability has no registered instance")
-    matching = _matching_hint(candidates, routing_hint) if routing_hint else candidates
-    if not matching:
-        labels = ", ".join(f"{label}={value!r}" for label, value in routing_hint.items())
-        return RouteRefusal(code=ErrorCode.ROUTING_HINT_UNSATISFIABLE,
-                            reason=f"no instance has metadata matching routing_hint {labels}")
+    matching = candidates
+    if routing_hint:
+        matching = _matching_hint(candidates, routing_hint)
+        if not matching:
+            labels = ", ".join(f"{label}={value!r}" for label, value in routing_hint.items())
+            return RouteRefusal(code=ErrorCode.ROUTING_HINT_UNSATISFIABLE,
+                                reason=f"no instance has metadata matching routing_hint {labels}")
     tier = [candidate for candidate in matching if candidate.state == HEALTHY]
     degraded = not tier
     if degraded:

@@ -2,6 +2,7 @@
 
 import pytest
 from agent_reach.atp import BusinessError, ErrorCode
+
 from mesh.policy import BreakerConfig
 from router.breaker import CircuitBreaker
 from router.forward import AgentAnswer
@@ -77,9 +78,20 @@ def test_the_capability_breaker_counts_the_final_answer_by_the_same_rule():
     assert (breaker.snapshot(NOW).requests, breaker.snapshot(NOW).failures) == (2, 1)
 
 
-@pytest.mark.parametrize("code, expected", [
+@pytest.mark.parametrize(("code", "expected"), [
     (ErrorCode.CONNECT_TIMEOUT, True), (ErrorCode.FIRST_BYTE_TIMEOUT, True), (ErrorCode.TOTAL_TIMEOUT, True),
     (ErrorCode.AGENT_ERROR, False), (None, False)])
 def test_a_timeout_is_the_callers_only_when_its_deadline_was_brought_forward(code, expected):
     assert hurried(code, HINTED, OWN) is expected
     assert hurried(code, OWN, OWN) is False
+
+
+def test_an_instance_refusing_for_a_long_outage_stays_ejected_for_the_longest_time_and_no_longer():
+    """In panic every instance is tried, so a single dead instance takes a strike per call: the 1025th used
+    to overflow a float and fail every later call in the router."""
+    book = InstanceBook()
+    observer = Observer(book)
+    breaker, refused = CircuitBreaker(BreakerConfig()), AgentAnswer(error_code=ErrorCode.AGENT_ERROR, sent=False)
+    for strike in range(2000):
+        assert observer.observe(breaker, "a-1", refused, NOW + strike) is Step.NEXT
+    assert book.ejected("a-1", NOW + 1999 + 59.9) and not book.ejected("a-1", NOW + 1999 + 60)
