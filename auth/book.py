@@ -7,7 +7,14 @@ The registry's state and the router's mirror both keep one, fed from the same st
 from __future__ import annotations
 
 from auth.records import (
-    ADMIN_KEY, CLIENT_PREFIX, PUBLISHED_KEY_PREFIX, TOKEN_PREFIX, AdminRecord, ClientRecord, PublishedKey, TokenRecord,
+    ADMIN_KEY,
+    CLIENT_PREFIX,
+    PUBLISHED_KEY_PREFIX,
+    TOKEN_PREFIX,
+    AdminRecord,
+    ClientRecord,
+    PublishedKey,
+    TokenRecord,
 )
 from auth.secrets import digest, matches
 

@@ -81,6 +81,13 @@ class AdminRecord(msgspec.Struct, kw_only=True):
     created_at: float
 
 
+# The credentials' keys and the record each holds: the mesh's store and watch feed decode by them (mesh/records.py).
+AUTH_RECORD_TYPES: list[tuple[str, type]] = [
+    (CLIENT_PREFIX, ClientRecord), (TOKEN_PREFIX, TokenRecord), (ADMIN_KEY, AdminRecord),
+    (PUBLISHED_KEY_PREFIX, PublishedKey),
+]
+
+
 class ClientCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The body of POST /clients."""
 

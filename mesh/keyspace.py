@@ -8,8 +8,8 @@ credentials from the same keys; a new kind of key is taught to both in one place
 from __future__ import annotations
 
 from agent_reach.registration import Capability
-from auth.book import AuthBook
 
+from auth.book import AuthBook
 from mesh.alerts import AlertConfig
 from mesh.policy import Policy
 from mesh.records import ALERTS_KEY, POLICY_PREFIX, InstanceRecord, instance_id

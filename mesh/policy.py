@@ -7,6 +7,7 @@ the capability the policy is stored under).
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Annotated
 
 import msgspec
@@ -88,7 +89,7 @@ def validate_policy(policy: Policy, capability_name: str) -> None:
     ordered = [("connect_ms", connect_ms), ("first_byte_ms", timeout.first_byte_ms),
                ("total_ms", timeout.total_ms)]
     given = [(name, value) for name, value in ordered if value is not None]
-    for (shorter, short_ms), (longer, long_ms) in zip(given, given[1:]):
+    for (shorter, short_ms), (longer, long_ms) in pairwise(given):
         if short_ms > long_ms:
             raise PolicyError(f"timeout.{shorter} ({short_ms}) exceeds timeout.{longer} ({long_ms})",
                               f"timeout.{shorter}")

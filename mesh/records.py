@@ -10,10 +10,8 @@ from typing import Any
 
 import msgspec
 from agent_reach.registration import Capability
-from auth.records import (
-    ADMIN_KEY, CLIENT_PREFIX, PUBLISHED_KEY_PREFIX, TOKEN_PREFIX, AdminRecord, ClientRecord, PublishedKey, TokenRecord,
-)
 
+from auth.records import AUTH_RECORD_TYPES
 from mesh.alerts import AlertConfig
 from mesh.policy import Policy
 
@@ -49,13 +47,13 @@ class AgentIdBinding(msgspec.Struct, kw_only=True):
 # Which record a key holds, by key prefix: the store (msgpack) and the watch feed (JSON) both decode by it.
 # Bindings are the registry's own business: they are not here, so the feed carries them without a value.
 RECORD_TYPES: list[tuple[str, type]] = [
-    (INSTANCE_PREFIX, InstanceRecord), (POLICY_PREFIX, Policy), (ALERTS_KEY, AlertConfig),
-    (CLIENT_PREFIX, ClientRecord), (TOKEN_PREFIX, TokenRecord), (ADMIN_KEY, AdminRecord),
-    (PUBLISHED_KEY_PREFIX, PublishedKey),
+    (INSTANCE_PREFIX, InstanceRecord), (POLICY_PREFIX, Policy), (ALERTS_KEY, AlertConfig), *AUTH_RECORD_TYPES,
 ]
 
 _encoder = msgspec.msgpack.Encoder()
-_decoders = [(prefix, msgspec.msgpack.Decoder(kind)) for prefix, kind in RECORD_TYPES]
+_decoders: list[tuple[str, msgspec.msgpack.Decoder[Any]]] = [
+    (prefix, msgspec.msgpack.Decoder(kind)) for prefix, kind in RECORD_TYPES
+]
 _binding_decoder = msgspec.msgpack.Decoder(AgentIdBinding)
 
 

@@ -72,8 +72,11 @@ class _WirePut(msgspec.Struct, tag="put", tag_field="type"):
 
 
 _encoder = msgspec.json.Encoder()
-_wire_decoder = msgspec.json.Decoder(_WireReset | _WirePut | Delete | States | Ping)
-_json_decoders = {prefix: msgspec.json.Decoder(kind) for prefix, kind in RECORD_TYPES}
+_WireEvent = _WireReset | _WirePut | Delete | States | Ping
+_wire_decoder: msgspec.json.Decoder[_WireEvent] = msgspec.json.Decoder(_WireEvent)
+_json_decoders: dict[str, msgspec.json.Decoder[Any]] = {
+    prefix: msgspec.json.Decoder(kind) for prefix, kind in RECORD_TYPES
+}
 
 
 def _json_value(key: str, raw: msgspec.Raw) -> Any:

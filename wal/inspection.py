@@ -60,7 +60,7 @@ def inspect_wal(data_dir: str | os.PathLike[str]) -> WalInspection:
     infos = []
     for segment in plan.covered:
         scan = scan_segment(segment.path, segment.first_index, _ignore)
-        infos.append(_info(scan, covered=True, problem=scan.problem and describe(scan, is_last=False)))
+        infos.append(_info(scan, covered=True, problem=describe(scan, is_last=False) if scan.problem else None))
     last_index = plan.snapshot_index
     for position, segment in enumerate(plan.needed):
         scan = scan_segment(segment.path, segment.first_index, _ignore)
@@ -104,8 +104,8 @@ def format_inspection(report: WalInspection) -> str:
         rows.append((info.file, str(info.first_index), last, f"{info.records:,}", f"{info.bytes:,}", status))
     widths = [max(len(row[column]) for row in rows) for column in range(5)]
     for row in rows:
-        cells = [row[0].ljust(widths[0])] + [cell.rjust(width) for cell, width in zip(row[1:5], widths[1:])]
-        lines.append("  ".join(cells + [row[5]]))
+        numbers = [cell.rjust(width) for cell, width in zip(row[1:5], widths[1:], strict=True)]
+        lines.append("  ".join([row[0].ljust(widths[0]), *numbers, row[5]]))
     lines.append(f"Last index: {report.last_index}    Records in segments: {report.total_records:,}")
     return "\n".join(lines)
 

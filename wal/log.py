@@ -193,11 +193,12 @@ class WriteAheadLog:
             self._repair.cancel()
             await asyncio.gather(self._repair, return_exceptions=True)
         async with self._snapshot_lock:
-            if self._writer is None:
+            writer, executor, lock_fd = self._writer, self._executor, self._lock_fd
+            if writer is None or executor is None or lock_fd is None:  # never opened: open() sets all three
                 return
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._writer.close)
-        self._executor.shutdown()
-        os.close(self._lock_fd)
+            await asyncio.get_running_loop().run_in_executor(executor, writer.close)
+        executor.shutdown()
+        os.close(lock_fd)
 
     def _check_usable(self) -> None:
         if self._failure is not None:
@@ -211,12 +212,15 @@ class WriteAheadLog:
 
     def _compact(self, index: int) -> int:
         """Runs on the writer thread, serialised with batches, so no append can be lost."""
+        assert self._writer is not None, "snapshot() checked the log is open"
         released = self._writer.release_through(index)
         remove_snapshots_before(self._directory, index)
         return released
 
     async def _flush(self) -> None:
         """Drain the queue one batch at a time until it is empty or the log has failed."""
+        writer = self._writer
+        assert writer is not None, "append() checked the log is open"
         loop = asyncio.get_running_loop()
         try:
             while self._pending and self._failure is None:
@@ -227,7 +231,7 @@ class WriteAheadLog:
                     batch = [self._pending.popleft()]
                 payloads = [payload for payload, _ in batch]
                 try:
-                    first = await loop.run_in_executor(self._executor, self._writer.write_batch, payloads)
+                    first = await loop.run_in_executor(self._executor, writer.write_batch, payloads)
                 except OSError as exc:
                     self._begin_outage(exc, batch)
                     return
@@ -278,8 +282,8 @@ class WriteAheadLog:
 
     def _begin_outage(self, exc: OSError, batch: list[tuple[bytes, asyncio.Future[int]]]) -> None:
         """Fail this batch and the queue (none of it was acknowledged) and start repairing."""
-        problem = describe_os_error(exc)
-        self._outage = WalHealth(writable=False, problem=problem, since=time.time())
+        problem, since = describe_os_error(exc), time.time()
+        self._outage = WalHealth(writable=False, problem=problem, since=since)
         self._outages += 1
         log.error(
             "write-ahead log cannot write (%s); refusing changes until the disk takes writes again",
@@ -287,23 +291,25 @@ class WriteAheadLog:
             extra={"wal_dir": self._directory, "last_index": self._last_index, "records": len(batch)},
         )
         self._refuse(batch, exc, WalUnavailable(f"storage is refusing writes: {problem}"))
-        self._repair = asyncio.get_running_loop().create_task(self._repair_until_writable())
+        self._repair = asyncio.get_running_loop().create_task(self._repair_until_writable(since))
 
-    async def _repair_until_writable(self) -> None:
+    async def _repair_until_writable(self, since: float) -> None:
         """Retry the writer's recover() with doubling delays; the log takes appends once it succeeds."""
+        writer = self._writer
+        assert writer is not None, "an outage begins with a failed write"
         loop = asyncio.get_running_loop()
         delay, longest = REPAIR_BACKOFF
         while True:
             try:
-                await loop.run_in_executor(self._executor, self._writer.recover)
+                await loop.run_in_executor(self._executor, writer.recover)
                 break
             except OSError as exc:
-                self._outage = msgspec.structs.replace(self._outage, problem=describe_os_error(exc))
+                self._outage = WalHealth(writable=False, problem=describe_os_error(exc), since=since)
             await asyncio.sleep(delay)
             delay = min(delay * 2, longest)
         log.warning(
             "write-ahead log writable again after %.1f s; appends continue in a new segment",
-            time.time() - self._outage.since,
+            time.time() - since,
             extra={"wal_dir": self._directory, "last_index": self._last_index},
         )
         self._outage = None

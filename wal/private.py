@@ -10,6 +10,7 @@ the chmod that fixes it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
@@ -48,10 +49,8 @@ def write_private(path: str | os.PathLike[str], data: bytes, *, replace: bool) -
     path = os.path.abspath(path)
     staged = f"{path}.new"
     private_dirs(os.path.dirname(path))
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(staged)
-    except FileNotFoundError:
-        pass
     with os.fdopen(open_private(staged, os.O_WRONLY | os.O_EXCL), "wb") as file:
         file.write(data)
         file.flush()
@@ -105,7 +104,7 @@ def loose_paths(data_dir: str | os.PathLike[str]) -> dict[tuple[str, bool], list
     found: dict[tuple[str, bool], list[tuple[str, int]]] = {}
     if not os.path.isdir(root):
         return found
-    for directory, dirs, files in os.walk(root):
+    for directory, _dirs, files in os.walk(root):
         for path, is_dir in [(directory, True)] + [(os.path.join(directory, name), False) for name in files]:
             try:
                 mode = os.lstat(path).st_mode

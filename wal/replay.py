@@ -64,7 +64,8 @@ def sequence_gap(plan: Plan, position: int, previous_last: int) -> str | None:
     segment = plan.needed[position]
     if position > 0:
         if segment.first_index != previous_last + 1:
-            return f"segment name says first index {segment.first_index} but the previous segment ends at {previous_last}"
+            return (f"segment name says first index {segment.first_index} "
+                    f"but the previous segment ends at {previous_last}")
         return None
     if segment.first_index <= plan.snapshot_index + 1:
         return None

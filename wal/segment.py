@@ -7,6 +7,7 @@ missing range is visible in a directory listing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 
@@ -59,10 +60,8 @@ def replace_segment(directory: str, first_index: int) -> SegmentFile:
     Such a file holds no acknowledged record: it is the empty segment whose
     first write failed, or one a failed rollover created but never used.
     """
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(directory, segment_name(first_index)))
-    except FileNotFoundError:
-        pass
     return create_segment(directory, first_index)
 
 

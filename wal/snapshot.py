@@ -106,7 +106,7 @@ def read_snapshot(snapshot: SnapshotFile) -> Snapshot:
 
 def load_newest(directory: str) -> tuple[Snapshot | None, list[RejectedSnapshot]]:
     """The newest snapshot that verifies, plus every newer one that did not."""
-    rejected = []
+    rejected: list[RejectedSnapshot] = []
     for candidate in list_snapshots(directory):
         try:
             return read_snapshot(candidate), rejected
@@ -123,4 +123,5 @@ def remove_snapshots_before(directory: str, index: int) -> None:
 def remove_temporaries(directory: str) -> None:
     """Delete half-written snapshot files left by a crash during write_snapshot."""
     names = os.listdir(directory)
-    remove_files(directory, [os.path.join(directory, n) for n in names if n.startswith("snapshot-") and n.endswith(TEMP_SUFFIX)])
+    temporaries = [name for name in names if name.startswith("snapshot-") and name.endswith(TEMP_SUFFIX)]
+    remove_files(directory, [os.path.join(directory, name) for name in temporaries])

@@ -46,15 +46,16 @@ class SegmentWriter:
         On any OSError the active segment is abandoned (its descriptor closed,
         never synced again) and the writer refuses batches until recover().
         """
-        if self._active is None:
+        active = self._active
+        if active is None:
             raise WalUnavailable("the last write failed and the log is not repaired yet")
         data = encode_batch(self.next_index, payloads)
         try:
-            if self._active.size >= self._segment_bytes:
-                self._roll()
-            self._active.write_durably(data)
+            if active.size >= self._segment_bytes:
+                active = self._roll(active)
+            active.write_durably(data)
         except OSError:
-            self._abandon(len(data))
+            self._abandon(active, len(data))
             raise
         self.syncs += 1
         first = self.next_index
@@ -91,7 +92,7 @@ class SegmentWriter:
         that the next open() lists as covered and the next snapshot removes.
         """
         if self._active is not None and self._active.size > 0 and self.next_index - 1 <= index:
-            self._roll()
+            self._roll(self._active)
         count = covered_count(self._segments, index)
         released = self._segments[:count]
         del self._segments[:count]
@@ -103,18 +104,18 @@ class SegmentWriter:
             self._active.close()
             self._active = None
 
-    def _roll(self) -> None:
+    def _roll(self, current: ActiveSegment) -> ActiveSegment:
         segment = create_segment(self._directory, self.next_index)
         self.syncs += 2  # create_segment fsyncs the new file and its directory
         active = ActiveSegment(segment)
-        self._active.close()
+        current.close()
         self._active = active
         self._segments.append(segment)
+        return active
 
-    def _abandon(self, needed: int) -> None:
+    def _abandon(self, active: ActiveSegment, needed: int) -> None:
         """Stop using the active segment and, if the disk allows, cut the failed bytes off before
         anyone hears of the failure: a crash now must not replay records their writers saw refused."""
-        active = self._active
         self._synced = active.size
         self._needed = needed
         self._active = None
