@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 from agent_reach import AgentReachSDK, BusinessFailure, ReachClient
+
 from auth.records import ClientCreate, TokenCreate
 from registry.access import Access
 from registry.service import Registry

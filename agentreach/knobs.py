@@ -42,7 +42,8 @@ def required_admin_key(args: argparse.Namespace) -> str | None:
     key = admin_key(getattr(args, "admin_key", None), args.data_dir)
     if key is None and args.auth == "on":
         raise NoAdminKey(f"`{args.command}` with auth on needs the registry's admin key: pass --admin-key, set "
-                         f"AGENTREACH_ADMIN_KEY, or --data-dir where admin.key lives (looked for {admin_key_path(args.data_dir)})")
+                         "AGENTREACH_ADMIN_KEY, or --data-dir where admin.key lives "
+                         f"(looked for {admin_key_path(args.data_dir)})")
     return key
 
 

@@ -7,7 +7,7 @@ import asyncio
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Protocol, TypeVar
 
 from agentreach.demo import DemoAgents, demo_credentials
 from agentreach.knobs import console_settings, registry_settings, required_admin_key, router_settings
@@ -19,7 +19,17 @@ from router.semantic.settings import SemanticUnavailable
 from router.server import RouterServer
 from wal import WalError
 
-Start = Callable[[], Awaitable[Any]]
+
+class Part(Protocol):
+    """A server of the mesh, or the demo agents: started once, stopped once."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+P = TypeVar("P", bound=Part)
+Start = Callable[[], Awaitable[Part]]
 
 
 def _announce_admin_key(registry: RegistryServer) -> None:
@@ -64,8 +74,8 @@ def _registry_started(registry: RegistryServer) -> Start:
     return start
 
 
-def _started(server: Any) -> Start:
-    async def start() -> Any:
+def _started(server: P) -> Callable[[], Awaitable[P]]:
+    async def start() -> P:
         await server.start()
         return server
     return start

@@ -11,12 +11,9 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict, deque
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
-from registry.views import AgentView
-from router.reach import Alert, PeriodSummary
-from router.traces import CallTrace
 
 from console.heartbeats import HeartbeatLog
 from console.hub import Hub
@@ -25,6 +22,9 @@ from console.rollup import PeriodKey, counter_deltas, period_totals, raw_success
 from console.store import ConsoleStore
 from console.traffic import Sample, TrafficWindow, samples_of
 from console.upstream import Reply, Upstream
+from registry.views import AgentView
+from router.reach import Alert, PeriodSummary
+from router.traces import CallTrace
 
 log = logging.getLogger("agentreach.console.collector")
 
@@ -35,6 +35,7 @@ TRACES_PER_POLL = 1000
 SEEN_TRACES_KEPT = 50_000
 PRUNE_EVERY_SECONDS = 3600
 _encoder = msgspec.json.Encoder()
+T = TypeVar("T")
 
 
 class AgentsAnswer(msgspec.Struct):
@@ -57,7 +58,7 @@ class TracesAnswer(msgspec.Struct):
     traces: list[CallTrace]
 
 
-def decoded(reply: Reply, kind: type, status: UpstreamStatus, now: float) -> Any:
+def decoded(reply: Reply, kind: type[T], status: UpstreamStatus, now: float) -> T | None:
     """The reply decoded as ``kind``, recording on ``status`` whether that worked; None if not."""
     status.checked_at = now
     if not reply.ok:

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from registry.views import AgentView
-
 from console.models import Beat, Transition
+from registry.views import AgentView
 
 BEATS_KEPT = 120
 TRANSITIONS_KEPT = 50

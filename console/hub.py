@@ -13,7 +13,7 @@ QUEUE_SIZE = 4
 
 
 class Event:
-    __slots__ = ("topic", "data")
+    __slots__ = ("data", "topic")
 
     def __init__(self, topic: str, data: bytes):
         self.topic = topic

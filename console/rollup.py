@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TypeVar
 
-from router.reach import PeriodSummary, Tally, latency_quantile
-
 from console.models import CapabilityReach, ReachPoint
+from router.reach import PeriodSummary, Tally, latency_quantile
 
 PeriodKey = tuple[str, float]
 K = TypeVar("K")

@@ -11,15 +11,16 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import aiosqlite
 import msgspec
-from router.reach import PeriodSummary, Tally
-from wal.private import create_private_file
 
 from console.models import HourRow
 from console.rollup import absorb, merged, quantile, reach_of
 from console.traffic import Sample, Usage
+from router.reach import PeriodSummary, Tally
+from wal.private import create_private_file
 
 HOUR = 3600
 KEEP_HOURS = 24 * 7
@@ -74,7 +75,7 @@ class ConsoleStore:
             await self._db.close()
             self._db = None
 
-    async def get_meta(self, key: str, default: object = None) -> object:
+    async def get_meta(self, key: str, default: object = None) -> Any:
         async with self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)) as cursor:
             row = await cursor.fetchone()
         return _decoder.decode(row[0]) if row else default
@@ -85,7 +86,7 @@ class ConsoleStore:
     async def fold_periods(self, periods: Iterable[PeriodSummary]) -> int:
         """Add each closed period not yet folded into its capability's hour; returns how many."""
         async with self.db.execute("SELECT capability, last_start FROM reach_folded") as cursor:
-            folded = dict(await cursor.fetchall())
+            folded = {row[0]: row[1] for row in await cursor.fetchall()}
         fresh = sorted((p for p in periods if p.closed and p.start > folded.get(p.capability, float("-inf"))),
                        key=lambda p: p.start)
         if not fresh:

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 import msgspec
-from router.reach import Tally
-from router.traces import CallTrace
 
 from console.models import TrafficStat
 from console.rollup import absorb, quantile
+from router.reach import Outcome, Tally
+from router.traces import CallTrace
 
 QPS_SECONDS = 60.0
 WINDOW_SECONDS = 300.0
@@ -45,7 +45,7 @@ class Usage(msgspec.Struct, kw_only=True):
     tokens: int = 0
 
     def add(self, sample: Sample) -> None:
-        outcome = "failed" if sample.error_code else "success"
+        outcome: Outcome = "failed" if sample.error_code else "success"
         self.tally.add(outcome, sample.error_code, sample.elapsed_ms)
         self.tokens += sample.tokens
 

@@ -17,7 +17,6 @@ import os
 import sys
 
 import msgspec
-
 from agent_reach import ReachError, SyncReachClient, logs
 
 
@@ -31,7 +30,8 @@ def main() -> int:
     parser.add_argument("--api-key", default=os.environ.get("AGENTREACH_API_KEY"),
                         help="the caller's API key (default: $AGENTREACH_API_KEY; none needed with auth off)")
     parser.add_argument("--registry-token", default=os.environ.get("AGENTREACH_TOKEN"),
-                        help="a registration token, for direct fallback's registry queries (default: $AGENTREACH_TOKEN)")
+                        help="a registration token, for direct fallback's registry queries "
+                             "(default: $AGENTREACH_TOKEN)")
     parser.add_argument("--session-id", default="demo-session")
     parser.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS")
     args = parser.parse_args()

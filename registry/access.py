@@ -14,21 +14,42 @@ from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
-from auth.records import (
-    ADMIN_KEY, AdminRecord, ClientCreate, ClientRecord, ClientSecrets, ClientView, IssuedToken, PublishedKey,
-    TokenCreate, TokenRecord, TokenView, client_key, client_view, published_key_key, token_key, token_view,
-)
 from agent_reach.signing import signing_key
+
 from auth.kek import SECRETS_KEY_FILE, SecretsKeyError, load_kek
+from auth.records import (
+    ADMIN_KEY,
+    AdminRecord,
+    ClientCreate,
+    ClientRecord,
+    ClientSecrets,
+    ClientView,
+    IssuedToken,
+    PublishedKey,
+    TokenCreate,
+    TokenRecord,
+    TokenView,
+    client_key,
+    client_view,
+    published_key_key,
+    token_key,
+    token_view,
+)
 from auth.sealing import SealError, seal, unseal
 from auth.secrets import (
-    ADMIN_KEY_PREFIX, API_KEY_PREFIX, CLIENT_SECRET_PREFIX, REGISTRATION_TOKEN_PREFIX, digest, new_id, new_secret,
+    ADMIN_KEY_PREFIX,
+    API_KEY_PREFIX,
+    CLIENT_SECRET_PREFIX,
+    REGISTRATION_TOKEN_PREFIX,
+    digest,
+    new_id,
+    new_secret,
 )
 from mesh.records import encode_value
-from wal.private import write_private
-from weblayer.errors import ApiError
 from registry.state import RegistryState
 from registry.store import Store
+from wal.private import write_private
+from weblayer.errors import ApiError
 
 log = logging.getLogger("agentreach.registry.access")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from aiohttp import web
+
 from auth.book import AuthBook
 from auth.headers import presented_key
 from auth.records import TokenRecord

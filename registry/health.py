@@ -8,10 +8,9 @@ import logging
 import aiohttp
 from agent_reach.exhaustion import Throttle, local_exhaustion
 
-from wal import WalUnavailable
-
 from registry.lifecycle import EvictionPlan, Status, plan_evictions, record_check
 from registry.service import Registry
+from wal import WalUnavailable
 
 log = logging.getLogger("agentreach.registry.health")
 
@@ -47,7 +46,7 @@ class HealthChecker:
             try:
                 async with self._session.get(url, timeout=timeout, allow_redirects=False) as response:
                     return 200 <= response.status < 300
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 return None if local_exhaustion(exc) is not None else False
 
     async def sweep(self) -> EvictionPlan:
@@ -57,7 +56,7 @@ class HealthChecker:
         results = await asyncio.gather(*(self._probe(record.health_url) for record in demoted))
         now = registry.clock()
         self._report_unprobed(results.count(None))
-        for record, passed in zip(demoted, results):
+        for record, passed in zip(demoted, results, strict=True):
             liveness = registry.state.liveness.get(record.agent_id)
             if liveness is None or passed is None:
                 continue

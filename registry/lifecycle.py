@@ -8,12 +8,12 @@ A heartbeat or a passing check before eviction makes an instance healthy again.
 from __future__ import annotations
 
 import math
-from enum import Enum
+from enum import StrEnum
 
 import msgspec
 
 
-class Status(str, Enum):
+class Status(StrEnum):
     PENDING = "pending"
     HEALTHY = "healthy"
     DEMOTED = "demoted"

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import msgspec
 from agent_reach.registration import RegisterRequest, known_metadata
+from yarl import URL
+
 from mesh.records import InstanceRecord
 from weblayer.errors import ApiError, from_decode_error
-from yarl import URL
 
 
 def _absolute_url(value: str, field: str) -> URL:

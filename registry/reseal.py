@@ -11,11 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import msgspec
-from wal.files import fsync_dir
-from wal.private import write_private
 
 from registry.access import Access
 from registry.store import WalStore
+from wal.files import fsync_dir
+from wal.private import write_private
 
 PENDING_FILE = "reseal.pending"
 

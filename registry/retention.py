@@ -10,6 +10,7 @@ deregistration is, so their agent_ids stay their services'.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from operator import itemgetter
 
 from mesh.records import InstanceRecord
 
@@ -17,8 +18,8 @@ from mesh.records import InstanceRecord
 def evicted_to_forget(records: Iterable[InstanceRecord], now: float, kept: int, max_age: float) -> list[str]:
     """agent_ids of evicted records past the newest ``kept`` or evicted over ``max_age`` seconds before
     ``now`` (wall clock, as ``evicted_at``), oldest first."""
-    evicted = sorted((record for record in records if record.evicted_at is not None),
-                     key=lambda record: record.evicted_at)
+    evicted = sorted(((record.evicted_at, record.agent_id) for record in records if record.evicted_at is not None),
+                     key=itemgetter(0))
     surplus = len(evicted) - kept
-    return [record.agent_id for position, record in enumerate(evicted)
-            if position < surplus or now - record.evicted_at > max_age]
+    return [agent_id for position, (evicted_at, agent_id) in enumerate(evicted)
+            if position < surplus or now - evicted_at > max_age]

@@ -13,14 +13,20 @@ from collections.abc import Callable
 
 import msgspec
 from agent_reach.registration import HeartbeatRequest, RegisterRequest
+
 from auth.records import TokenRecord, TokenView
 from mesh.alerts import AlertConfig
 from mesh.policy import Policy, PolicyError, validate_policy
 from mesh.records import (
-    ALERTS_KEY, AgentIdBinding, InstanceRecord, binding_key, encode_value, instance_id, instance_key, policy_key,
+    ALERTS_KEY,
+    AgentIdBinding,
+    InstanceRecord,
+    binding_key,
+    encode_value,
+    instance_id,
+    instance_key,
+    policy_key,
 )
-from weblayer.errors import ApiError
-
 from registry.access import Access
 from registry.bindings import bindings_to_forget
 from registry.lifecycle import QUERY_ORDER, LifecycleConfig, Status, record_heartbeat, status_of
@@ -29,6 +35,7 @@ from registry.retention import evicted_to_forget
 from registry.state import RegistryState
 from registry.store import Change, Store
 from registry.views import AgentView, QueryResult, agent_view, query_instance
+from weblayer.errors import ApiError
 
 log = logging.getLogger("agentreach.registry")
 

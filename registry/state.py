@@ -16,7 +16,6 @@ from mesh.alerts import AlertConfig
 from mesh.keyspace import KeySpace
 from mesh.policy import Policy
 from mesh.records import BINDING_PREFIX, InstanceRecord, decode_binding, decode_value, instance_id
-
 from registry.lifecycle import Liveness
 from registry.store import Change
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import msgspec
 from agent_reach.registration import Capability
-from mesh.records import InstanceRecord
 
+from mesh.records import InstanceRecord
 from registry.lifecycle import Liveness, Status
 
 

@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator
 
 from mesh.records import decode_value, instance_id
 from mesh.watch import Delete, InstanceState, Ping, Put, Reset, States, WatchEvent
-
 from registry.service import Registry
 from registry.store import Change
 
