@@ -31,10 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
-import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,36 +41,11 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from common import (ROOT, RESULTS, best_rounds, echo_app, free_port, keep_alive, machine, require, spawn,
+                    stop_processes, wait_http, wrk_max)
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
 PAYLOAD = {"text": "hello, agent", "n": 1}
 TARGETS = ("direct", "proxy", "router", "audited")
-
-
-# --- the echo agent ----------------------------------------------------------------------------
-
-def echo_app() -> web.Application:
-    async def rest(request: web.Request) -> web.Response:
-        raw = await request.read()
-        return web.Response(body=b'{"echo":' + (raw or b"null") + b"}", content_type="application/json")
-
-    async def atp(request: web.Request) -> web.Response:
-        frame = json.loads(await request.read())
-        # Answer with the frame itself, so a reader sees what an atp agent receives.
-        answer = {"request_id": frame.get("request_id"), "status": "success",
-                  "result": {"echo": frame.get("payload"), "received": frame},
-                  "context_update": {"echoed": True}}
-        return web.json_response(answer)
-
-    async def healthz(request: web.Request) -> web.Response:
-        return web.json_response({"ok": True})
-
-    app = web.Application()
-    app.router.add_post("/echo", rest)
-    app.router.add_post("/atp", atp)
-    app.router.add_get("/healthz", healthz)
-    return app
 
 
 # --- the bare pass-through proxy ---------------------------------------------------------------
@@ -146,88 +117,11 @@ async def open_loop(url: str, body: bytes, rate: float, seconds: float, warmup: 
 
 # --- orchestration -----------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def machine() -> dict[str, str]:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return {"cpu": cpu, "cores": str(os.cpu_count()), "python": platform.python_version(),
-            "aiohttp": aiohttp.__version__, "kernel": platform.release()}
-
-
-def spawn(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.DEVNULL)
-
-
-async def wait_http(url: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession() as session:
-        while True:
-            try:
-                async with session.get(url) as response:
-                    if response.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{url} did not come up")
-            await asyncio.sleep(0.05)
-
-
 def run_load(url: str, body: bytes, rate: int, seconds: float, warmup: float) -> dict[str, Any]:
     out = subprocess.run([sys.executable, __file__, "load", "--url", url, "--body", body.decode(), "--rate",
                           str(rate), "--seconds", str(seconds), "--warmup", str(warmup)],
                          cwd=ROOT, capture_output=True, text=True, check=True).stdout
     return json.loads(out)
-
-
-WRK_LUA = """
-wrk.method = "POST"
-wrk.body = %s
-wrk.headers["Content-Type"] = "application/json"
-%s
-"""
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time a process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def wrk_max(url: str, body: bytes, seconds: int, pid: int, connections: int = 64,
-            headers: dict[str, str] | None = None) -> dict[str, Any]:
-    """wrk's calls/s, and the CPU time the serving process spent per call (steadier than calls/s
-    on a shared machine: a noisy neighbour lowers calls/s but hardly changes the cost of a call)."""
-    extra = "\n".join(f"wrk.headers[{json.dumps(name)}] = {json.dumps(value)}" for name, value in (headers or {}).items())
-    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as handle:
-        handle.write(WRK_LUA % (json.dumps(body.decode()), extra))
-    try:
-        before = cpu_seconds(pid)
-        out = subprocess.run(["wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds}s", "--latency",
-                              "-s", handle.name, url], capture_output=True, text=True, check=True).stdout
-        spent = cpu_seconds(pid) - before
-    finally:
-        os.unlink(handle.name)
-    calls = int(re.search(r"(\d+) requests in", out).group(1))
-    non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    errors = re.search(r"Socket errors: .*", out)
-    return {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
-            "cpu_us_per_call": spent / calls * 1e6, "non_2xx": int(non_2xx.group(1)) if non_2xx else 0,
-            "socket_errors": errors.group(0) if errors else ""}
-
-
-async def keep_alive(registry: str, agent_id: str, headers: dict[str, str] | None = None) -> None:
-    async with aiohttp.ClientSession() as session:
-        while True:
-            async with session.post(f"{registry}/heartbeat", json={"agent_id": agent_id, "load": 0.0},
-                                    headers=headers) as response:
-                response.raise_for_status()
-            await asyncio.sleep(2)
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -290,21 +184,6 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 beating.cancel()
             stop_processes(processes)
     return {"latency": latency, "throughput": throughput}
-
-
-def best_rounds(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Per target, its best round: the most calls/s and the least CPU per call (noise only ever slows)."""
-    return {target: {"rps": max(r["rps"] for r in results),
-                     "cpu_us_per_call": min(r["cpu_us_per_call"] for r in results),
-                     "non_2xx": sum(r["non_2xx"] for r in results), "rounds": results}
-            for target, results in rounds.items()}
-
-
-def stop_processes(processes: list[subprocess.Popen]) -> None:
-    for process in processes:
-        process.terminate()
-    for process in processes:
-        process.wait(30)
 
 
 def summarize(raw: dict[str, Any], rates: list[int]) -> dict[str, Any]:
@@ -385,6 +264,7 @@ def main() -> None:
     elif args.command == "load":
         print(json.dumps(asyncio.run(open_loop(args.url, args.body.encode(), args.rate, args.seconds, args.warmup))))
     else:
+        require("wrk")
         info = machine()
         raw = asyncio.run(bench(args))
         summary = summarize(raw, args.rates)
