@@ -31,9 +31,21 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from common import (ROOT, RESULTS, best_rounds, echo_app, free_port, keep_alive, machine, require, spawn,
-                    stop_processes, wait_http, wrk_max)
 
+from common import (
+    RESULTS,
+    ROOT,
+    best_rounds,
+    echo_app,
+    free_port,
+    keep_alive,
+    machine,
+    require,
+    spawn,
+    stop_processes,
+    wait_http,
+    wrk_max,
+)
 from registry.access import read_admin_key
 
 WAYS = ("off", "api_key", "jwt", "audited")

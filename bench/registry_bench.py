@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+
 from common import RESULTS, RegistryProcess, machine, require, wrk
 
 REGISTER_LUA = """
@@ -95,6 +96,7 @@ async def bench_heartbeats(work: Path, instances: int, seconds: int) -> dict:
 def build_log(data_dir: Path, records: int, distinct: int) -> None:
     """Write `records` registration changes for `distinct` agents straight through the WAL API."""
     from agent_reach.registration import Capability
+
     from mesh.records import InstanceRecord, encode_value, instance_key
     from registry.store import Change, encode_change
     from wal import WriteAheadLog

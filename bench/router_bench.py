@@ -41,8 +41,21 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from common import (ROOT, RESULTS, best_rounds, echo_app, free_port, keep_alive, machine, require, spawn,
-                    stop_processes, wait_http, wrk_max)
+
+from common import (
+    RESULTS,
+    ROOT,
+    best_rounds,
+    echo_app,
+    free_port,
+    keep_alive,
+    machine,
+    require,
+    spawn,
+    stop_processes,
+    wait_http,
+    wrk_max,
+)
 
 PAYLOAD = {"text": "hello, agent", "n": 1}
 TARGETS = ("direct", "proxy", "router", "audited")

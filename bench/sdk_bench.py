@@ -24,6 +24,7 @@ from pathlib import Path
 from agent_reach import AgentReachSDK
 from agent_reach.serving import listen
 from aiohttp import web
+
 from common import RESULTS, RegistryProcess, free_port, machine, post_script, require, wrk
 
 HOUR = 3600.0

@@ -30,10 +30,9 @@ from typing import Any
 
 import msgspec
 import numpy as np
-
 from agent_reach.registration import Capability
-from common import RESULTS, ROOT, machine
 
+from common import RESULTS, ROOT, machine
 from mesh.records import InstanceRecord, instance_key
 from mesh.watch import Reset
 from router.mirror import RegistryMirror

@@ -16,13 +16,11 @@ import json
 import os
 import random
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from common import RESULTS, machine
-
 from wal import WriteAheadLog
 
 RAM_FILESYSTEMS = {"tmpfs", "ramfs"}

@@ -14,11 +14,11 @@ import pytest
 from agent_reach.serving import listen
 from aiohttp import web
 
-from router.audit import AuditEntry, AuditFilter, AuditLog, entry_from_trace
+from conftest import wait_for
 from router.api import AUDIT_KEY, audit_entries, guarded
+from router.audit import AuditEntry, AuditFilter, AuditLog, entry_from_trace
 from router.audit_query import FilterError, parse_filters
 from router.traces import AttemptTrace, CallTrace
-from conftest import wait_for
 
 DAY = 86_400.0
 

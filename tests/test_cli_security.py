@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from conftest import registration, wait_for
 from agentreach.demo import DEMO_SERVICES, demo_credentials
+from conftest import registration, wait_for
 from router_support import capability
 from sdk_support import free_port
 from storage_support import AGENTREACH, ROOT

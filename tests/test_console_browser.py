@@ -9,8 +9,8 @@ import re
 import aiohttp
 from playwright.async_api import expect
 
-from conftest import wait_for
 from agentreach.demo import DemoAgents
+from conftest import wait_for
 from console_support import Rig, screenshot
 
 WAIT_MS = 10_000

@@ -3,13 +3,12 @@ that survive a router restart, per-agent traffic and the heartbeat history."""
 
 from __future__ import annotations
 
-from router.reach import PeriodSummary, ReachLedger, Tally
-from router.traces import AttemptTrace, CallTrace
-
 from console.heartbeats import HeartbeatLog
 from console.rollup import capability_reach, counter_deltas, merged, period_totals, reach_points, recent
 from console.traffic import QPS_SECONDS, WINDOW_SECONDS, TrafficWindow, samples_of
 from registry.views import AgentView
+from router.reach import PeriodSummary, ReachLedger, Tally
+from router.traces import AttemptTrace, CallTrace
 
 
 def ledger_periods(calls: list[tuple[str, str, float, float]]) -> list[PeriodSummary]:

@@ -3,10 +3,9 @@ everything still there after the console reopens its store."""
 
 from __future__ import annotations
 
-from router.reach import ReachLedger
-
 from console.store import HOUR, KEEP_HOURS, ConsoleStore
 from console.traffic import Sample
+from router.reach import ReachLedger
 
 
 def periods(ledger: ReachLedger, now: float):

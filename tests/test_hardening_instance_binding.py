@@ -17,8 +17,8 @@ from typing import Any
 import aiohttp
 import msgspec
 from agent_reach import AgentReachSDK, ReachClient, register_capability
-from agent_reach.serving import listen
 from agent_reach.headers import SIGNATURE_HEADER
+from agent_reach.serving import listen
 from agent_reach.signing import signature, signing_key, verify
 from aiohttp import web
 from multidict import CIMultiDict

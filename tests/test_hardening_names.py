@@ -9,8 +9,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 from agent_reach.registration import Name
-from auth.records import Grant, Kid, PublicX
 
+from auth.records import Grant, Kid, PublicX
 from conftest import post, registration
 
 

@@ -140,7 +140,7 @@ async def test_a_router_out_of_descriptors_blames_no_agent_and_recovers(start_re
 
         async def both_healthy() -> bool:
             seen = (await router.ask("state", *AGENTS))["seen"]
-            return seen == {name: "healthy" for name in AGENTS}
+            return seen == dict.fromkeys(AGENTS, "healthy")
         await wait_for(both_healthy, timeout=10, what="the child router to see both instances healthy")
 
         async def call(n: int) -> tuple[int, dict[str, Any]]:

@@ -22,11 +22,11 @@ import pytest
 from agent_reach import ReachClient
 from agent_reach.serving import cancel
 from agent_reach.signing import signing_key
+
 from auth.kek import SECRETS_KEY_FILE, SecretsKeyError
 from auth.records import TokenRecord
 from auth.sealing import SealError, seal, unseal
 from auth.secrets import digest
-
 from conftest import wait_for
 from registry.lifecycle import LifecycleConfig
 from registry.reseal import PENDING_FILE

@@ -22,6 +22,7 @@ from sdk_support import free_port
 from storage_support import AGENTREACH, NAMESPACE, ROOT, fill, registry_child, start_logged
 from wal import WriteAheadLog
 
+
 async def register(http: aiohttp.ClientSession, url: str, agent_id: str) -> tuple[int, dict]:
     async with http.post(f"{url}/register", json=registration(agent_id, f"cap.{agent_id}")) as response:
         return response.status, await response.json()

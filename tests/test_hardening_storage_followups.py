@@ -23,9 +23,8 @@ from agent_reach.exhaustion import REPORT_INTERVAL
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentreach.demo import demo_credentials
-from router.keyring import KeyRing
-
 from conftest import FakeAgent, post, registration, wait_for
+from router.keyring import KeyRing
 from storage_support import AGENTREACH, NAMESPACE, Running, fill, start_logged
 
 ON_SMALL_DISK = 'mount -t tmpfs -o size=8m tmpfs "$1" && shift && exec "$@"'
@@ -223,4 +222,4 @@ async def test_demo_secrets_are_private_even_where_a_loose_stale_file_was(start_
     await demo_credentials(server.registry, tmp_path / "data")
     assert stale.read_text().strip() != "a key nobody holds"
     secrets = ["demo-echo.token", "demo-intent.token", "demo-orders.token", "demo-orders.key", "demo-caller.key"]
-    assert modes(folder) == {".": "0700", **{name: "0600" for name in secrets}}
+    assert modes(folder) == {".": "0700", **dict.fromkeys(secrets, "0600")}

@@ -4,11 +4,19 @@ state and a router's mirror read the same key space alike."""
 from __future__ import annotations
 
 from agent_reach.registration import Capability
+
 from auth.records import ClientRecord
 from mesh.alerts import AlertConfig
 from mesh.policy import BreakerConfig, Policy, RetryConfig, StickyConfig, TimeoutConfig
 from mesh.records import (
-    ALERTS_KEY, AgentIdBinding, InstanceRecord, binding_key, decode_binding, decode_value, encode_value, instance_key,
+    ALERTS_KEY,
+    AgentIdBinding,
+    InstanceRecord,
+    binding_key,
+    decode_binding,
+    decode_value,
+    encode_value,
+    instance_key,
     policy_key,
 )
 from mesh.watch import Delete, InstanceState, Ping, Put, Reset, States, WatchEvent, decode_event, encode_event

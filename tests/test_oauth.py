@@ -19,8 +19,17 @@ from authlib.integrations.httpx_client import AsyncOAuth2Client
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from conftest import wait_for
-from oauth_support import (bearer, claims, hs256_with_public_key, router_key, signed, tampered, token_for, token_request,
-                           unsigned)
+from oauth_support import (
+    bearer,
+    claims,
+    hs256_with_public_key,
+    router_key,
+    signed,
+    tampered,
+    token_for,
+    token_request,
+    unsigned,
+)
 from router.keyring import KeyRing, KeyRingError
 
 

@@ -81,7 +81,7 @@ async def test_timeout_hint_shortens_but_never_lengthens(mesh: Mesh, start_agent
     dribbler.body_delay = 2.0
     await mesh.add(dribbler)
     shortened, short_elapsed = await timed_call(mesh, timeout_hint=150)
-    assert shortened.body["error_code"] == "TOTAL_TIMEOUT" and 0.13 <= short_elapsed, short_elapsed
+    assert shortened.body["error_code"] == "TOTAL_TIMEOUT" and short_elapsed >= 0.13, short_elapsed
     sent = time.monotonic()
     lengthened, elapsed = await timed_call(mesh, timeout_hint=5000)
     # Not lengthened: the agent's whole answer (2 s) would have been a success. Shortened: ended first.

@@ -7,8 +7,16 @@ import asyncio
 import logging
 
 import pytest
-from agent_reach import (ErrorCode, ReachClient, ReachError, RequestFrame, ResponseFrame, RouteFacts, SyncReachClient,
-                         error_frame)
+from agent_reach import (
+    ErrorCode,
+    ReachClient,
+    ReachError,
+    RequestFrame,
+    ResponseFrame,
+    RouteFacts,
+    SyncReachClient,
+    error_frame,
+)
 
 from sdk_support import free_port, wait_state
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from agent_reach.atp import ErrorCode
+from agent_reach.atp import ErrorCode, IntentCandidate
 
 from router.semantic.embedder import unit_rows
-from agent_reach.atp import IntentCandidate
 from router.semantic.matcher import MatchRule, decide, verdict
 from router.semantic.outcome import IntentMatch, IntentRefusal
 

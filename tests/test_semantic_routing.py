@@ -6,8 +6,8 @@ import pytest
 
 from conftest import wait_for
 from router.core import RouterSettings
-from router.server import RouterServer, RouterServerSettings
 from router.semantic.settings import SemanticSettings
+from router.server import RouterServer, RouterServerSettings
 from router_support import Mesh, capability
 
 CAPABILITIES = {

@@ -3,7 +3,6 @@ a SIGKILL while appending (every acknowledged append survives)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import select
@@ -13,9 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from wal import WriteAheadLog
-from wal_support import ROOT, cut, open_log, replay, segments
-
+from wal_support import ROOT, open_log, replay
 
 FAILING_WRITE = r"""
 import asyncio, json, resource, signal, sys, time
