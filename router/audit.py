@@ -12,6 +12,7 @@ work), and deletes rows older than the retention period at start and every ``pru
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -250,10 +251,8 @@ class AuditLog:
     async def _write_forever(self) -> None:
         pruned_at = time.monotonic()
         while not self._closed:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.flush_interval)
-            except TimeoutError:
-                pass
             self._wake.clear()
             try:
                 await self.flush()

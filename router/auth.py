@@ -14,10 +14,10 @@ from typing import Literal, TypeVar
 import msgspec
 from agent_reach.atp import ErrorCode
 from agent_reach.registration import TrustLevel
+
 from auth.grants import DEFAULT_REQUIRED_TRUST, granted, trust_allows
 from auth.headers import api_key, bearer, presented_key
 from auth.records import ClientRecord
-
 from router.mirror import Offer, RegistryMirror
 from router.oauth import TokenClaims, TokenIssuer
 
@@ -104,18 +104,20 @@ class Authenticator:
             claims = self.issuer.verify(token)
             if isinstance(claims, str):
                 return Unauthenticated(message=f"{claims}; {_HOW}")
-            cached = self._from_claims(token, claims)
-            if isinstance(cached, Unauthenticated):
-                return cached
+            fresh = self._from_claims(token, claims)
+            if isinstance(fresh, Unauthenticated):
+                return fresh
+            cached = fresh
         elif self._wall_clock() > cached.claims.exp + self.issuer.leeway:
             del self._tokens[token]
             return Unauthenticated(message=f"The token has expired; {_HOW}")
         record = self.mirror.auth.clients.get(cached.claims.sub)
         if record is not cached.record:
             self._tokens.pop(token, None)
-            cached = self._from_claims(token, cached.claims)
-            if isinstance(cached, Unauthenticated):
-                return cached
+            fresh = self._from_claims(token, cached.claims)
+            if isinstance(fresh, Unauthenticated):
+                return fresh
+            cached = fresh
         return cached.caller
 
     def _from_claims(self, token: str, claims: TokenClaims) -> _CachedToken | Unauthenticated:

@@ -8,8 +8,8 @@ import random
 
 import aiohttp
 from agent_reach.headers import API_KEY_HEADER
-from mesh.watch import WatchFeed, decode_event
 
+from mesh.watch import WatchFeed, decode_event
 from router.mirror import RegistryMirror
 
 log = logging.getLogger("agentreach.router.feed")
@@ -45,7 +45,7 @@ async def follow_http(session: aiohttp.ClientSession, registry_url: str, mirror:
                     mirror.apply(decode_event(line))
                     if synced is not None and mirror.synced:
                         synced.set()
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
             log.warning("registry watch interrupted; routing on the last view",
                         extra={"registry": registry_url, "error": repr(exc), "retry_in_s": round(backoff, 2)})
         await asyncio.sleep(backoff * random.uniform(0.5, 1.0))

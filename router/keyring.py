@@ -16,9 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
-from auth.records import PublishedKey
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from auth.records import PublishedKey
 from wal.private import write_private
 
 log = logging.getLogger("agentreach.router.keys")

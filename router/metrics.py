@@ -30,7 +30,7 @@ class RouterCollector(Collector):
             for code, count in tally.failed_by_code.items():
                 failures.add_metric([capability, code], count)
             cumulative, buckets = 0, []
-            for bound, count in zip([*LATENCY_BOUNDS_MS, float("inf")], tally.latency_buckets):
+            for bound, count in zip([*LATENCY_BOUNDS_MS, float("inf")], tally.latency_buckets, strict=True):
                 cumulative += count
                 buckets.append(("+Inf" if bound == float("inf") else str(bound / 1000), cumulative))
             latency.add_metric([capability], buckets, tally.latency_sum_ms / 1000)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import msgspec
 from agent_reach.registration import Capability
+
 from auth.book import AuthBook
 from mesh.alerts import AlertConfig
 from mesh.keyspace import KeySpace

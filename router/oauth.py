@@ -17,14 +17,14 @@ from urllib.parse import unquote_plus
 import jwt
 import msgspec
 from agent_reach.registration import TrustLevel
-from auth.book import AuthBook
-from auth.grants import narrow
-from auth.records import ClientRecord, PublishedKey
-from auth.secrets import matches
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from jwt.algorithms import OKPAlgorithm
 from multidict import MultiMapping
 
+from auth.book import AuthBook
+from auth.grants import narrow
+from auth.records import ClientRecord, PublishedKey
+from auth.secrets import matches
 from router.keyring import ACCEPTED_ALGORITHMS, ALGORITHM, KeyRing, from_x, jwk
 
 AUDIENCE = "agentreach"

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import msgspec
 from agent_reach.headers import API_KEY_HEADER
+
 from auth.records import PublishedKey
 
 PublishKeys = Callable[[list[PublishedKey]], Awaitable[None]]

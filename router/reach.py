@@ -18,6 +18,7 @@ from collections import deque
 from typing import Literal
 
 import msgspec
+
 from mesh.alerts import AlertConfig
 
 Outcome = Literal["success", "degraded", "failed"]
@@ -151,9 +152,9 @@ class ReachLedger:
             self._current = index
         elif index > self._current:
             self._current = index
-            self._forget_old_periods()
+            self._forget_old_periods(index)
             for capability in sorted(self._periods.keys() | self._active.keys()):
-                self._judge(capability)
+                self._judge(capability, index)
         return self._current
 
     def periods(self, capability: str | None = None, *, now: float) -> list[PeriodSummary]:
@@ -184,8 +185,8 @@ class ReachLedger:
         new, self._new = self._new, []
         return new
 
-    def _forget_old_periods(self) -> None:
-        oldest_kept = self._current - self.keep_periods + 1
+    def _forget_old_periods(self, current: int) -> None:
+        oldest_kept = current - self.keep_periods + 1
         for name in list(self._periods):
             kept = {index: tally for index, tally in self._periods[name].items() if index >= oldest_kept}
             if kept:
@@ -193,10 +194,10 @@ class ReachLedger:
             else:
                 del self._periods[name]
 
-    def _judge(self, capability: str) -> None:
-        """Fire or resolve this capability's alert on the periods closed so far."""
+    def _judge(self, capability: str, current: int) -> None:
+        """Fire or resolve this capability's alert on the periods closed so far (those before ``current``)."""
         config = self.alert_config
-        last_closed = self._current - 1
+        last_closed = current - 1
         periods = self._periods.get(capability, {})
         streak = [periods.get(index) for index in range(last_closed - config.consecutive_periods + 1, last_closed + 1)]
         below = [tally is not None and reach_rate(tally) < config.reach_threshold for tally in streak]
@@ -211,11 +212,12 @@ class ReachLedger:
             return
         if not all(below):
             return
-        failures = sum(tally.failed for tally in streak)
+        closed = [tally for tally in streak if tally is not None]  # the whole streak: each one is below
+        failures = sum(tally.failed for tally in closed)
         if failures < config.min_failures:
             return
-        total = sum(tally.total for tally in streak)
-        delivered = sum(tally.success + tally.degraded for tally in streak)
+        total = sum(tally.total for tally in closed)
+        delivered = sum(tally.success + tally.degraded for tally in closed)
         alert = Alert(capability=capability, state="active", reach_rate=delivered / total,
                       threshold=config.reach_threshold, failures=failures, total=total,
                       periods=config.consecutive_periods, fired_at=period_end)

@@ -13,14 +13,14 @@ import aiohttp
 import msgspec
 from agent_reach.serving import cancel, close, listen
 from aiohttp import web
+
 from auth.records import PublishedKey
 from mesh.watch import WatchFeed
-
-from router.audit import AuditLog
 from router.api import DEFAULT_MAX_BODY, MAX_HEADER_LINE, create_app
+from router.audit import AuditLog
 from router.auth import Authenticator
 from router.core import Router, RouterSettings
-from router.feed import follow_hub, follow_http
+from router.feed import follow_http, follow_hub
 from router.forward import Forwarder
 from router.keyring import KeyRing
 from router.mirror import RegistryMirror
@@ -109,7 +109,8 @@ class RouterServer:
             self.auth = self._authenticator()
             if self._publish_keys is None and self.settings.registry_url is not None:
                 self._publish_keys = functools.partial(publish_over_http, self._session,
-                                                       self.settings.registry_url.rstrip("/"), self.settings.registry_key)
+                                                       self.settings.registry_url.rstrip("/"),
+                                                       self.settings.registry_key)
             await self._share_keys()
         else:
             log.warning("caller authentication is OFF: anyone can call any capability (development only)")
@@ -164,7 +165,7 @@ class RouterServer:
             return
         try:
             await self._publish_keys(keys)
-        except (aiohttp.ClientError, asyncio.TimeoutError, PublishRefused) as exc:
+        except (TimeoutError, aiohttp.ClientError, PublishRefused) as exc:
             log.warning("could not publish the token verifying keys; retrying", extra={"error": repr(exc)})
             return
         self._published = keys

@@ -91,7 +91,7 @@ async def rank(embedder: AsyncEmbedder, index: CapabilityIndex, intents: list[La
                top_k: int = 3) -> list[Ranked]:
     vectors = await embedder.encode([intent.text for intent in intents])
     ranked = []
-    for intent, vector in zip(intents, vectors):
+    for intent, vector in zip(intents, vectors, strict=True):
         names, scores = index.scores(vector)
         shown = top_candidates(names, scores, max(top_k, 2))
         ranked.append(Ranked(intent, shown[0].capability, shown[0].score, shown[1].score if len(shown) > 1 else None,

@@ -73,7 +73,8 @@ class MiniLM:
         self._model = SentenceTransformer(str(get_model_path()), device="cpu", local_files_only=True)
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
-        return self._model.encode(list(texts), convert_to_numpy=True, show_progress_bar=False)
+        vectors: np.ndarray = self._model.encode(list(texts), convert_to_numpy=True, show_progress_bar=False)
+        return vectors
 
 
 class E5Small:
@@ -93,7 +94,8 @@ class E5Small:
         self._model = E5()
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
-        return self._model.query(list(texts))
+        vectors: np.ndarray = self._model.query(list(texts))
+        return vectors
 
 
 MODELS: dict[str, type[Embedder]] = {model.name: model for model in (UseMultilingual, MiniLM, E5Small)}
@@ -104,7 +106,8 @@ def unit_rows(vectors: np.ndarray) -> np.ndarray:
     """Rows scaled to length 1, so a dot product is the cosine similarity."""
     vectors = np.asarray(vectors, dtype=np.float32)
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return vectors / np.maximum(norms, np.float32(1e-12))
+    unit: np.ndarray = vectors / np.maximum(norms, np.float32(1e-12))
+    return unit
 
 
 class AsyncEmbedder:

@@ -77,7 +77,8 @@ class CapabilityIndex:
                 vectors = await self._embedder.encode([text for entry in fresh for text in entry.texts])
                 groups = np.split(vectors, np.cumsum([len(entry.texts) for entry in fresh])[:-1])
                 centroids = unit_rows(np.stack([group.mean(axis=0) for group in groups]))
-                entries.update((entry.name, (entry, centroid)) for entry, centroid in zip(fresh, centroids))
+                entries.update((entry.name, (entry, centroid))
+                               for entry, centroid in zip(fresh, centroids, strict=True))
             self._entries = entries
             self._matrix = await asyncio.to_thread(_assemble, {name: row for name, (_, row) in entries.items()})
 

@@ -25,10 +25,7 @@ class MatchRule(msgspec.Struct, kw_only=True, frozen=True):
 
 def top_candidates(names: Sequence[str], scores: np.ndarray, k: int) -> list[IntentCandidate]:
     """The ``k`` best capabilities, best first (ties by name, so answers are stable)."""
-    if len(names) > k:
-        keep = np.argpartition(-scores, k - 1)[:k]
-    else:
-        keep = np.arange(len(names))
+    keep = np.argpartition(-scores, k - 1)[:k] if len(names) > k else np.arange(len(names))
     best = sorted(keep, key=lambda i: (-float(scores[i]), names[i]))
     return [IntentCandidate(names[i], round(float(scores[i]), 4)) for i in best]
 

@@ -1,8 +1,7 @@
 """Agent Reach SDK: join the capability mesh with a decorator; reach a capability with one call."""
 
 from agent_reach.agent import AgentReachSDK, BusinessFailure, atp_handler
-from agent_reach.atp import (BusinessError, ErrorCode, ErrorFrame, RequestFrame, ResponseFrame, RouteFacts,
-                             error_frame)
+from agent_reach.atp import BusinessError, ErrorCode, ErrorFrame, RequestFrame, ResponseFrame, RouteFacts, error_frame
 from agent_reach.client import ReachClient, ReachError, SyncReachClient
 from agent_reach.context import CallContext, current
 from agent_reach.wrap import register_capability

@@ -312,7 +312,7 @@ class AgentReachSDK:
                                           headers={"Content-Type": "application/json"}) as response:
                 if response.status >= 400:
                     log.warning("router refused the late-completion notice", extra={"status": response.status})
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             log.warning("could not send the late-completion notice", extra={"error": repr(exc)})
 
 

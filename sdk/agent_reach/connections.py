@@ -123,7 +123,7 @@ class GuardedHandler(RequestHandler):
     def __init__(self, manager: web.Server, *, limits: Limits, gate: Gate, **kwargs: Any):
         super().__init__(manager, keepalive_timeout=limits.idle_timeout, **kwargs)
         self._limits = limits
-        self._gate = gate
+        self._gate: Gate | None = gate
         self._header_deadline: asyncio.TimerHandle | None = None
         self._body_deadline: asyncio.TimerHandle | None = None
         self._body: StreamReader | None = None
@@ -214,7 +214,7 @@ class GuardedHandler(RequestHandler):
 class GuardedSite(web.BaseSite):
     """A TCP listener whose connections are GuardedHandlers (a Refusal past the cap)."""
 
-    __slots__ = ("_host", "_port", "_limits", "_gate", "_handler_args")
+    __slots__ = ("_gate", "_handler_args", "_host", "_limits", "_port")
 
     def __init__(self, runner: web.AppRunner, host: str, port: int, limits: Limits, **handler_args: Any):
         super().__init__(runner)

@@ -45,7 +45,7 @@ class ClientCredentials:
                 body = await response.read()
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError):
             raise
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             raise TokenRefused(f"{self.token_url}: {exc!r}") from exc
         if response.status != 200:
             raise TokenRefused(f"{self.token_url} answered {response.status}: {body[:200]!r}")

@@ -124,8 +124,9 @@ class Dispatcher:
                    caller_gone: Callable[[], bool]) -> Reply:
         budget_ms = frame.timeout_hint if frame.timeout_hint is not None else native.capability.timeout_sla_ms
         started = time.monotonic()
+        deadline = started + budget_ms / 1000
         call = CallContext(frame.request_id, native.capability.name, incoming_context(frame.context, headers),
-                           deadline=started + budget_ms / 1000)
+                           deadline=deadline)
         task = asyncio.create_task(self._invoke(native.handler, frame.payload, call))
         self._tasks.add(task)
         task.add_done_callback(self._forget)
@@ -142,7 +143,7 @@ class Dispatcher:
         finished = time.monotonic()
         reply = self._reply(task, call)
         completion_url = headers.get(COMPLETION_URL_HEADER)
-        if completion_url and reply.status == 200 and (finished > call.deadline or caller_gone()):
+        if completion_url and reply.status == 200 and (finished > deadline or caller_gone()):
             self._report_late(completion_url, LateCompletion(request_id=frame.request_id, agent_id=self.agent_id,
                                                              finished_ms=round((finished - started) * 1000, 3)))
         log.debug("call handled", extra={"status": reply.status, "elapsed_ms": round((finished - started) * 1000, 3)})

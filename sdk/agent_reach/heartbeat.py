@@ -65,7 +65,7 @@ class RegistryLink:
             async with self._session.post(f"{self._url}{path}", data=_encoder.encode(body), headers=self._headers,
                                           timeout=self._timeout) as response:
                 return response.status, await response.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             raise RegistryUnavailable(f"{self._url}{path}: {exc!r}") from exc
 
     async def register(self) -> None:

@@ -56,6 +56,6 @@ class Inflight:
         """Wait until no call is in progress; False if some still are after ``timeout`` seconds."""
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         return True

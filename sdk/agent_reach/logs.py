@@ -11,11 +11,15 @@ import contextvars
 import logging
 import sys
 import time
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import msgspec
 
-_bound: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("agentreach_log_fields", default={})
+_bound: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
+    "agentreach_log_fields", default=MappingProxyType({})
+)
 
 # Attributes every LogRecord has; anything else on a record came from ``extra``.
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}

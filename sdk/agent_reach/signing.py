@@ -50,7 +50,8 @@ def sign(key: str, agent_id: str, method: str, path: str, request_id: str, body:
     """The ``X-Reach-Signature`` value for one request to the instance ``agent_id``."""
     timestamp = int(time.time() if now is None else now)
     nonce = nonce or os.urandom(12).hex()
-    return f"{VERSION},t={timestamp},n={nonce},s={signature(key, timestamp, nonce, agent_id, method, path, request_id, body)}"
+    signed = signature(key, timestamp, nonce, agent_id, method, path, request_id, body)
+    return f"{VERSION},t={timestamp},n={nonce},s={signed}"
 
 
 class Signed(NamedTuple):

@@ -4,8 +4,9 @@
 exactly as before. ``sdk.attach(app)`` adds what the mesh needs around the app, not inside the
 handlers: the SDK's lifecycle in the app's startup/shutdown, a middleware that counts in-flight
 calls and carries the router's context (``X-Reach-Context``) into handlers, refuses calls the
-router did not sign when the agent holds a registration token, and ``/healthz`` when the app has none. A route's path is looked up in the app when the SDK starts, because a FastAPI
-decorator placed below ours registers the route only after ours has run.
+router did not sign when the agent holds a registration token, and ``/healthz`` when the app has
+none. A route's path is looked up in the app when the SDK starts, because a FastAPI decorator
+placed below ours registers the route only after ours has run.
 """
 
 from __future__ import annotations
@@ -93,11 +94,12 @@ class RouteCall(contextlib.ExitStack):
         self.enter_context(serving(self.call))
         return self
 
-    def __exit__(self, *exc_info: Any) -> bool:
+    def __exit__(self, *exc_info: Any) -> None:
+        """Never swallows the route's exception: nothing entered here suppresses one."""
         failed = exc_info[0] is not None or self.status >= 500
         self._sdk.inflight.leave(self._slot)
         self._sdk.inflight.count_outcome("error" if failed else "ok", self.call.tokens_reported)
-        return super().__exit__(*exc_info)
+        super().__exit__(*exc_info)
 
 
 class AiohttpHost:
@@ -197,18 +199,21 @@ class _AsgiMiddleware:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
-            return await self.app(scope, receive, send)
+            await self.app(scope, receive, send)
+            return
         if scope["path"] == HEALTH_PATH and self.host.serves_health:
-            return await self.host.health(send)
+            await self.host.health(send)
+            return
         name = self.host.capability_at(scope["path"])
         if name is None:
-            return await self.app(scope, receive, send)
+            await self.app(scope, receive, send)
+            return
         headers = CIMultiDict((key.decode("latin-1"), value.decode("utf-8", "replace"))
                               for key, value in scope["headers"])
         if self.host.sdk.guard.active:
             receive = await self._admitted(name, scope["method"], headers, receive, send)
             if receive is None:
-                return None
+                return
         with RouteCall(self.host.sdk, name, headers) as call:
             async def send_noting_status(message: dict[str, Any]) -> None:
                 if message["type"] == "http.response.start":
