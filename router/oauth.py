@@ -188,7 +188,7 @@ def client_credentials(form: Mapping[str, str], authorization: str | None) -> Cr
         try:
             client_id, colon, secret = base64.b64decode(encoded.strip(), validate=True).decode().partition(":")
         except ValueError:  # not base64 (binascii.Error), not UTF-8, or not ASCII at all
-            colon = ""
+            client_id = colon = secret = ""
         if not colon:
             return OAuthRefusal(error="invalid_client", status=401, basic=True, field="Authorization",
                                 error_description="HTTP Basic credentials are not base64 of client_id:client_secret")
