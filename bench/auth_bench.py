@@ -12,7 +12,7 @@ it forwards):
 
 Maximum calls/s comes from wrk (closed loop, 64 connections, rounds alternating the ways, the
 best round counts), with the CPU time the router process spent per call beside it: on a shared
-machine that is the steadier number. Target: api_key and jwt ≥ 0.9× off. Results: a table on
+machine that is the steadier number. Target: api_key and jwt ≥ 0.9x off. Results: a table on
 stdout and JSON in bench/results/auth_bench.json.
 
 Subcommands used by the run: `registry --port P --data-dir D` (auth on) and
@@ -109,8 +109,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             admin = {"X-API-Key": admin_key}
             for auth, port, audit in (("off", ports["off"], []), ("on", ports["on"], []),
                                       ("on", ports["audited"], ["--audit", str(Path(data_dir) / "audit.db")])):
-                processes.append(spawn(__file__, "router", "--port", str(port), "--registry", registry, "--registry-key",
-                                       admin["X-API-Key"], "--auth", auth, *audit))
+                processes.append(spawn(__file__, "router", "--port", str(port), "--registry", registry,
+                                       "--registry-key", admin["X-API-Key"], "--auth", auth, *audit))
             pids = {"off": processes[2].pid, "api_key": processes[3].pid, "jwt": processes[3].pid,
                     "audited": processes[4].pid}
             for url in set(routers.values()):

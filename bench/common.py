@@ -76,7 +76,8 @@ class WrkRun(NamedTuple):
 def post_script(body: bytes | str, headers: dict[str, str] | None = None) -> str:
     """A wrk Lua script that POSTs ``body`` as JSON with ``headers``."""
     text = body.decode() if isinstance(body, bytes) else body
-    lines = ['wrk.method = "POST"', f"wrk.body = {json.dumps(text)}", 'wrk.headers["Content-Type"] = "application/json"']
+    lines = ['wrk.method = "POST"', f"wrk.body = {json.dumps(text)}",
+             'wrk.headers["Content-Type"] = "application/json"']
     lines += [f"wrk.headers[{json.dumps(name)}] = {json.dumps(value)}" for name, value in (headers or {}).items()]
     return "\n".join(lines) + "\n"
 

@@ -54,9 +54,11 @@ def wrk_latency(url: str, script: str, connections: int, seconds: int) -> dict[s
 
 
 async def register_many(url: str, count: int, prefix: str) -> None:
-    body = lambda i: {"agent_id": f"{prefix}-{i}", "service": "hb",
-                      "capabilities": [{"name": "hb.cap", "protocol": "rest", "endpoint": "http://127.0.0.1:9/x"}],
-                      "metadata": {"zone": "z", "model": "m", "max_qps": 100, "semver": "1.0.0"}}
+    def body(i: int) -> dict:
+        return {"agent_id": f"{prefix}-{i}", "service": "hb",
+                "capabilities": [{"name": "hb.cap", "protocol": "rest", "endpoint": "http://127.0.0.1:9/x"}],
+                "metadata": {"zone": "z", "model": "m", "max_qps": 100, "semver": "1.0.0"}}
+
     queue = iter(range(count))
 
     async def worker(session: aiohttp.ClientSession) -> None:

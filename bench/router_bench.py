@@ -18,7 +18,8 @@ timer whatever the answers do, and times each call from the moment it was due, s
 cannot hide its queueing (no coordinated omission). Added latency is the target's percentile
 minus the direct percentile at the same rate. Maximum calls/s comes from wrk (closed loop, 64
 connections, alternating rounds, the best counts), with the CPU time the serving process spent
-per call beside it: on a shared machine that is the steadier number. Results: a table on stdout and JSON in bench/results/router_bench.json.
+per call beside it: on a shared machine that is the steadier number. Results: a table on stdout and JSON
+in bench/results/router_bench.json.
 
 Subcommands used by the run, also handy alone:
   echo  --port 9000                      the echo agent: POST /echo (rest), POST /atp (atp frames)
@@ -182,7 +183,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                     print(f"  {target:>6} @ {rate:>4}/s  p50 {result['p50_ms']:.2f} ms  p99 {result['p99_ms']:.2f} ms"
                           f"  errors {result['errors']}", file=sys.stderr)
             # Rounds alternate the targets so a neighbour's burst hits them alike; the best round counts.
-            pids = dict(zip(TARGETS, (process.pid for process in processes)))
+            pids = dict(zip(TARGETS, (process.pid for process in processes), strict=False))
             rounds: dict[str, list[dict[str, Any]]] = {target: [] for target in TARGETS}
             for _ in range(args.wrk_rounds):
                 for target in TARGETS:

@@ -59,7 +59,7 @@ ACTIONS = ["create", "update", "archive", "export", "approve", "validate", "summ
 
 
 def described_capabilities(count: int, endpoint: str = "http://127.0.0.1:9/call") -> list[Capability]:
-    """The evaluation set's capabilities, then generated ones (domain × object × action) up to ``count``."""
+    """The evaluation set's capabilities, then generated ones (every domain, object and action) up to ``count``."""
     capabilities = [Capability(name=c.name, endpoint=endpoint, description=c.description, examples=c.examples)
                     for c in EVAL.capabilities]
     combos = [(d, o, a) for d in DOMAINS for o in OBJECTS for a in ACTIONS]

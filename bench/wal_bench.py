@@ -53,7 +53,8 @@ def payloads(count: int, seed: int) -> list[bytes]:
     """~200-byte JSON-ish payloads (150-250 bytes), like registry change records."""
     rng = random.Random(seed)
     pool = [os.urandom(128).hex().encode() for _ in range(64)]
-    return [b'{"op":"put","key":"agent-%d","value":"%s"}' % (n, pool[n % 64][: rng.randint(110, 210)]) for n in range(count)]
+    return [b'{"op":"put","key":"agent-%d","value":"%s"}' % (n, pool[n % 64][: rng.randint(110, 210)])
+            for n in range(count)]
 
 
 async def measure_appends(directory: Path, records: int, writers: int, group_commit: bool) -> dict:
@@ -147,7 +148,8 @@ def render(result: dict) -> str:
     for writers in (1, 64):
         group, single = (result["appends"][f"{mode}_{writers}"] for mode in ("group", "single"))
         lines.append(
-            f"{writers:>7}  {_rate(group):>22}  {_rate(single):>22}  {group['appends_per_second'] / single['appends_per_second']:>5.1f}x"
+            f"{writers:>7}  {_rate(group):>22}  {_rate(single):>22}  "
+            f"{group['appends_per_second'] / single['appends_per_second']:>5.1f}x"
         )
     lines.append(f"Group commit vs one sync per record at 64 writers: {result['ratio_at_64']:.1f}x (target >= 5x)")
     replay, build = result["replay"], result["build"]
@@ -179,7 +181,8 @@ def main() -> None:
         for writers in (1, 64):
             for mode, group_commit in (("group", True), ("single", False)):
                 directory = scratch / f"{mode}-{writers}"
-                appends[f"{mode}_{writers}"] = asyncio.run(measure_appends(directory, args.records, writers, group_commit))
+                appends[f"{mode}_{writers}"] = asyncio.run(
+                    measure_appends(directory, args.records, writers, group_commit))
         replay_dir = scratch / "replay"
         build_seconds = asyncio.run(build_log(replay_dir, args.replay_records))
         result = {

@@ -66,7 +66,8 @@ StartRig = Callable[..., Awaitable[Rig]]
 
 
 @pytest.fixture
-async def start_console(tmp_path: Path, http: aiohttp.ClientSession) -> AsyncIterator[Callable[..., Awaitable[ConsoleServer]]]:
+async def start_console(tmp_path: Path,
+                        http: aiohttp.ClientSession) -> AsyncIterator[Callable[..., Awaitable[ConsoleServer]]]:
     """Start consoles against given registry and router URLs (auth off unless asked); each stops at teardown."""
     consoles: list[ConsoleServer] = []
 
@@ -103,7 +104,8 @@ async def rig(start_rig: StartRig) -> Rig:
 
 
 @pytest.fixture
-async def auth_rig(start_mesh: StartMesh, start_console: Callable[..., Awaitable[ConsoleServer]], http: aiohttp.ClientSession) -> Rig:
+async def auth_rig(start_mesh: StartMesh, start_console: Callable[..., Awaitable[ConsoleServer]],
+                   http: aiohttp.ClientSession) -> Rig:
     """Everything with auth on: the registry made the admin key, the console signs in with it."""
     mesh = await start_mesh(auth=True)
     assert mesh.admin_key is not None

@@ -24,7 +24,7 @@ async def test_thresholds_saved_replayed_and_applied_by_the_router(mesh, http):
         assert (await response.json())["config"] == STRICT
 
 
-@pytest.mark.parametrize("body,field", [
+@pytest.mark.parametrize(("body", "field"), [
     ({"reach_threshold": 1.5}, "reach_threshold"),
     ({"consecutive_periods": 0}, "consecutive_periods"),
     ({"min_failures": -1}, "min_failures"),

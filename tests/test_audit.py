@@ -30,10 +30,11 @@ def rows_in(path: Path) -> int:
 
 
 def entry(n: int, **fields: object) -> AuditEntry:
-    values: dict[str, object] = dict(
-        time=time.time(), capability="order.read", request_id=f"req-{n}", outcome="success", latency_ms=1.5,
-        caller="cl_a", caller_name="shop", instance="agent-1", trace_id=f"trace-{n}", payload_bytes=10,
-        payload_sha256=hashlib.sha256(f"payload {n}".encode()).hexdigest(), auth_method="api_key")
+    values: dict[str, object] = {
+        "time": time.time(), "capability": "order.read", "request_id": f"req-{n}", "outcome": "success",
+        "latency_ms": 1.5, "caller": "cl_a", "caller_name": "shop", "instance": "agent-1", "trace_id": f"trace-{n}",
+        "payload_bytes": 10, "payload_sha256": hashlib.sha256(f"payload {n}".encode()).hexdigest(),
+        "auth_method": "api_key"}
     values.update(fields)
     return AuditEntry(**values)  # type: ignore[arg-type]
 
@@ -246,15 +247,16 @@ async def test_record_after_stop_is_counted_not_kept(open_log, tmp_path: Path) -
 
 
 def test_bad_settings_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="retention_days"):
         AuditLog(tmp_path / "a.db", retention_days=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="batch_size"):
         AuditLog(tmp_path / "a.db", retention_days=1, batch_size=10, max_buffer=5)
 
 
 def trace(**fields: object) -> CallTrace:
-    values: dict[str, object] = dict(request_id="r1", capability="order.read", trace_id="t1", started_at=1000.0,
-                                     parent_request_id="r0", payload_bytes=42, outcome="success", total_ms=12.5)
+    values: dict[str, object] = {"request_id": "r1", "capability": "order.read", "trace_id": "t1", "started_at": 1000.0,
+                                 "parent_request_id": "r0", "payload_bytes": 42, "outcome": "success",
+                                 "total_ms": 12.5}
     values.update(fields)
     return CallTrace(**values)  # type: ignore[arg-type]
 

@@ -12,7 +12,7 @@ from sdk_support import free_port
 from storage_support import AGENTREACH, ROOT, agentreach
 
 
-@pytest.mark.parametrize("command,expected", [
+@pytest.mark.parametrize(("command", "expected"), [
     ((), "up"),
     (("up",), "--registry-port"),
     (("registry",), "--silence-timeout"),

@@ -188,7 +188,7 @@ async def test_the_admin_key_defaults_to_the_local_data_dirs(start_registry, tmp
     assert elsewhere.returncode == 0, elsewhere.stderr
 
 
-@pytest.mark.parametrize("args,code,says", [
+@pytest.mark.parametrize(("args", "code", "says"), [
     (("clients", "disable", "cli_nobody"), 1, "404 client_not_found: No client 'cli_nobody' (field: client_id)"),
     (("clients", "create", "--name", "x", "--trust", "internal", "--grant", "*"), 1, "400"),
     (("tokens", "create", "--service", "svc", "--admin-key", "ara_wrong"), 1, "401 unauthenticated"),

@@ -21,10 +21,10 @@ async def status_of(http: aiohttp.ClientSession, url: str, **options) -> int:
 
 
 async def sign_in(url: str, key: str) -> str:
-    async with aiohttp.ClientSession() as browser_like:
-        async with browser_like.post(f"{url}/api/session", json={"admin_key": key}) as response:
-            assert response.status == 200
-            return response.cookies[COOKIE].value
+    async with aiohttp.ClientSession() as browser_like, \
+            browser_like.post(f"{url}/api/session", json={"admin_key": key}) as response:
+        assert response.status == 200
+        return response.cookies[COOKIE].value
 
 
 async def rotate(mesh: Mesh, http: aiohttp.ClientSession) -> str:

@@ -33,7 +33,8 @@ async def test_the_dashboard_and_its_modules_are_served(rig: Rig):
 
 async def test_overview_counts_agents_instances_calls_and_reach(rig: Rig, start_agent):
     await echo_mesh(rig, start_agent, "a1", "a2")
-    await rig.mesh.register("never-beats", [{"name": "echo", "endpoint": "http://127.0.0.1:9/call", "protocol": "rest"}],
+    await rig.mesh.register("never-beats",
+                            [{"name": "echo", "endpoint": "http://127.0.0.1:9/call", "protocol": "rest"}],
                             service="echo")
     overview = await rig.until("/api/overview", lambda o: o["registered_agents"] == 3 and o["available_instances"] == 2,
                                "three registered, two available")
@@ -97,12 +98,14 @@ async def test_reach_and_routes_views(start_rig, start_agent):
     await rig.mesh.call(payload="fails")
     view = await rig.until("/api/reach", lambda v: v["capabilities"] and v["capabilities"][0]["total"] == 5, "reach")
     [echo] = view["capabilities"]
-    assert (echo["success"], echo["failed"], echo["failed_by_code"], echo["reach_rate"]) == (4, 1, {"AGENT_ERROR": 1}, 0.8)
+    assert (echo["success"], echo["failed"], echo["failed_by_code"], echo["reach_rate"]) == \
+        (4, 1, {"AGENT_ERROR": 1}, 0.8)
     assert view["period_seconds"] == 0.3 and view["instance_health_rate"] == 1.0
     view = await rig.until("/api/reach", lambda v: v["hours"] and v["hours"][0]["total"] == 5, "the hour folded")
     assert view["hours"][0]["failed"] == 1
     routes = await rig.until("/api/routes", lambda r: r["decisions"].get("least_load") == 5, "decisions")
-    assert (await rig.until("/api/routes", lambda r: r["hours"], "decision hours"))["hours"][0]["decisions"]["least_load"] == 5
+    routes = await rig.until("/api/routes", lambda r: r["hours"], "decision hours")
+    assert routes["hours"][0]["decisions"]["least_load"] == 5
     assert routes["decisions"]["least_load"] == 5
 
 
@@ -137,14 +140,16 @@ async def test_policies_listed_saved_refused_with_the_field_and_reset(rig: Rig, 
     await echo_mesh(rig, start_agent, "a1")
     body = await rig.until("/api/policies", lambda b: b["policies"], "the capability")
     [entry] = body["policies"]
-    assert (entry["capability"], entry["service"], entry["stored"], entry["policy"]["policy"]) == ("echo", "echo", False, None)
+    assert (entry["capability"], entry["service"], entry["stored"], entry["policy"]["policy"]) == \
+        ("echo", "echo", False, None)
     status, saved = await rig.request("PUT", "/api/policies/echo", {"policy": "hash", "timeout": {"total_ms": 3000}})
     assert status == 200 and saved["policy"] == "hash"
     await wait_for(lambda: rig.mesh.router.mirror.policy("echo") is not None, what="the router to apply it")
     assert (await rig.mesh.call(payload=1)).route["policy"] == "hash"
     [entry] = (await rig.get("/api/policies"))["policies"]
     assert entry["stored"] and entry["policy"]["timeout"]["total_ms"] == 3000
-    status, refused = await rig.request("PUT", "/api/policies/echo", {"timeout": {"connect_ms": 500, "first_byte_ms": 100}})
+    status, refused = await rig.request("PUT", "/api/policies/echo",
+                                        {"timeout": {"connect_ms": 500, "first_byte_ms": 100}})
     assert status == 400 and refused["field"] == "timeout.connect_ms" and refused["error"] == "invalid_policy"
     status, refused = await rig.request("PUT", "/api/policies/echo", {"retry": {"max_attempts": "three"}})
     assert status == 400 and refused["field"] == "retry.max_attempts"

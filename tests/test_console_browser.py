@@ -33,7 +33,8 @@ async def test_home_shows_the_demo_agents_turning_healthy(rig: Rig, page):
         await expect(page.locator("#up-registry")).to_have_attribute("data-ok", "yes")
         async with aiohttp.ClientSession() as session:
             for text in ("where is order A-1001", "hello"):
-                async with session.post(f"{rig.mesh.url}/atp", json={"capability": "order.query", "payload": {"text": text}}):
+                frame = {"capability": "order.query", "payload": {"text": text}}
+                async with session.post(f"{rig.mesh.url}/atp", json=frame):
                     pass
         await expect(page.locator("#stat-reach .stat-value")).not_to_have_text("—", timeout=WAIT_MS)
         await screenshot(page, "home")

@@ -56,7 +56,8 @@ async def test_the_debug_entry_calls_as_the_consoles_client_and_a_refused_call_c
         auth_rig: Rig, start_agent, page):
     await auth_rig.mesh.add(await start_agent("a1"))
     await sign_in(page, auth_rig, "debug?capability=echo")
-    await expect(page.get_by_label("The console's debug client (internal trust, granted this capability only)")).to_be_checked()
+    own_client = page.get_by_label("The console's debug client (internal trust, granted this capability only)")
+    await expect(own_client).to_be_checked()
     await page.get_by_role("button", name="Send through the router").click()
     await expect(page.locator("#debug-result")).to_contain_text("HTTP 200", timeout=WAIT_MS)
     await expect(page.locator('#route-facts [data-fact="instance"] dd')).to_have_text("a1")
@@ -81,7 +82,8 @@ async def test_raw_success_draws_over_reach_so_equal_lines_both_show(rig: Rig, s
     # Drawn last, the dashed raw-success line sits on top of the reach line where they are equal.
     await expect(lines.nth(0)).to_have_class("line s-reach")
     await expect(lines.nth(1)).to_have_class("line s-raw")
-    dashes = await page.evaluate("getComputedStyle(document.querySelectorAll('#reach-curve svg path.line')[1]).strokeDasharray")
+    dashes = await page.evaluate(
+        "getComputedStyle(document.querySelectorAll('#reach-curve svg path.line')[1]).strokeDasharray")
     assert dashes not in ("", "none"), dashes
     await expect(page.locator("#reach-curve .legend .swatch.s-raw")).to_have_class("swatch s-raw dashed")
     await screenshot(page, "reach-lines")

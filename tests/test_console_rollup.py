@@ -39,12 +39,14 @@ def test_recent_takes_the_periods_overlapping_the_window():
 def test_capability_reach_names_alerting_capabilities_even_without_calls():
     periods = ledger_periods([("a", "success", 10, 0), ("a", "failed", 10, 61)])
     rows = capability_reach(periods, {"quiet"})
-    assert [(r.capability, r.total, r.reach_rate, r.alert) for r in rows] == [("a", 2, 0.5, None), ("quiet", 0, None, "active")]
+    assert [(r.capability, r.total, r.reach_rate, r.alert) for r in rows] == \
+        [("a", 2, 0.5, None), ("quiet", 0, None, "active")]
     assert rows[0].failed_by_code == {"AGENT_ERROR": 1}
 
 
 def test_counters_count_increments_and_a_reset_counts_whole():
-    assert counter_deltas({"hash": 5, "failover": 2}, {"hash": 7, "failover": 2, "fallback": 1}) == {"hash": 2, "fallback": 1}
+    assert counter_deltas({"hash": 5, "failover": 2}, {"hash": 7, "failover": 2, "fallback": 1}) == \
+        {"hash": 2, "fallback": 1}
     assert counter_deltas({"hash": 50}, {"hash": 3}) == {"hash": 3}
     periods = ledger_periods([("a", "success", 1, 0), ("a", "success", 1, 1)])
     assert sum(counter_deltas({("a", 0.0): 1}, period_totals(periods)).values()) == 1
@@ -70,7 +72,8 @@ def trace(request_id: str, at: float, attempts: list[tuple[str, float, str | Non
 def test_tokens_belong_to_the_instance_that_answered():
     call = trace("r1", 100, [("a1", 5000, "FIRST_BYTE_TIMEOUT"), ("a2", 40, None)], "degraded", tokens=12)
     samples = samples_of(call)
-    assert [(s.agent_id, s.tokens, s.error_code) for s in samples] == [("a1", 0, "FIRST_BYTE_TIMEOUT"), ("a2", 12, None)]
+    assert [(s.agent_id, s.tokens, s.error_code) for s in samples] == \
+        [("a1", 0, "FIRST_BYTE_TIMEOUT"), ("a2", 12, None)]
     assert samples[1].at == 100.01
     assert all(s.tokens == 0 for s in samples_of(trace("r2", 100, [("a1", 5, "AGENT_ERROR")], "failed", tokens=3)))
 

@@ -32,7 +32,8 @@ async def test_router_and_direct_fallback_read_a_rest_agents_answers_alike(regis
         assert response.status == 200, await response.text()
     mesh = await start_mesh(registry=registry)
     await mesh.until_state(agent.name)
-    async with ReachClient(f"http://127.0.0.1:{free_port()}", direct_fallback=True, registry_url=registry.url) as direct:
+    async with ReachClient(f"http://127.0.0.1:{free_port()}", direct_fallback=True,
+                           registry_url=registry.url) as direct:
         async def both() -> tuple[tuple[Any, ...], tuple[Any, ...]]:
             routed = await mesh.call("echo", 1)
             reached = await direct.send(RequestFrame(capability="echo", payload=1))

@@ -219,7 +219,7 @@ MALFORMED_ATP = [
 ]
 
 
-@pytest.mark.parametrize("protocol,table", [("rest", MALFORMED_REST), ("atp", MALFORMED_ATP)])
+@pytest.mark.parametrize(("protocol", "table"), [("rest", MALFORMED_REST), ("atp", MALFORMED_ATP)])
 async def test_every_answer_however_malformed_is_a_documented_outcome(mesh: Mesh, start_scripted, protocol, table):
     # The table is mostly failures: a breaker that never opens lets every row reach the agent.
     await mesh.put_policy("echo", {"circuit_breaker": {"min_requests": 1000}})

@@ -14,7 +14,7 @@ from auth.records import Grant, Kid, PublicX
 from conftest import post, registration
 
 
-@pytest.mark.parametrize("kind,good", [(Name, "order.query"), (Grant, "order.*"),
+@pytest.mark.parametrize(("kind", "good"), [(Name, "order.query"), (Grant, "order.*"),
                                        (Kid, "1700000000000-ab12"), (PublicX, "A" * 43)])
 def test_a_trailing_newline_is_refused(kind, good):
     assert msgspec.convert(good, kind) == good

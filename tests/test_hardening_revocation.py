@@ -62,9 +62,8 @@ async def test_a_registration_racing_a_revocation_never_ends_up_serving(token_me
     for round_ in range(20):
         issued = await token_mesh.token("racer")
 
-        async def register() -> int:
-            status, _ = await token_mesh.registry_post("/register", registration(f"racer-{round_}", "racer.echo"),
-                                                   issued["token"])
+        async def register(agent_id: str = f"racer-{round_}", token: str = issued["token"]) -> int:
+            status, _ = await token_mesh.registry_post("/register", registration(agent_id, "racer.echo"), token)
             return status
 
         # Which request leaves first alternates; the registry's order decides, the invariant holds either way.

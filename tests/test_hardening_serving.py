@@ -53,7 +53,8 @@ async def serving(limits: Limits) -> AsyncIterator[tuple[str, GuardedSite]]:
         await runner.cleanup()
 
 
-async def slow_connection(port: int, first: bytes = PARTIAL_HEADER) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def slow_connection(port: int,
+                          first: bytes = PARTIAL_HEADER) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(first)
     await writer.drain()
@@ -83,7 +84,7 @@ async def test_slowloris_headers_are_closed_while_normal_requests_are_served(htt
         port = int(url.rsplit(":", 1)[1])
         connections = [await slow_connection(port) for _ in range(20)]
         stop = asyncio.Event()
-        dripping = asyncio.create_task(trickle([writer for _, writer in connections], stop))
+        dripping = asyncio.create_task(trickle([writer for _, writer in connections], stop))  # noqa: RUF006 (awaited below)
         ends = [asyncio.create_task(closed_by_server(reader)) for reader, _ in connections]
         try:
             async with http.get(url, headers={"Connection": "close"}) as response:
@@ -100,7 +101,7 @@ async def test_slowloris_headers_are_closed_while_normal_requests_are_served(htt
 
 
 async def test_a_connection_that_sends_nothing_is_closed_at_the_header_deadline():
-    async with serving(Limits(header_timeout=0.3)) as (url, site):
+    async with serving(Limits(header_timeout=0.3)) as (url, _site):
         reader, writer = await slow_connection(int(url.rsplit(":", 1)[1]), b"")
         assert await asyncio.wait_for(closed_by_server(reader), 10) == b""
         writer.close()
@@ -255,7 +256,7 @@ def descriptors_exhausted() -> Iterator[None]:
     os.close(lowest_free)
     resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
     try:
-        with pytest.raises(OSError):
+        with pytest.raises(OSError, match="Too many open files"):
             os.open(os.devnull, os.O_RDONLY)
         yield
     finally:

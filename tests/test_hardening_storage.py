@@ -132,8 +132,9 @@ async def test_data_dir_is_private_under_umask_022_and_a_loose_one_is_warned_abo
     data_dir = tmp_path / "mesh" / "data"
     ports = [str(free_port()) for _ in range(3)]
     running = await asyncio.to_thread(
-        start_logged, [*AGENTREACH, "up", "--data-dir", str(data_dir), "--registry-port", ports[0], "--router-port", ports[1],
-                           "--console-port", ports[2], "--auth", "on"], ready="console listening", umask=0o022)
+        start_logged, [*AGENTREACH, "up", "--data-dir", str(data_dir), "--registry-port", ports[0],
+                       "--router-port", ports[1], "--console-port", ports[2], "--auth", "on"],
+        ready="console listening", umask=0o022)
     try:
         modes = _modes(data_dir)
     finally:

@@ -75,7 +75,8 @@ async def small_disk(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Sm
     async def start(*knobs: str) -> SmallDisk:
         small = tmp_path / "small"
         small.mkdir()
-        command = [*NAMESPACE, ON_SMALL_DISK, "sh", str(small), *AGENTREACH, "registry", "--port", "0", "--data-dir", f"{small}/data", "--auth", "off", *knobs]
+        command = [*NAMESPACE, ON_SMALL_DISK, "sh", str(small), *AGENTREACH, "registry", "--port", "0",
+                   "--data-dir", f"{small}/data", "--auth", "off", *knobs]
         running = await asyncio.to_thread(start_logged, command, ready="registry listening")
         started.append(running)
         return SmallDisk(running, Path(f"/proc/{running.process.pid}/root{small}/filler"))
@@ -183,7 +184,7 @@ async def test_evicted_history_hours_zero_keeps_none(evicting_registry, http):
 
 
 @pytest.mark.parametrize("command", ["registry", "up"])
-@pytest.mark.parametrize("flag, value", [("--evicted-history", "-1"), ("--evicted-history-hours", "-1"),
+@pytest.mark.parametrize(("flag", "value"), [("--evicted-history", "-1"), ("--evicted-history-hours", "-1"),
                                          ("--evicted-history-hours", "nan")])
 def test_a_history_bound_below_zero_or_not_a_number_is_refused(tmp_path, command, flag, value):
     done = subprocess.run([*AGENTREACH, command, "--data-dir", str(tmp_path / "data"), flag, value],
@@ -195,7 +196,8 @@ def test_a_history_bound_below_zero_or_not_a_number_is_refused(tmp_path, command
 
 def modes(root: Path) -> dict[str, str]:
     """Every path under `root` (itself as "."), with its permission bits."""
-    return {str(path.relative_to(root)): f"{stat.S_IMODE(path.lstat().st_mode):04o}" for path in [root, *root.rglob("*")]}
+    return {str(path.relative_to(root)): f"{stat.S_IMODE(path.lstat().st_mode):04o}"
+            for path in [root, *root.rglob("*")]}
 
 
 @pytest.fixture

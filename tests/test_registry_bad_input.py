@@ -48,7 +48,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("what,body,code,field", CASES, ids=[case[0] for case in CASES])
+@pytest.mark.parametrize(("what", "body", "code", "field"), CASES, ids=[case[0] for case in CASES])
 async def test_bad_registration_is_rejected_and_not_logged(registry, http, what, body, code, field):
     status, answer = await post(http, f"{registry.url}/register", body)
     assert status == 400, answer
@@ -69,7 +69,7 @@ async def test_malformed_json_is_400(registry, http, raw):
     assert registry.store.revision == 0
 
 
-@pytest.mark.parametrize("body,field", [
+@pytest.mark.parametrize(("body", "field"), [
     ({"agent_id": "a1", "load": 1.5}, "load"),
     ({"agent_id": "a1", "load": "high"}, "load"),
     ({"agent_id": "a1", "inflight": -1}, "inflight"),

@@ -7,7 +7,7 @@ import time
 
 from conftest import FakeAgent, post, registration, wait_for
 
-FAST = dict(silence_timeout=0.5, health_interval=0.1, evict_after=3)
+FAST = {"silence_timeout": 0.5, "health_interval": 0.1, "evict_after": 3}
 
 
 async def state_of(http, registry, agent_id):

@@ -37,7 +37,7 @@ async def test_seed_policy_round_trip_and_survives_restart(start_registry, http,
         assert response.status == 404 and (await response.json())["error"] == "policy_not_found"
 
 
-@pytest.mark.parametrize("body,code,field", [
+@pytest.mark.parametrize(("body", "code", "field"), [
     ({"policy": "random"}, "invalid_field", "policy"),
     ({"timeout": {"connect_ms": -5}}, "invalid_field", "timeout.connect_ms"),
     ({"timeout": {"connect_ms": 500, "first_byte_ms": 100}}, "invalid_policy", "timeout.connect_ms"),

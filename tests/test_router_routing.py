@@ -65,7 +65,7 @@ async def test_hash_keeps_sessions_and_membership_changes_move_about_one_nth(mes
     async def placement() -> dict[str, str]:
         answers = [await mesh.call(payload=s, context={"session_id": s}) for s in sessions]
         assert {answer.route["policy"] for answer in answers} == {"hash"}
-        return {s: answer.route["instance"] for s, answer in zip(sessions, answers)}
+        return {s: answer.route["instance"] for s, answer in zip(sessions, answers, strict=False)}
 
     first = await placement()
     assert await placement() == first, "a session must keep its instance"

@@ -20,7 +20,7 @@ async def get(mesh, path):
 async def test_a_call_is_traced_with_its_decision_and_attempts(mesh, start_agent):
     agent = await start_agent("trace-a")
     await mesh.add(agent, "trace.echo")
-    status, answer = await send(mesh, {"request_id": "root-1", "capability": "trace.echo", "payload": {"x": 1}})
+    status, _answer = await send(mesh, {"request_id": "root-1", "capability": "trace.echo", "payload": {"x": 1}})
     assert status == 200
     status, body = await get(mesh, "/traces/root-1")
     assert status == 200
@@ -47,7 +47,7 @@ async def test_nested_calls_form_a_tree(mesh, start_agent):
                           "context": {"trace_id": "t-1", "parent_request_id": "parent"}})
     await send(mesh, {"request_id": "grandchild", "capability": "trace.echo", "payload": {},
                       "context": {"trace_id": "t-1", "parent_request_id": "child-2"}})
-    status, body = await get(mesh, "/traces/grandchild")
+    _status, body = await get(mesh, "/traces/grandchild")
     tree = body["tree"]
 
     def shape(node):

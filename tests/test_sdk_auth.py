@@ -80,14 +80,16 @@ async def test_forged_tampered_and_stale_signatures_are_refused(token_mesh, make
 
     tampered = frame_bytes("alpha.echo", "tampered", "r-1")
     cases = {
-        "tampered body": (tampered, sign(key, "alpha-2", "POST", "/atp/alpha.echo", "r-1", body), "r-1", "does not match"),
+        "tampered body": (tampered, sign(key, "alpha-2", "POST", "/atp/alpha.echo", "r-1", body), "r-1",
+                          "does not match"),
         "wrong key": (body, sign(signing_key("art_forged"), "alpha-2", "POST", "/atp/alpha.echo", "r-1", body), "r-1",
                       "does not match"),
         "stale": (body, sign(key, "alpha-2", "POST", "/atp/alpha.echo", "r-1", body, now=time.time() - 120), "r-1",
                   "stale signature"),
         "another capability's path": (body, sign(key, "alpha-2", "POST", "/atp/alpha.other", "r-1", body), "r-1",
                                       "does not match"),
-        "another request id": (body, sign(key, "alpha-2", "POST", "/atp/alpha.echo", "r-1", body), "r-2", "does not match"),
+        "another request id": (body, sign(key, "alpha-2", "POST", "/atp/alpha.echo", "r-1", body), "r-2",
+                               "does not match"),
         "malformed": (body, "v2,s=00", "r-1", "malformed"),
     }
     for case, (sent, signature, request_id, reason) in cases.items():

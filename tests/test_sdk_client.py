@@ -30,8 +30,8 @@ async def answer_with(status, frame):
 async def test_call_returns_the_result_and_sends_the_contract(stand_in_router):
     route = RouteFacts(instance="a-1", policy="least_load", attempts=1, timeout_sla_ms=5000)
     router = await stand_in_router(await answer_with(
-        200, lambda frame: ResponseFrame(request_id=frame.request_id, status="success", result={"n": frame.payload["n"] + 1},
-                                         route=route)))
+        200, lambda frame: ResponseFrame(request_id=frame.request_id, status="success",
+                                         result={"n": frame.payload["n"] + 1}, route=route)))
     async with ReachClient(router.url, api_key="k-123") as client:
         result = await client.call("math.inc", {"n": 41}, context={"session_id": "s-9"}, timeout=2.5)
     assert result == {"n": 42}
@@ -177,9 +177,9 @@ async def test_sync_client_for_scripts(mesh, make_agent):
 
 
 async def test_direct_fallback_needs_a_registry():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="registry_url"):
         ReachClient("http://127.0.0.1:1", direct_fallback=True)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="go together"):
         ReachClient("http://127.0.0.1:1", client_id="only-half")
 
 

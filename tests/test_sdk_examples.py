@@ -78,13 +78,14 @@ def code_blocks(text: str, language: str) -> list[str]:
 
 async def exported(commands: str, cwd: Path, mesh: DocMesh, names: tuple[str, ...]) -> dict[str, str]:
     """Run shell lines that export variables (with the venv's `agentreach`); the values they set."""
-    script = f"{venv_commands(mesh.on_our_ports(commands))}\n" + "".join(f'printf "%s\\n" "${name}"\n' for name in names)
+    script = f"{venv_commands(mesh.on_our_ports(commands))}\n" + \
+        "".join(f'printf "%s\\n" "${name}"\n' for name in names)
     result = await asyncio.to_thread(subprocess.run, ["bash", "-euo", "pipefail", "-c", script], capture_output=True,
                                      text=True, timeout=60, cwd=cwd, env=doc_environment(mesh))
     assert result.returncode == 0, result.stderr
     values = result.stdout.split()
     assert len(values) == len(names) and all(values), result.stdout + result.stderr
-    return dict(zip(names, values))
+    return dict(zip(names, values, strict=False))
 
 
 async def agent_state(http, mesh: DocMesh, cwd: Path, agent_id: str) -> str | None:
@@ -130,8 +131,8 @@ async def test_the_examples_run_as_their_docstrings_say_against_the_default_mesh
             await healthy(http, mesh, tmp_path, "echo-agent-01", echo)
             await healthy(http, mesh, tmp_path, "intent-agent-prod-01", intent)
             caller = await asyncio.to_thread(
-                subprocess.run, [sys.executable, str(EXAMPLES / "caller.py"), "demo.echo", '{"text": "hello"}', "--router",
-                                mesh.router_url],
+                subprocess.run, [sys.executable, str(EXAMPLES / "caller.py"), "demo.echo", '{"text": "hello"}',
+                                "--router", mesh.router_url],
                 capture_output=True, text=True, timeout=30, cwd=tmp_path, env=env)
             assert caller.returncode == 0, caller.stdout + caller.stderr
             printed = json.loads(caller.stdout)

@@ -132,7 +132,7 @@ async def test_a_route_that_cannot_be_found_fails_at_start(registry, make_agent)
         return None
 
     sdk.attach(web.Application())
-    with pytest.raises(LookupError, match="lost.route"):
+    with pytest.raises(LookupError, match=r"lost\.route"):
         await sdk.start()
 
 

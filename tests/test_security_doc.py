@@ -45,7 +45,7 @@ async def test_the_security_walkthrough_runs_as_pasted(http, tmp_path):
                                          timeout=120, cwd=tmp_path, env=doc_environment(mesh))
         outputs = result.stdout.split(f"{END}\n")
         assert len(outputs) == len(blocks) + 1, result.stdout + result.stderr
-        for (commands, kind, shown), output in zip(blocks, outputs):
+        for (commands, kind, shown), output in zip(blocks, outputs, strict=False):
             check(commands, kind, shown, output.strip())
     # Secrets stay out of the working tree (where git would pick them up): only the data dir is left.
     assert sorted(path.name for path in tmp_path.iterdir()) == [".agentreach"]

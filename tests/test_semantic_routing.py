@@ -70,7 +70,7 @@ async def test_an_unmatched_intent_is_refused_with_candidates_and_nothing_is_for
 
 
 async def test_a_name_always_wins_over_an_intent(semantic_mesh):
-    mesh, agents = semantic_mesh
+    mesh, _agents = semantic_mesh
     status, body, _ = await send(mesh, {"capability": "weather.forecast", "intent": "where is my order",
                                         "payload": {}})
     assert status == 200 and body["route"]["capability"] == "weather.forecast"

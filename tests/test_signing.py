@@ -43,7 +43,8 @@ def test_a_signature_verifies_for_exactly_the_request_it_signs():
     header = sign(KEY, AGENT, "POST", "/atp/echo", "req-1", b'{"payload":1}', now=NOW)
     version, stamp, nonce, digest = header.split(",")
     assert version == "v2" and stamp == f"t={int(NOW)}" and len(nonce) == 2 + 24 and len(digest) == 2 + 64
-    assert sign(KEY, AGENT, "POST", "/atp/echo", "req-1", b'{"payload":1}', now=NOW) != header, "a fresh nonce each time"
+    assert sign(KEY, AGENT, "POST", "/atp/echo", "req-1", b'{"payload":1}', now=NOW) != header, \
+        "a fresh nonce each time"
     assert verify(header, KEY, AGENT, "POST", "/atp/echo", "req-1", b'{"payload":1}', now=NOW + 1) is None
     mismatch = "signature does not match"
     changed = [("GET", "/atp/echo", "req-1", b'{"payload":1}'), ("POST", "/atp/other", "req-1", b'{"payload":1}'),
@@ -58,8 +59,10 @@ def test_the_window_bounds_a_signature_s_age_both_ways():
     header = sign(KEY, AGENT, "POST", "/p", "r", b"", now=NOW)
     assert verify(header, KEY, AGENT, "POST", "/p", "r", b"", now=NOW + 60) is None
     assert verify(header, KEY, AGENT, "POST", "/p", "r", b"", now=NOW - 60) is None
-    assert verify(header, KEY, AGENT, "POST", "/p", "r", b"", now=NOW + 61).startswith("stale signature: signed 61 s ago")
-    assert verify(header, KEY, AGENT, "POST", "/p", "r", b"", now=NOW - 61).startswith("stale signature: signed 61 s in the future")
+    assert verify(header, KEY, AGENT, "POST", "/p", "r", b"", now=NOW + 61).startswith(
+        "stale signature: signed 61 s ago")
+    assert verify(header, KEY, AGENT, "POST", "/p", "r", b"", now=NOW - 61).startswith(
+        "stale signature: signed 61 s in the future")
     assert verify(header, KEY, AGENT, "POST", "/p", "r", b"", now=NOW + 200, window_s=300) is None
 
 
@@ -164,7 +167,8 @@ async def test_the_router_signs_calls_to_an_instance_that_joined_with_a_token(si
     for protocol in ("atp", "rest"):
         seen = await mesh.call(f"alpha.{protocol}", {"n": 1})
         header = seen.headers[SIGNATURE_HEADER]
-        assert verify(header, key, "alpha-1", "POST", f"/{protocol}/call", seen.headers["X-Request-Id"], seen.body) is None
+        request_id = seen.headers["X-Request-Id"]
+        assert verify(header, key, "alpha-1", "POST", f"/{protocol}/call", request_id, seen.body) is None
         # The signature is this request's, not a reusable pass.
         assert verify(header, key, "alpha-1", "POST", f"/{protocol}/call", seen.headers["X-Request-Id"],
                       seen.body + b" ") is not None

@@ -36,7 +36,7 @@ async def test_inspect_reports_a_real_log_without_changing_it(data_dir: Path, wa
     names = [path.name for path in segments(wal_dir)]
     assert [info.file for info in report.segments] == names
     assert report.segments[0].first_index <= 21
-    for earlier, later in zip(report.segments, report.segments[1:]):
+    for earlier, later in zip(report.segments, report.segments[1:], strict=False):
         assert later.first_index == earlier.last_index + 1
     assert report.total_records == sum(info.records for info in report.segments)
     assert report.segments[-1].last_index == 100

@@ -75,7 +75,7 @@ async def test_failed_write_is_refused_cut_back_and_repaired_when_the_disk_takes
     assert done.returncode == 0, done.stderr
     outcome = json.loads(done.stdout)
     assert outcome == {
-        "committed": list(range(1, 11)) + [11],
+        "committed": [*list(range(1, 11)), 11],
         "results": ["WalUnavailable"],
         "causes": ["OSError"],
         "refused": True,

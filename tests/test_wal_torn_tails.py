@@ -51,7 +51,8 @@ async def test_torn_tail_is_truncated_reported_and_appends_continue(
     assert (truncated.path, truncated.offset, truncated.bytes_dropped) == (str(segment), offset, dropped)
     assert segment.stat().st_size == offset
     assert replayed.indexes == list(range(1, good_records + 1))
-    [warning] = [record for record in caplog.records if record.name == "agentreach.wal" and record.levelno == logging.WARNING]
+    [warning] = [record for record in caplog.records
+                 if record.name == "agentreach.wal" and record.levelno == logging.WARNING]
     assert (warning.wal_path, warning.offset, warning.bytes_dropped) == (str(segment), offset, dropped)
 
     assert await log.append(b"after repair") == good_records + 1

@@ -91,7 +91,7 @@ async def test_misuse_is_refused(wal_dir: Path) -> None:
         log.open(Replayed().apply_snapshot, Replayed().apply_record)
     with pytest.raises(TypeError):
         await log.append("text")  # type: ignore[arg-type]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="outside"):
         await log.snapshot(1, b"state")
     await log.close()
     with pytest.raises(WalError, match="closed"):
