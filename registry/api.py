@@ -12,6 +12,7 @@ from pathlib import Path
 from agent_reach.connections import error_body
 from agent_reach.registration import AgentRef, CapabilityRef, HeartbeatRequest, Name, RegisterRequest
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from auth.records import ClientCreate, PublishedKey, TokenCreate, client_view
 from mesh.alerts import AlertConfig
 from mesh.policy import Policy
@@ -19,7 +20,7 @@ from mesh.watch import encode_event
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from wal import WalUnavailable
 from weblayer.errors import ApiError
-from weblayer.guard import Handler, admin_only
+from weblayer.guard import admin_only
 from weblayer.middleware import errors_as_json
 from weblayer.reading import converted, read_json
 from weblayer.responses import json_response

@@ -19,9 +19,10 @@ from agent_reach.atp import (MAX_CAPABILITY_CHARS, MAX_REQUEST_ID_CHARS, ErrorCo
                              RouteFacts, error_frame, valid_capability, valid_request_id, valid_routing_hint)
 from agent_reach.headers import REQUEST_ID_HEADER, ROUTE_HEADERS, TRACEPARENT_HEADER, TRACESTATE_HEADER
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from weblayer.errors import ApiError, from_decode_error
-from weblayer.guard import Handler, admin_only
+from weblayer.guard import admin_only
 from weblayer.middleware import failure_response
 from weblayer.reading import bounded_int
 from weblayer.responses import error_response, json_response

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from weblayer.errors import ApiError
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # What to answer a request that does not come from an operator; None lets it through.
 Refusal = Callable[[web.Request], Awaitable[ApiError | None]]
 

@@ -11,10 +11,9 @@ from collections.abc import Callable
 
 from agent_reach.connections import unreadable_body
 from aiohttp import web
-from aiohttp.typedefs import Middleware
+from aiohttp.typedefs import Handler, Middleware
 
 from weblayer.errors import ApiError
-from weblayer.guard import Handler
 from weblayer.responses import error_response, json_response
 
 # A part's own failures that have a meaning (the registry's storage outage), as the error to answer.
