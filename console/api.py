@@ -18,14 +18,7 @@ from urllib.parse import quote
 import msgspec
 from agent_reach.headers import API_KEY_HEADER, REQUEST_ID_HEADER, ROUTE_HEADERS
 from aiohttp import web
-from mesh.policy import DEFAULT_POLICY
 from prometheus_client import CONTENT_TYPE_LATEST
-from registry.views import AgentView
-from router.api import MAX_TRACES_LISTED
-from weblayer.errors import ApiError
-from weblayer.middleware import errors_as_json
-from weblayer.reading import bounded_int
-from weblayer.responses import json_response
 
 from console.collector import Collector
 from console.debug_callers import DebugCallers, DebugKey
@@ -36,6 +29,13 @@ from console.rollup import capability_reach
 from console.signin import Gatekeeper
 from console.store import HOUR, ConsoleStore
 from console.upstream import Reply, Upstream
+from mesh.policy import DEFAULT_POLICY
+from registry.views import AgentView
+from router.api import MAX_TRACES_LISTED
+from weblayer.errors import ApiError
+from weblayer.middleware import errors_as_json
+from weblayer.reading import bounded_int
+from weblayer.responses import json_response
 
 log = logging.getLogger("agentreach.console.api")
 

@@ -11,7 +11,6 @@ import aiohttp
 import msgspec
 from agent_reach.serving import cancel, close, listen
 from aiohttp import web
-from registry.access import read_admin_key
 
 from console.admin_key import AdminKey
 from console.api import ConsoleApi
@@ -21,6 +20,7 @@ from console.models import ConsoleConfig
 from console.signin import Gatekeeper, Sessions
 from console.store import ConsoleStore
 from console.upstream import Upstream
+from registry.access import read_admin_key
 
 log = logging.getLogger("agentreach.console")
 

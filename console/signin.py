@@ -19,13 +19,13 @@ from collections.abc import Callable
 import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Handler
+
 from auth.headers import presented_key
+from console.admin_key import AdminKey, could_be_admin_key
+from console.upstream import Upstream, credential
 from weblayer.errors import ApiError
 from weblayer.guard import require_admin
 from weblayer.responses import json_response
-
-from console.admin_key import AdminKey, could_be_admin_key
-from console.upstream import Upstream, credential
 
 log = logging.getLogger("agentreach.console.signin")
 

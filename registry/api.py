@@ -13,24 +13,24 @@ from agent_reach.connections import error_body
 from agent_reach.registration import AgentRef, CapabilityRef, HeartbeatRequest, Name, RegisterRequest
 from aiohttp import web
 from aiohttp.typedefs import Handler
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+
 from auth.records import ClientCreate, PublishedKey, TokenCreate, client_view
 from mesh.alerts import AlertConfig
 from mesh.policy import Policy
 from mesh.watch import encode_event
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
-from wal import WalUnavailable
-from weblayer.errors import ApiError
-from weblayer.guard import admin_only
-from weblayer.middleware import errors_as_json
-from weblayer.reading import converted, read_json
-from weblayer.responses import json_response
-
 from registry.access import Access, admin_key_path
 from registry.gate import Gate
 from registry.health import HealthChecker
 from registry.metrics import metrics_registry, render
 from registry.service import Registry
 from registry.watch import WatchHub
+from wal import WalUnavailable
+from weblayer.errors import ApiError
+from weblayer.guard import admin_only
+from weblayer.middleware import errors_as_json
+from weblayer.reading import converted, read_json
+from weblayer.responses import json_response
 
 log = logging.getLogger("agentreach.registry.api")
 

@@ -11,21 +11,27 @@ import asyncio
 import logging
 import re
 import time
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 from agent_reach import logs
-from agent_reach.atp import (MAX_CAPABILITY_CHARS, MAX_REQUEST_ID_CHARS, ErrorCode, ErrorFrame, RequestFrame,
-                             RouteFacts, error_frame, valid_capability, valid_request_id, valid_routing_hint)
+from agent_reach.atp import (
+    MAX_CAPABILITY_CHARS,
+    MAX_REQUEST_ID_CHARS,
+    ErrorCode,
+    ErrorFrame,
+    RequestFrame,
+    RouteFacts,
+    error_frame,
+    valid_capability,
+    valid_request_id,
+    valid_routing_hint,
+)
 from agent_reach.headers import REQUEST_ID_HEADER, ROUTE_HEADERS, TRACEPARENT_HEADER, TRACESTATE_HEADER
 from aiohttp import web
 from aiohttp.typedefs import Handler
+from multidict import MultiMapping
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from weblayer.errors import ApiError, from_decode_error
-from weblayer.guard import admin_only
-from weblayer.middleware import failure_response
-from weblayer.reading import bounded_int
-from weblayer.responses import error_response, json_response
 
 from router import jsonrpc
 from router.audit import AuditLog
@@ -37,6 +43,11 @@ from router.metrics import RouterCollector
 from router.oauth import OAuthRefusal
 from router.reach import health_rate
 from router.tracecontext import ParentSpan, parent_span
+from weblayer.errors import ApiError, from_decode_error
+from weblayer.guard import admin_only
+from weblayer.middleware import failure_response
+from weblayer.reading import bounded_int
+from weblayer.responses import error_response, json_response
 
 log = logging.getLogger("agentreach.router.api")
 
@@ -110,9 +121,9 @@ def to_frame(body: Any) -> RequestFrame | CallResult:
     try:
         frame = msgspec.convert(body, RequestFrame)
     except msgspec.ValidationError as exc:
-        request_id = body.get("request_id") if isinstance(body, dict) else None
+        sent = body.get("request_id") if isinstance(body, dict) else None
         # Echoed in X-Request-Id: only an id that is itself valid, never the bytes that were refused.
-        request_id = request_id if valid_request_id(request_id) else RequestFrame().request_id
+        request_id = sent if isinstance(sent, str) and valid_request_id(sent) else RequestFrame().request_id
         return invalid_frame(request_id, f"Not an ATP request frame: {exc}", from_decode_error(exc).field)
     return checked(frame)
 
@@ -208,9 +219,9 @@ class Atp:
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            frame = error_frame(RequestFrame().request_id, ErrorCode.PAYLOAD_TOO_LARGE,
-                                f"Request body exceeds the router's limit of {self.max_body} bytes")
-            return json_response(frame, 413, {REQUEST_ID_HEADER: frame.request_id})
+            too_large = error_frame(RequestFrame().request_id, ErrorCode.PAYLOAD_TOO_LARGE,
+                                    f"Request body exceeds the router's limit of {self.max_body} bytes")
+            return json_response(too_large, 413, {REQUEST_ID_HEADER: too_large.request_id})
         if too_deep(raw):
             return refused_frame(invalid_frame(RequestFrame().request_id,
                                                f"JSON nesting exceeds the router's limit of {MAX_JSON_DEPTH} levels"),
@@ -350,7 +361,9 @@ async def token(request: web.Request) -> web.Response:
         answer: Any = OAuthRefusal(error="invalid_request", field="Content-Type",
                                    error_description="Send the token request as application/x-www-form-urlencoded")
     else:
-        answer = request.app[AUTH_KEY].issuer.grant(await request.post(), request.headers.get("Authorization"),
+        # A urlencoded form holds text only (files come in multipart bodies, refused above).
+        form = cast("MultiMapping[str]", await request.post())
+        answer = request.app[AUTH_KEY].issuer.grant(form, request.headers.get("Authorization"),
                                                     request.app[ROUTER_KEY].mirror.auth)
     headers = {"Cache-Control": "no-store", "Pragma": "no-cache"}
     if isinstance(answer, OAuthRefusal):

@@ -14,6 +14,7 @@ import msgspec
 import pytest
 from agent_reach.serving import listen
 from aiohttp import web
+
 from weblayer.errors import ApiError
 from weblayer.guard import admin_only
 from weblayer.middleware import errors_as_json

@@ -3,7 +3,6 @@ What does not fit is an ApiError (400) naming the field, never a half-read reque
 
 from __future__ import annotations
 
-import functools
 from typing import Any, TypeVar
 
 import msgspec
@@ -14,10 +13,15 @@ from weblayer.errors import ApiError, from_decode_error
 T = TypeVar("T")
 
 
-@functools.cache
-def _decoder(kind: Any) -> msgspec.json.Decoder[Any]:
+_decoders: dict[Any, msgspec.json.Decoder[Any]] = {}
+
+
+def _decoder(kind: type[T]) -> msgspec.json.Decoder[T]:
     """One decoder per type, built on first use: building one costs more than decoding a small body."""
-    return msgspec.json.Decoder(kind)
+    decoder = _decoders.get(kind)
+    if decoder is None:
+        decoder = _decoders[kind] = msgspec.json.Decoder(kind)
+    return decoder
 
 
 async def read_json(request: web.Request, kind: type[T]) -> T:
