@@ -9,6 +9,7 @@ everything under /api/ but the sign-in endpoints needs a signed-in operator (con
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -91,19 +92,21 @@ async def revalidate_static(request: web.Request, response: web.StreamResponse) 
         response.headers["Cache-Control"] = "no-cache"
 
 
+@dataclasses.dataclass(eq=False)  # compared and hashed by identity, like any handler owner
 class ConsoleApi:
     """The handlers, sharing the collector (live state), the store (hours) and the upstreams."""
 
-    def __init__(self, config: ConsoleConfig, collector: Collector, store: ConsoleStore, hub: Hub,
-                 registry: Upstream, router: Upstream, gatekeeper: Gatekeeper):
-        self.config = config
-        self.gatekeeper = gatekeeper
-        self.collector = collector
-        self.store = store
-        self.hub = hub
-        self.registry = registry
-        self.router = router
-        self.debug_callers = DebugCallers(registry)
+    config: ConsoleConfig
+    collector: Collector
+    store: ConsoleStore
+    hub: Hub
+    registry: Upstream
+    router: Upstream
+    gatekeeper: Gatekeeper
+    debug_callers: DebugCallers = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.debug_callers = DebugCallers(self.registry)
 
     async def index(self, request: web.Request) -> web.FileResponse:
         return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
