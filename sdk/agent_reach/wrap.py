@@ -12,6 +12,7 @@ placed below ours registers the route only after ours has run.
 from __future__ import annotations
 
 import contextlib
+import typing
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -25,15 +26,40 @@ from agent_reach.context import CallContext, rest_context, rest_deadline, servin
 from agent_reach.headers import REQUEST_ID_HEADER
 
 if TYPE_CHECKING:
-    from agent_reach.agent import AgentReachSDK
+    from agent_reach.guard import CallGuard
+    from agent_reach.inflight import Inflight
     from agent_reach.registration import Protocol
 
 HEALTH_PATH = "/healthz"
 
+
+class JoiningAgent(typing.Protocol):
+    """What a host needs of the agent it serves (``AgentReachSDK`` is one): named here, so the hosts
+    depend on what they use and the SDK can hand itself over without the two modules importing
+    each other."""
+
+    inflight: Inflight
+    guard: CallGuard
+
+    def add_route(self, name: str, handler: Any, *, protocol: Protocol = "rest", version: str = "1.0",
+                  path: str | None = None, **options: Any) -> None: ...
+
+    def route_name(self, handler: Any) -> str | None: ...
+
+    def route_limit(self, name: str) -> int: ...
+
+    def mount(self, app: web.Application) -> None: ...
+
+    async def check_health(self) -> tuple[bool, str]: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
 _encoder = msgspec.json.Encoder()
 
 
-def register_capability(sdk: AgentReachSDK, name: str, protocol: Protocol = "rest", version: str = "1.0",
+def register_capability(sdk: JoiningAgent, name: str, protocol: Protocol = "rest", version: str = "1.0",
                         path: str | None = None, **options: Any) -> Callable[[Any], Any]:
     """Declare an existing route handler as capability ``name``; returns the handler itself.
 
@@ -81,7 +107,7 @@ async def _read_body(receive: Receive, limit: int) -> tuple[bytes | None, Receiv
 class RouteCall(contextlib.ExitStack):
     """One call to a wrapped route: counted in flight, its context visible to nested calls, logs bound."""
 
-    def __init__(self, sdk: AgentReachSDK, capability: str, headers: Mapping[str, str]):
+    def __init__(self, sdk: JoiningAgent, capability: str, headers: Mapping[str, str]):
         super().__init__()
         self._sdk = sdk
         self.call = CallContext(headers.get(REQUEST_ID_HEADER) or new_request_id(), capability, rest_context(headers),
@@ -107,7 +133,7 @@ class AiohttpHost:
 
     health_path = HEALTH_PATH
 
-    def __init__(self, sdk: AgentReachSDK, app: web.Application):
+    def __init__(self, sdk: JoiningAgent, app: web.Application):
         self._sdk = sdk
         self.app = app
         sdk.mount(app)
@@ -153,7 +179,7 @@ class AsgiHost:
 
     health_path = HEALTH_PATH
 
-    def __init__(self, sdk: AgentReachSDK, app: Any):
+    def __init__(self, sdk: JoiningAgent, app: Any):
         self.sdk = sdk
         self.app = app
         self.serves_health = False
@@ -257,7 +283,7 @@ class ExternalHost:
 Host = AiohttpHost | AsgiHost | ExternalHost
 
 
-def host_for(sdk: AgentReachSDK, app: Any) -> Host:
+def host_for(sdk: JoiningAgent, app: Any) -> Host:
     if isinstance(app, str):
         return ExternalHost()
     if isinstance(app, web.Application):
