@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from enum import Enum
+from enum import StrEnum
 
 import msgspec
+
 from mesh.policy import BreakerConfig
 
 
-class BreakerState(str, Enum):
+class BreakerState(StrEnum):
     CLOSED = "closed"
     OPEN = "open"
     HALF_OPEN = "half_open"

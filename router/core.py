@@ -19,19 +19,19 @@ import msgspec
 from agent_reach.atp import ErrorCode, ErrorFrame, RequestFrame, ResponseFrame, RouteFacts, error_frame
 from agent_reach.exhaustion import Throttle
 from agent_reach.registration import RoutingPolicy
+
 from mesh.alerts import AlertConfig
 from mesh.policy import DEFAULT_POLICY, Policy
-
-from router.auth import Caller, Refusal, Unauthenticated, authorize
 from router.audit import AuditLog, entry_from_trace
+from router.auth import Caller, Refusal, Unauthenticated, authorize
 from router.forward import DEFAULT_MAX_ANSWER_BYTES, AgentAnswer, Forwarder
 from router.instances import InstanceBook
 from router.mirror import Offer, RegistryMirror
 from router.outcome import Observer, Step, hurried
 from router.ratelimit import ClientLimits
 from router.reach import Outcome, ReachLedger
-from router.semantic.outcome import IntentMatch, IntentRefusal
 from router.selection import Candidate, RouteRefusal, choose_policy, plan_route, session_hash_key
+from router.semantic.outcome import IntentMatch, IntentRefusal
 from router.sticky import StickyTable, sticky_key
 from router.timeouts import ResolvedTimeouts, resolve_timeouts
 from router.tracecontext import CallSpan, ParentSpan, open_span
@@ -322,7 +322,8 @@ class Router:
         policy_name = choose_policy(policy.policy, [o.record.metadata.get("routing_policy") for o in offers],
                                     self.settings.default_policy)
         sticky = sticky_key(capability, frame.context, policy.affinity.key) if policy.affinity.enabled else None
-        plan = plan_route(candidates, policy_name=policy_name, hash_key=session_hash_key(frame.context, frame.request_id),
+        plan = plan_route(candidates, policy_name=policy_name,
+                          hash_key=session_hash_key(frame.context, frame.request_id),
                           routing_hint=frame.context.get("routing_hint"),  # an object or None: checked at the edge
                           sticky_agent=self.sticky.get(sticky, now) if sticky else None,
                           rng=self._rng, panic_threshold=self.settings.panic_threshold)

@@ -18,8 +18,15 @@ import aiohttp
 import msgspec
 from agent_reach.atp import BusinessError, ErrorCode, RequestFrame, agent_business_error, agent_status_code
 from agent_reach.exhaustion import local_exhaustion
-from agent_reach.headers import (COMPLETION_URL_HEADER, CONTEXT_HEADER, REQUEST_ID_HEADER, SIGNATURE_HEADER,
-                                 TIMEOUT_HEADER, TRACEPARENT_HEADER, TRACESTATE_HEADER)
+from agent_reach.headers import (
+    COMPLETION_URL_HEADER,
+    CONTEXT_HEADER,
+    REQUEST_ID_HEADER,
+    SIGNATURE_HEADER,
+    TIMEOUT_HEADER,
+    TRACEPARENT_HEADER,
+    TRACESTATE_HEADER,
+)
 from agent_reach.registration import Protocol
 from agent_reach.signing import sign
 from yarl import URL

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from mesh.policy import BreakerConfig
-
 from router.breaker import BreakerState, CircuitBreaker
 from router.ratelimit import TokenBucket
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from router_support import Mesh
 
 NOT_OBJECTS = ["zone=eu", ["zone", "eu"], 5, True]

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import msgspec
+
 from agent_reach.atp import new_request_id
 from agent_reach.headers import CONTEXT_HEADER, TIMEOUT_HEADER, TRACEPARENT_HEADER
 
@@ -28,8 +29,15 @@ _TRACE_ID = re.compile(r"^[0-9a-f]{32}$")
 class CallContext:
     """What a handler knows about the call it serves (its ``ctx``); the SDK reads it back to answer."""
 
-    __slots__ = ("request_id", "capability", "context", "deadline", "tokens_reported", "tokens_spent",
-                 "context_update")
+    __slots__ = (
+        "capability",
+        "context",
+        "context_update",
+        "deadline",
+        "request_id",
+        "tokens_reported",
+        "tokens_spent",
+    )
 
     def __init__(self, request_id: str, capability: str, context: dict[str, Any], deadline: float | None = None):
         self.request_id = request_id

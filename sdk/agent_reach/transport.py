@@ -8,14 +8,20 @@ ResponseFrame or an ErrorFrame back; only a connection that never opened raises
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import aiohttp
 import msgspec
 
-from agent_reach.atp import (ErrorCode, ErrorFrame, RequestFrame, ResponseFrame, agent_business_error,
-                             agent_status_code, error_frame)
+from agent_reach.atp import (
+    ErrorCode,
+    ErrorFrame,
+    RequestFrame,
+    ResponseFrame,
+    agent_business_error,
+    agent_status_code,
+    error_frame,
+)
 from agent_reach.context import traceparent
 from agent_reach.headers import CONTEXT_HEADER, REQUEST_ID_HEADER, TRACEPARENT_HEADER
 
@@ -93,7 +99,7 @@ async def post(session: aiohttp.ClientSession, url: str, frame: RequestFrame, *,
             return decode(frame.request_id, response.status, await response.read())
     except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
         raise Unreachable(f"{url}: {exc}") from exc
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return error_frame(frame.request_id, ErrorCode.TOTAL_TIMEOUT, f"no answer from {url} in time")
     except aiohttp.ClientError as exc:
         return error_frame(frame.request_id, ErrorCode.AGENT_ERROR, f"connection to {url} failed: {exc}")
