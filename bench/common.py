@@ -41,6 +41,11 @@ def require(*tools: str) -> None:
         sys.exit(f"{Path(sys.argv[0]).name} needs {', '.join(missing)}: apt-get install {packages}")
 
 
+def rank_at(ordered: list[float], q: float) -> float:
+    """The q-quantile of sorted samples: the one q of the way up (never past the last)."""
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

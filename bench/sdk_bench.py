@@ -25,7 +25,7 @@ from agent_reach import AgentReachSDK
 from agent_reach.serving import listen
 from aiohttp import web
 
-from common import RESULTS, RegistryProcess, free_port, machine, post_script, require, wrk
+from common import RESULTS, RegistryProcess, free_port, machine, post_script, rank_at, require, wrk
 
 HOUR = 3600.0
 DEFAULT_INTERVAL = 3.0
@@ -33,9 +33,8 @@ DEFAULT_INTERVAL = 3.0
 
 def percentiles(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
-    return {"p50_us": round(pick(0.50), 1), "p90_us": round(pick(0.90), 1), "p99_us": round(pick(0.99), 1),
-            "mean_us": round(statistics.fmean(ordered), 1)}
+    return {"p50_us": round(rank_at(ordered, 0.50), 1), "p90_us": round(rank_at(ordered, 0.90), 1),
+            "p99_us": round(rank_at(ordered, 0.99), 1), "mean_us": round(statistics.fmean(ordered), 1)}
 
 
 # Per request: the middleware's start time in, the handler's own duration out (shared through the

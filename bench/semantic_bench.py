@@ -32,7 +32,7 @@ import msgspec
 import numpy as np
 from agent_reach.registration import Capability
 
-from common import RESULTS, ROOT, machine
+from common import RESULTS, ROOT, machine, rank_at
 from mesh.records import InstanceRecord, instance_key
 from mesh.watch import Reset
 from router.mirror import RegistryMirror
@@ -96,9 +96,8 @@ def mirror_with(capabilities: list[Capability]) -> RegistryMirror:
 
 def percentiles(samples_ms: list[float]) -> dict[str, float]:
     ordered = sorted(samples_ms)
-    at = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
-    return {"p50_ms": round(statistics.median(ordered), 4), "p95_ms": round(at(0.95), 4),
-            "p99_ms": round(at(0.99), 4), "calls": len(ordered)}
+    return {"p50_ms": round(statistics.median(ordered), 4), "p95_ms": round(rank_at(ordered, 0.95), 4),
+            "p99_ms": round(rank_at(ordered, 0.99), 4), "calls": len(ordered)}
 
 
 async def match_latency(router: SemanticRouter, intents: list[str]) -> dict[str, float]:
