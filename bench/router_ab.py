@@ -46,7 +46,11 @@ class Target(NamedTuple):
 
 
 def git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    """git's output; when git refuses (an unknown revision), its own message and a stop."""
+    done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"git {' '.join(args)}: {done.stderr.strip()}")
+    return done.stdout.strip()
 
 
 @contextmanager
@@ -61,8 +65,8 @@ def worktrees(revs: list[str]) -> Iterator[dict[str, Path]]:
                 trees[rev] = tree
             yield trees
         finally:
-            for tree in trees.values():
-                git("worktree", "remove", "--force", str(tree))
+            for tree in trees.values():  # each one tried, whatever became of the one before
+                subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT)
 
 
 def command_module(tree: Path) -> str:
