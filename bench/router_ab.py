@@ -54,14 +54,15 @@ def git(*args: str) -> str:
 
 
 @contextmanager
-def worktrees(revs: list[str]) -> Iterator[dict[str, Path]]:
-    """Each revision checked out in a temporary worktree, removed (and unregistered) on the way out."""
+def worktrees(commits: dict[str, str]) -> Iterator[dict[str, Path]]:
+    """Each revision's commit (resolved once, so the table names what ran) checked out in a temporary
+    worktree, removed (and unregistered) on the way out."""
     with tempfile.TemporaryDirectory(prefix="router-ab-") as scratch:
         trees: dict[str, Path] = {}
         try:
-            for rev in revs:
-                tree = Path(scratch) / f"{len(trees)}-{git('rev-parse', '--short', f'{rev}^{{commit}}')}"
-                git("worktree", "add", "--detach", "--quiet", str(tree), rev)
+            for rev, commit in commits.items():
+                tree = Path(scratch) / f"{len(trees)}-{commit}"
+                git("worktree", "add", "--detach", "--quiet", str(tree), commit)
                 trees[rev] = tree
             yield trees
         finally:
@@ -204,7 +205,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     commits = {rev: git("rev-parse", "--short", f"{rev}^{{commit}}") for rev in args.rev}
     info = machine(load_before=load_average())
-    with worktrees(args.rev) as trees:
+    with worktrees(commits) as trees:
         rounds = asyncio.run(bench(trees, args.rounds, args.seconds))
     info["load_after"] = load_average()
     summary = summarize(rounds)
