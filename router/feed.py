@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 
 import aiohttp
 from agent_reach.headers import API_KEY_HEADER
+from agent_reach.transport import Failover
 
 from mesh.watch import WatchFeed, decode_event
 from router.mirror import RegistryMirror
 
 log = logging.getLogger("agentreach.router.feed")
-
-MAX_BACKOFF = 5.0
 
 
 async def follow_hub(hub: WatchFeed, mirror: RegistryMirror) -> None:
@@ -25,28 +23,33 @@ async def follow_hub(hub: WatchFeed, mirror: RegistryMirror) -> None:
         await asyncio.sleep(0)
 
 
-async def follow_http(session: aiohttp.ClientSession, registry_url: str, mirror: RegistryMirror,
+async def follow_http(session: aiohttp.ClientSession, registries: Failover | str, mirror: RegistryMirror,
                       synced: asyncio.Event | None = None, admin_key: str | None = None) -> None:
-    """Remote: stream `GET /watch`, resume by revision after a break, keep the last view meanwhile.
+    """Remote: stream `GET /watch` from one registry of the list, and after a break resume by revision
+    from it or the next (one that does not know the revision answers with a reset); keep the last
+    view meanwhile. Each break backs that registry off, so a dead one is skipped while another answers.
 
     The feed carries credentials' digests, so the registry serves it to the admin key only."""
+    registries = registries if isinstance(registries, Failover) else Failover(registries)
     headers = {API_KEY_HEADER: admin_key} if admin_key else {}
-    backoff = 0.1
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=2, sock_read=15)
     while True:
+        registry_url = registries.order()[0]
         params = {"since": str(mirror.revision)} if mirror.synced else {}
+        error: Exception | None = None
         try:
-            timeout = aiohttp.ClientTimeout(total=None, sock_connect=2, sock_read=15)
             async with session.get(f"{registry_url}/watch", params=params, headers=headers,
                                    timeout=timeout) as response:
                 response.raise_for_status()
+                registries.answered(registry_url)
                 log.info("following registry", extra={"registry": registry_url, "since": params.get("since")})
-                backoff = 0.1
                 async for line in response.content:
                     mirror.apply(decode_event(line))
                     if synced is not None and mirror.synced:
                         synced.set()
         except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
-            log.warning("registry watch interrupted; routing on the last view",
-                        extra={"registry": registry_url, "error": repr(exc), "retry_in_s": round(backoff, 2)})
-        await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
-        backoff = min(MAX_BACKOFF, backoff * 2)
+            error = exc
+        retry_in = registries.failed(registry_url)
+        log.warning("registry watch interrupted; routing on the last view",
+                    extra={"registry": registry_url, "error": repr(error), "retry_in_s": round(retry_in, 2)})
+        await asyncio.sleep(registries.wait())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 import msgspec
 from agent_reach.serving import cancel, close, listen
+from agent_reach.transport import Failover
 from aiohttp import web
 
 from auth.records import PublishedKey
@@ -37,6 +37,7 @@ log = logging.getLogger("agentreach.router")
 class RouterServerSettings(msgspec.Struct, kw_only=True):
     host: str = "127.0.0.1"
     port: int = 8080
+    # One registry, or several comma-separated: the router follows one and fails over to the next.
     registry_url: str | None = None
     # The registry's admin key, to follow its watch feed over HTTP (not needed in process).
     registry_key: str | None = None
@@ -71,6 +72,7 @@ class RouterServer:
         self.settings = settings
         self._hub = hub
         self._publish_keys = publish_keys
+        self.registries = Failover(settings.registry_url) if settings.registry_url is not None else None
         self._published: list[PublishedKey] = []
         self.mirror = RegistryMirror()
         self.router: Router | None = None
@@ -107,19 +109,18 @@ class RouterServer:
             self.router.audit = self.audit
         if self.settings.auth:
             self.auth = self._authenticator()
-            if self._publish_keys is None and self.settings.registry_url is not None:
-                self._publish_keys = functools.partial(publish_over_http, self._session,
-                                                       self.settings.registry_url.rstrip("/"),
-                                                       self.settings.registry_key)
+            if self._publish_keys is None and self.registries is not None:
+                session, registries, key = self._session, self.registries, self.settings.registry_key
+                # To the registry the feed follows now: with a shared store, every router reads them there.
+                self._publish_keys = lambda keys: publish_over_http(session, registries.current, key, keys)
             await self._share_keys()
         else:
             log.warning("caller authentication is OFF: anyone can call any capability (development only)")
         if self._hub is not None:
             feed = follow_hub(self._hub, self.mirror)
         else:
-            assert self.settings.registry_url is not None
-            feed = follow_http(self._session, self.settings.registry_url.rstrip("/"), self.mirror,
-                               admin_key=self.settings.registry_key)
+            assert self.registries is not None
+            feed = follow_http(self._session, self.registries, self.mirror, admin_key=self.settings.registry_key)
         self._tasks = [asyncio.create_task(feed), asyncio.create_task(self._housekeeping())]
         if self.semantic is not None:
             self._tasks.append(asyncio.create_task(self.semantic.follow()))

@@ -65,12 +65,13 @@ def _advertised(host: str) -> str:
 
 
 class AgentReachSDK:
-    def __init__(self, agent_id: str, registry_url: str, zone: str, service: str | None = None,
+    def __init__(self, agent_id: str, registry_url: str | Sequence[str], zone: str, service: str | None = None,
                  metadata: dict[str, Any] | None = None, registration_token: str | None = None,
                  heartbeat_interval: float = 3.0, direct_fallback: bool = False, max_inflight: int = 64,
                  base_url: str | None = None, drain_timeout: float = 30.0, verify_calls: bool = True,
                  signature_window_s: float = DEFAULT_WINDOW_S):
-        """``verify_calls`` (with a ``registration_token``): refuse calls the router did not sign,
+        """``registry_url``: one registry, or several (a list or comma-separated) to fail over between.
+        ``verify_calls`` (with a ``registration_token``): refuse calls the router did not sign,
         within ``signature_window_s`` of this host's clock; direct fallback calls only if ``direct_fallback``."""
         self.agent_id = agent_id
         self.registry_url = registry_url

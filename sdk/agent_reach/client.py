@@ -8,7 +8,7 @@ call goes straight to an agent found through the registry, and the route says so
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -18,7 +18,7 @@ from agent_reach.context import current, outgoing_context, remaining_budget
 from agent_reach.credentials import ClientCredentials, TokenRefused
 from agent_reach.direct import DirectRoute
 from agent_reach.headers import API_KEY_HEADER
-from agent_reach.transport import Answer, Unreachable, post
+from agent_reach.transport import Answer, Failover, Unreachable, post
 
 # Extra seconds to wait past a call's timeout, so the router's own TOTAL_TIMEOUT frame arrives first.
 ANSWER_GRACE = 1.0
@@ -60,22 +60,31 @@ class ReachClient:
     route should read ``frame.route`` from ``send()`` (or ``ReachError.route``) instead.
     """
 
-    def __init__(self, router_url: str, api_key: str | None = None, client_id: str | None = None,
+    def __init__(self, router_url: str | Sequence[str], api_key: str | None = None, client_id: str | None = None,
                  client_secret: str | None = None, direct_fallback: bool = False, registry_url: str | None = None,
                  registry_token: str | None = None, connect_timeout: float = 1.0):
-        """``registry_token``: a registration token (an agent's own), for the direct fallback's registry queries."""
+        """``router_url``: one router, or several (a list or comma-separated) to fail over between when
+        one cannot be connected to. ``registry_token``: a registration token (an agent's own), for the
+        direct fallback's registry queries."""
         if direct_fallback and not registry_url:
             raise ValueError("direct_fallback needs registry_url: that is where agents are found without the router")
         if (client_id is None) != (client_secret is None):
             raise ValueError("client_id and client_secret go together")
-        self.router_url = router_url.rstrip("/")
+        self.routers = Failover(router_url)
         self._api_key = api_key
-        self._credentials = (ClientCredentials(f"{self.router_url}/oauth/token", client_id, client_secret)
-                             if client_id is not None and client_secret is not None else None)
+        # One token endpoint per router: the token a router issues is accepted by every router of the mesh.
+        self._credentials = ({url: ClientCredentials(f"{url}/oauth/token", client_id, client_secret)
+                              for url in self.routers.urls}
+                             if client_id is not None and client_secret is not None else {})
         self._direct = DirectRoute(registry_url, registry_token) if direct_fallback and registry_url else None
         self.connect_timeout = connect_timeout
         self._session: aiohttp.ClientSession | None = None
         self.last_route: RouteFacts | None = None
+
+    @property
+    def router_url(self) -> str:
+        """The router that answered last (calls go there first)."""
+        return self.routers.current
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -107,35 +116,47 @@ class ReachClient:
         return result_of(answer)
 
     async def send(self, frame: RequestFrame) -> Answer:
-        """The raw answer to ``frame``; never raises for a failed call, only returns its frame."""
+        """The raw answer to ``frame``; never raises for a failed call, only returns its frame.
+
+        Only a router that could not be connected to (nothing was sent) is left for the next one;
+        any other failure may have run the call, so it is answered, never sent again."""
         total = None if frame.timeout_hint is None else frame.timeout_hint / 1000 + ANSWER_GRACE
         timeout = aiohttp.ClientTimeout(total=total, sock_connect=self.connect_timeout)
-        try:
-            return await post(self.session, f"{self.router_url}/atp", frame,
-                              headers=await self._auth_headers(timeout), timeout=timeout)
-        except TokenRefused as exc:
-            return error_frame(frame.request_id, ErrorCode.UNAUTHENTICATED, str(exc))
-        except Unreachable as exc:
-            if self._direct is None:
-                return error_frame(frame.request_id, ErrorCode.CONNECT_TIMEOUT, f"Router unreachable: {exc}")
-            return await self._direct.send(self.session, frame, timeout, reason=str(exc))
+        unreachable = []
+        for router in self.routers.order():
+            try:
+                answer = await post(self.session, f"{router}/atp", frame,
+                                    headers=await self._auth_headers(router, timeout), timeout=timeout)
+            except TokenRefused as exc:
+                return error_frame(frame.request_id, ErrorCode.UNAUTHENTICATED, str(exc))
+            except Unreachable as exc:
+                self.routers.failed(router)
+                unreachable.append(str(exc))
+                continue
+            self.routers.answered(router)
+            return answer
+        reason = "; ".join(unreachable)
+        if self._direct is None:
+            return error_frame(frame.request_id, ErrorCode.CONNECT_TIMEOUT, f"Router unreachable: {reason}")
+        return await self._direct.send(self.session, frame, timeout, reason=reason)
 
-    async def _auth_headers(self, timeout: aiohttp.ClientTimeout) -> dict[str, str]:
+    async def _auth_headers(self, router: str, timeout: aiohttp.ClientTimeout) -> dict[str, str]:
         headers = {}
         if self._api_key is not None:
             headers[API_KEY_HEADER] = self._api_key
-        if self._credentials is not None:
+        credentials = self._credentials.get(router)
+        if credentials is not None:
             try:
-                headers["Authorization"] = await self._credentials.authorization(self.session, timeout)
+                headers["Authorization"] = await credentials.authorization(self.session, timeout)
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-                raise Unreachable(f"{self._credentials.token_url}: {exc}") from exc
+                raise Unreachable(f"{credentials.token_url}: {exc}") from exc
         return headers
 
 
 class SyncReachClient:
     """ReachClient for scripts without an event loop: the same calls, blocking, on a private loop."""
 
-    def __init__(self, router_url: str, **options: Any):
+    def __init__(self, router_url: str | Sequence[str], **options: Any):
         self._loop = asyncio.new_event_loop()
         self._client = ReachClient(router_url, **options)
 

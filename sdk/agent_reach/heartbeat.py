@@ -3,7 +3,9 @@
 Heartbeats run on their own task at a fixed rate. A ``404 unknown_agent`` (the registry lost or
 evicted us) triggers a new registration at once. When the registry cannot be reached the link
 backs off exponentially with jitter, so a fleet does not stampede a recovering registry, while
-the agent keeps serving the calls the router already sends it.
+the agent keeps serving the calls the router already sends it. Given several registries, the link
+talks to one and moves to the next when it cannot be reached (register and heartbeat are safe to
+send again); a registry that does not know the instance answers 404 and gets a registration.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import aiohttp
 import msgspec
 
 from agent_reach.registration import AgentRef, HeartbeatRequest, RegisterRequest
+from agent_reach.transport import Failover
 
 log = logging.getLogger("agentreach.sdk")
 
@@ -45,11 +48,11 @@ def backoff(interval: float, failures: int) -> float:
 
 
 class RegistryLink:
-    def __init__(self, session: aiohttp.ClientSession, registry_url: str, *, interval: float,
+    def __init__(self, session: aiohttp.ClientSession, registry_url: str | Sequence[str], *, interval: float,
                  registration: Callable[[], RegisterRequest],
                  heartbeat: Callable[[], Awaitable[HeartbeatRequest]], token: str | None = None):
         self._session = session
-        self._url = registry_url.rstrip("/")
+        self.registries = Failover(registry_url)
         self.interval = interval
         self._registration = registration
         self._heartbeat = heartbeat
@@ -61,12 +64,20 @@ class RegistryLink:
         self.beats = 0
 
     async def _post(self, path: str, body: msgspec.Struct) -> tuple[int, bytes]:
-        try:
-            async with self._session.post(f"{self._url}{path}", data=_encoder.encode(body), headers=self._headers,
-                                          timeout=self._timeout) as response:
-                return response.status, await response.read()
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise RegistryUnavailable(f"{self._url}{path}: {exc!r}") from exc
+        """The first registry's answer that could be reached, in the link's failover order."""
+        failures = []
+        for url in self.registries.order():
+            try:
+                async with self._session.post(f"{url}{path}", data=_encoder.encode(body), headers=self._headers,
+                                              timeout=self._timeout) as response:
+                    answer = response.status, await response.read()
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                self.registries.failed(url)
+                failures.append(f"{url}{path}: {exc!r}")
+                continue
+            self.registries.answered(url)
+            return answer
+        raise RegistryUnavailable("; ".join(failures))
 
     async def register(self) -> None:
         request = self._registration()

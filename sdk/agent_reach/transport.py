@@ -8,6 +8,9 @@ ResponseFrame or an ErrorFrame back; only a connection that never opened raises
 
 from __future__ import annotations
 
+import random
+import time
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
@@ -38,6 +41,55 @@ _STATUS_CODES = {
 
 class Unreachable(Exception):
     """The connection could not be opened (refused, unresolvable, connect timeout): nothing was sent."""
+
+
+def url_list(urls: str | Sequence[str]) -> list[str]:
+    """Several URLs of one service, as a list or one comma-separated string (a command-line flag)."""
+    items = urls.split(",") if isinstance(urls, str) else list(urls)
+    cleaned = [url.strip().rstrip("/") for url in items if url.strip()]
+    if not cleaned:
+        raise ValueError(f"no URL in {urls!r}")
+    return cleaned
+
+
+class Failover:
+    """Several URLs of one service and which to try first: the one that answered last, then the others
+    in the order given; a URL that failed waits out its own backoff (capped exponential, jittered)
+    behind those that did not, so a dead one is not hammered while a live one answers."""
+
+    def __init__(self, urls: str | Sequence[str], *, base: float = 0.1, cap: float = 5.0):
+        self.urls = url_list(urls)
+        self._base, self._cap = base, cap
+        self._first = 0
+        self._failures = [0] * len(self.urls)
+        self._ready_at = [0.0] * len(self.urls)
+
+    @property
+    def current(self) -> str:
+        """The URL tried first: the one that answered last (the first given until one did)."""
+        return self.urls[self._first]
+
+    def order(self) -> list[str]:
+        """Every URL, those ready now first (from the current one on), then the others soonest ready first."""
+        now = time.monotonic()
+        turn = [(self._first + step) % len(self.urls) for step in range(len(self.urls))]
+        return [self.urls[i] for i in sorted(turn, key=lambda i: max(0.0, self._ready_at[i] - now))]
+
+    def wait(self) -> float:
+        """Seconds until some URL's backoff runs out (0 if one is ready now)."""
+        return max(0.0, min(self._ready_at) - time.monotonic())
+
+    def answered(self, url: str) -> None:
+        index = self.urls.index(url)
+        self._first, self._failures[index], self._ready_at[index] = index, 0, 0.0
+
+    def failed(self, url: str) -> float:
+        """Mark ``url`` failing; returns its backoff in seconds."""
+        index = self.urls.index(url)
+        self._failures[index] += 1
+        delay = min(self._cap, self._base * 2.0 ** min(self._failures[index] - 1, 16)) * random.uniform(0.5, 1.0)
+        self._ready_at[index] = time.monotonic() + delay
+        return delay
 
 
 def call_headers(frame: RequestFrame) -> dict[str, str]:
