@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_router_knobs(up)
 
     registry = commands.add_parser("registry", help="run the registry alone",
-                                   description="Run the capability registry backed by its write-ahead log.")
+                                   description="Run the capability registry backed by its write-ahead log or by etcd.")
     add_registry_knobs(registry)
     registry.add_argument("--port", type=int, default=8081, help="port to listen on (default: 8081)")
     add_auth_switch(registry, "require registration tokens from agents and the admin key from operators")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from pathlib import Path
 
 from agentreach.credentials import AUTH_ENV, admin_key, default_auth
@@ -19,6 +20,9 @@ from router.core import RouterSettings
 from router.forward import DEFAULT_MAX_ANSWER_BYTES
 from router.semantic.settings import SemanticSettings
 from router.server import RouterServerSettings
+
+STORE_ENV = "AGENTREACH_STORE"
+ETCD_ENDPOINTS_ENV = "AGENTREACH_ETCD_ENDPOINTS"
 
 
 class NoAdminKey(Exception):
@@ -64,6 +68,28 @@ def add_registry_knobs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="info", help="debug, info, warning or error (default: info)")
     parser.add_argument("--no-group-commit", dest="group_commit", action="store_false",
                         help="fsync every WAL record on its own (slower; for benchmarks)")
+    parser.add_argument("--store", choices=["wal", "etcd"], default=os.environ.get(STORE_ENV, "wal"),
+                        help="where records live: wal (this registry's local log) or etcd (shared by every "
+                             f"registry on one etcd cluster) (default: wal, or ${STORE_ENV})")
+    parser.add_argument("--etcd-endpoints", default=os.environ.get(ETCD_ENDPOINTS_ENV, ""), metavar="URL[,URL...]",
+                        help=f"etcd client URLs, tried in turn when one fails (default: ${ETCD_ENDPOINTS_ENV})")
+    parser.add_argument("--etcd-prefix", default="/agentreach/", metavar="PREFIX",
+                        help="the key prefix every record lives under (default: /agentreach/)")
+
+
+def _etcd_endpoints(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
+    """Checked here, so a typo is a usage error rather than a registry that never starts."""
+    if args.store not in ("wal", "etcd"):
+        parser.error(f"--store must be wal or etcd, not {args.store!r} (from ${STORE_ENV}?)")
+    endpoints = [url.strip() for url in args.etcd_endpoints.split(",") if url.strip()]
+    if args.store == "etcd" and not endpoints:
+        parser.error(f"--store etcd needs --etcd-endpoints URL[,URL...] (or ${ETCD_ENDPOINTS_ENV})")
+    for url in endpoints:
+        if not url.startswith(("http://", "https://")):
+            parser.error(f"--etcd-endpoints: {url!r} is not an http:// or https:// URL")
+    if not args.etcd_prefix:
+        parser.error("--etcd-prefix must not be empty: the registry would own every key in the cluster")
+    return endpoints
 
 
 def _positive(value: float, flag: str, parser: argparse.ArgumentParser) -> None:
@@ -88,7 +114,8 @@ def registry_settings(args: argparse.Namespace, port: int, parser: argparse.Argu
                                 evict_after=args.evict_after, kept_evicted=args.evicted_history,
                                 evicted_max_age=args.evicted_history_hours * 3600)
     return RegistrySettings(data_dir=args.data_dir, host=args.host, port=port, lifecycle=lifecycle,
-                            group_commit=args.group_commit, auth=args.auth == "on")
+                            group_commit=args.group_commit, auth=args.auth == "on", store=args.store,
+                            etcd_endpoints=_etcd_endpoints(args, parser), etcd_prefix=args.etcd_prefix)
 
 
 def add_router_knobs(parser: argparse.ArgumentParser) -> None:

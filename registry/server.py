@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
+from typing import Literal
 
 import aiohttp
 import msgspec
@@ -12,6 +13,7 @@ from agent_reach.serving import cancel, close, listen
 from aiohttp import web
 
 from registry.api import DEFAULT_MAX_BODY, create_app
+from registry.etcd_store import EtcdStore
 from registry.health import HealthChecker
 from registry.lifecycle import LifecycleConfig
 from registry.reseal import reseal
@@ -33,6 +35,12 @@ class RegistrySettings(msgspec.Struct, kw_only=True):
     group_commit: bool = True
     # Off only for development: every endpoint open, agents bound to no service.
     auth: bool = True
+    # "wal" (one registry, its local log) or "etcd" (every registry on one etcd cluster).
+    store: Literal["wal", "etcd"] = "wal"
+    etcd_endpoints: list[str] = []
+    etcd_prefix: str = "/agentreach/"
+    # How long an etcd write may take before it fails with 503 (a cluster without quorum never answers).
+    etcd_timeout: float = 3.0
 
 
 class RegistryServer:
@@ -40,8 +48,12 @@ class RegistryServer:
 
     def __init__(self, settings: RegistrySettings):
         self.settings = settings
-        self.store = WalStore(settings.data_dir, snapshot_every=settings.snapshot_every,
-                              group_commit=settings.group_commit)
+        self.store: WalStore | EtcdStore
+        if settings.store == "etcd":
+            self.store = EtcdStore(settings.etcd_endpoints, settings.etcd_prefix, timeout=settings.etcd_timeout)
+        else:
+            self.store = WalStore(settings.data_dir, snapshot_every=settings.snapshot_every,
+                                  group_commit=settings.group_commit)
         self.registry: Registry | None = None
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -58,10 +70,15 @@ class RegistryServer:
         return f"http://{self.settings.host}:{self.port}"
 
     async def start(self) -> None:
-        self.replay = await asyncio.get_running_loop().run_in_executor(None, self.store.open)
+        if isinstance(self.store, EtcdStore):
+            await self.store.open()
+        else:
+            self.replay = await asyncio.get_running_loop().run_in_executor(None, self.store.open)
         self.registry = Registry(self.store, self.settings.lifecycle)
         self.registry.access.ensure_secrets(self.settings.data_dir)
-        await reseal(self.registry.access, self.store, self.settings.data_dir)
+        if isinstance(self.store, WalStore):
+            # Sealing clear keys is a WAL-era migration: etcd never held clear signing keys.
+            await reseal(self.registry.access, self.store, self.settings.data_dir)
         if self.settings.auth:
             self.new_admin_key = await self.registry.access.ensure_admin_key(self.settings.data_dir)
         else:

@@ -64,17 +64,35 @@ def encode_change(change: Change) -> bytes:
     return _encoder.encode(change)
 
 
-class WalStore:
+class Records:
+    """The records in memory and who hears of each change: kept the same way by every store."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, bytes] = {}
+        self._listeners: list[Listener] = []
+        self.revision = 0
+
+    def _tell(self, change: Change) -> None:
+        for listener in self._listeners:
+            listener(change)
+
+    def snapshot(self) -> dict[str, bytes]:
+        return dict(self._items)
+
+    def watch(self, listener: Listener) -> Callable[[], None]:
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+
+class WalStore(Records):
     """Records in a dict, every change in the WAL first; snapshots bound the replay."""
 
     def __init__(self, data_dir: Path, *, snapshot_every: int = 50_000, segment_bytes: int = 16 << 20,
                  group_commit: bool = True):
-        self._items: dict[str, bytes] = {}
-        self._listeners: list[Listener] = []
+        super().__init__()
         self._snapshot_every = snapshot_every
         self._since_snapshot = 0
         self._snapshotting: asyncio.Task[None] | None = None
-        self.revision = 0
         self._wal = WriteAheadLog(Path(data_dir) / "wal", segment_bytes=segment_bytes,
                                   group_commit=group_commit, on_commit=self._commit)
 
@@ -112,8 +130,7 @@ class WalStore:
     def _commit(self, index: int, payload: bytes) -> None:
         change = msgspec.structs.replace(_change_decoder.decode(payload), revision=index)
         self._apply(index, change)
-        for listener in self._listeners:
-            listener(change)
+        self._tell(change)
         self._since_snapshot += 1
         if self._since_snapshot >= self._snapshot_every and self._snapshotting is None:
             self._snapshotting = asyncio.get_running_loop().create_task(self._take_snapshot())
@@ -136,13 +153,6 @@ class WalStore:
 
     async def delete(self, key: str) -> int:
         return await self._wal.append(encode_change(Change(key, None)))
-
-    def snapshot(self) -> dict[str, bytes]:
-        return dict(self._items)
-
-    def watch(self, listener: Listener) -> Callable[[], None]:
-        self._listeners.append(listener)
-        return lambda: self._listeners.remove(listener)
 
     async def close(self) -> None:
         if self._snapshotting is not None:

@@ -1,0 +1,279 @@
+"""The registry's records in etcd, behind the same :class:`~registry.store.Store` contract as the WAL.
+
+Talks to etcd's own v3 JSON gateway (``/v3/kv/*``, ``/v3/watch``) over aiohttp: no new dependency,
+one HTTP stack. Memory is built from a consistent range read at one revision, then kept current by a
+watch from the next revision; every change, ours included, reaches memory through that watch, so
+listeners see one order. A write is acknowledged only once etcd committed it and the watch applied it.
+A failing or quorum-less cluster fails writes with :class:`WalUnavailable` (HTTP 503) within ``timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import aiohttp
+import msgspec
+
+from registry.store import Change, Records
+from wal import WalHealth, WalUnavailable
+
+log = logging.getLogger("agentreach.registry.etcd")
+T = TypeVar("T")
+
+
+class _KeyValue(msgspec.Struct):
+    key: str
+    value: str = ""
+    mod_revision: int = 0
+
+
+class _Header(msgspec.Struct, frozen=True):
+    revision: int = 0
+
+
+class _Range(msgspec.Struct):
+    header: _Header
+    kvs: list[_KeyValue] = []
+
+
+class _Written(msgspec.Struct):
+    header: _Header
+    deleted: int = 0
+
+
+class _Event(msgspec.Struct):
+    kv: _KeyValue
+    type: str = "PUT"
+
+
+class _WatchResult(msgspec.Struct):
+    header: _Header = _Header()
+    events: list[_Event] = []
+    canceled: bool = False
+    compact_revision: int = 0
+    cancel_reason: str = ""
+
+
+class _WatchLine(msgspec.Struct):
+    result: _WatchResult | None = None
+    error: dict[str, Any] | None = None
+
+
+class Compacted(Exception):
+    """The watch asked for a revision etcd no longer keeps: memory must be read afresh."""
+
+
+def _decode(data: bytes, kind: type[T]) -> T:
+    """The gateway writes int64 fields as JSON strings; strict=False reads them as ints."""
+    return msgspec.json.decode(data, type=kind, strict=False)
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def _prefix_end(prefix: str) -> str:
+    """etcd's range_end for "every key starting with prefix": the prefix with its last byte plus one."""
+    raw = prefix.encode()
+    return base64.b64encode(raw[:-1] + bytes([raw[-1] + 1])).decode()
+
+
+class EtcdStore(Records):
+    """Records in etcd under ``prefix``; memory from a range read plus a resumable watch."""
+
+    def __init__(self, endpoints: list[str], prefix: str = "/agentreach/", *, timeout: float = 3.0,
+                 retry_delay: float = 0.2):
+        if not endpoints:
+            raise ValueError("at least one etcd endpoint is needed")
+        super().__init__()
+        self._endpoints = [url.rstrip("/") for url in endpoints]
+        self._current = 0
+        self._prefix = prefix
+        self._timeout = timeout
+        self._retry_delay = retry_delay
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._session: aiohttp.ClientSession | None = None
+        self._watching: asyncio.Task[None] | None = None
+        self._probing: asyncio.Task[None] | None = None
+        self._health = WalHealth(writable=True)
+
+    @property
+    def health(self) -> WalHealth:
+        """While unwritable, each look starts one quorum read in the background: its success (quorum is
+        back) makes the store writable again even when no write comes to prove it."""
+        if not self._health.writable and self._probing is None and self._session is not None:
+            self._probing = asyncio.get_running_loop().create_task(self._probe())
+        return self._health
+
+    async def _probe(self) -> None:
+        try:
+            await self._request("/v3/kv/range", {"key": _b64(self._prefix), "limit": 1})
+        except WalUnavailable:
+            pass
+        finally:
+            self._probing = None
+
+    async def open(self) -> None:
+        """Read every record at one revision, then follow changes from the next one."""
+        self._session = aiohttp.ClientSession()
+        try:
+            await self._reset()
+        except BaseException:
+            await self._session.close()
+            raise
+        self._watching = asyncio.get_running_loop().create_task(self._watch_forever())
+
+    async def _request(self, path: str, body: dict[str, Any]) -> bytes:
+        """POST to the current endpoint, moving to the next on a connection failure; WalUnavailable when
+        none answers within ``timeout`` (down, or no quorum so nothing commits)."""
+        assert self._session is not None, "open() first"
+        deadline = time.monotonic() + self._timeout
+        problem = "no endpoint answered"
+        for _ in range(len(self._endpoints)):
+            endpoint = self._endpoints[self._current]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                async with self._session.post(endpoint + path, json=body,
+                                              timeout=aiohttp.ClientTimeout(total=left)) as response:
+                    data = await response.read()
+                    if response.status != 200:
+                        problem = f"{endpoint} answered {response.status}: {data[:200]!r}"
+                    else:
+                        self._set_writable(None)
+                        return data
+            except aiohttp.ClientConnectionError as exc:
+                problem = f"{endpoint}: {exc}"
+            except TimeoutError:
+                problem = f"{endpoint}: no answer within {self._timeout}s (no quorum?)"
+                break
+            self._current = (self._current + 1) % len(self._endpoints)
+        self._set_writable(problem)
+        raise WalUnavailable(f"etcd: {problem}")
+
+    def _set_writable(self, problem: str | None) -> None:
+        if problem is None and not self._health.writable:
+            self._health = WalHealth(writable=True)
+        elif problem is not None and self._health.writable:
+            self._health = WalHealth(writable=False, problem=problem, since=time.time())
+
+    async def _reset(self) -> None:
+        """Read every record at one revision; listeners hear what differs from memory (none are missed)."""
+        raw = await self._request("/v3/kv/range", {"key": _b64(self._prefix), "range_end": _prefix_end(self._prefix)})
+        read = _decode(raw, _Range)
+        items = {base64.b64decode(kv.key).decode()[len(self._prefix):]: base64.b64decode(kv.value) for kv in read.kvs}
+        gone = [Change(key, None, read.header.revision) for key in self._items if key not in items]
+        changed = [Change(key, value, read.header.revision) for key, value in items.items()
+                   if self._items.get(key) != value]
+        self._items = items
+        self.revision = read.header.revision
+        for change in gone + changed:
+            self._tell(change)
+        self._wake()
+
+    async def _watch_forever(self) -> None:
+        while True:
+            try:
+                await self._follow()
+                log.warning("etcd watch ended; resuming", extra={"revision": self.revision})
+            except Compacted:
+                log.warning("etcd compacted past our revision; reading every record afresh",
+                            extra={"revision": self.revision})
+                await self._retrying(self._reset)
+                continue
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                log.warning("etcd watch lost; resuming", extra={"revision": self.revision, "error": str(exc)})
+            self._current = (self._current + 1) % len(self._endpoints)
+            await asyncio.sleep(self._retry_delay)
+
+    async def _retrying(self, step: Callable[[], Any]) -> None:
+        while True:
+            try:
+                await step()
+                return
+            except WalUnavailable:
+                await asyncio.sleep(self._retry_delay)
+
+    async def _follow(self) -> None:
+        """One watch stream from ``revision + 1``, applying events until it ends."""
+        assert self._session is not None
+        body = {"create_request": {"key": _b64(self._prefix), "range_end": _prefix_end(self._prefix),
+                                   "start_revision": self.revision + 1}}
+        endpoint = self._endpoints[self._current]
+        # No total timeout: the stream is meant to stay open; only connecting is bounded.
+        streaming = aiohttp.ClientTimeout(total=None, sock_connect=self._timeout)
+        async with self._session.post(endpoint + "/v3/watch", json=body, timeout=streaming) as response:
+            async for line in response.content:
+                if not line.strip():
+                    continue
+                message = _decode(line, _WatchLine)
+                if message.error is not None or message.result is None:
+                    raise aiohttp.ClientPayloadError(f"etcd watch error: {message.error}")
+                result = message.result
+                if result.compact_revision:
+                    raise Compacted(result.compact_revision)
+                if result.canceled:
+                    raise aiohttp.ClientPayloadError(f"etcd cancelled the watch: {result.cancel_reason}")
+                for event in result.events:
+                    self._apply_event(event)
+                self._wake()
+
+    def _apply_event(self, event: _Event) -> None:
+        key = base64.b64decode(event.kv.key).decode()[len(self._prefix):]
+        if event.type == "DELETE":
+            self._items.pop(key, None)
+            change = Change(key, None, event.kv.mod_revision)
+        else:
+            value = base64.b64decode(event.kv.value)
+            self._items[key] = value
+            change = Change(key, value, event.kv.mod_revision)
+        self.revision = event.kv.mod_revision
+        self._tell(change)
+
+    def _wake(self) -> None:
+        waiting = []
+        for revision, future in self._waiters:
+            if revision <= self.revision:
+                if not future.done():
+                    future.set_result(None)
+            else:
+                waiting.append((revision, future))
+        self._waiters = waiting
+
+    async def _applied(self, revision: int) -> int:
+        """Wait until the watch has applied ``revision``: the caller then reads its own write."""
+        if revision > self.revision:
+            future = asyncio.get_running_loop().create_future()
+            self._waiters.append((revision, future))
+            try:
+                await asyncio.wait_for(future, self._timeout)
+            except TimeoutError:
+                raise WalUnavailable(f"etcd committed revision {revision} but the watch has not delivered it") from None
+        return revision
+
+    async def put(self, key: str, value: bytes) -> int:
+        raw = await self._request("/v3/kv/put", {"key": _b64(self._prefix + key),
+                                                 "value": base64.b64encode(value).decode()})
+        return await self._applied(_decode(raw, _Written).header.revision)
+
+    async def delete(self, key: str) -> int:
+        raw = await self._request("/v3/kv/deleterange", {"key": _b64(self._prefix + key)})
+        written = _decode(raw, _Written)
+        # Deleting nothing makes no revision, so no event to wait for.
+        return await self._applied(written.header.revision) if written.deleted else self.revision
+
+    async def close(self) -> None:
+        for task in (self._watching, self._probing):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if self._session is not None:
+            await self._session.close()

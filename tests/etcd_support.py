@@ -1,0 +1,176 @@
+"""A real 3-member etcd cluster on loopback: free ports, temp data dirs, members killed and restarted."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from conftest import wait_for
+from registry.server import RegistryServer, RegistrySettings
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class EtcdCluster:
+    """Three etcd members; ``kill(i)`` and ``start(i)`` take one down and bring it back on its data dir."""
+
+    def __init__(self, base: Path, size: int = 3):
+        self.base = base
+        self.names = [f"m{i}" for i in range(size)]
+        self.client_ports = [_free_port() for _ in self.names]
+        self.peer_ports = [_free_port() for _ in self.names]
+        self.processes: list[subprocess.Popen[bytes] | None] = [None] * size
+        self.initial = ",".join(f"{name}=http://127.0.0.1:{port}"
+                                for name, port in zip(self.names, self.peer_ports, strict=True))
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [f"http://127.0.0.1:{port}" for port in self.client_ports]
+
+    def start(self, i: int) -> None:
+        log = (self.base / f"{self.names[i]}.log").open("ab")
+        self.processes[i] = subprocess.Popen(
+            ["etcd", "--name", self.names[i], "--data-dir", str(self.base / self.names[i]),
+             "--listen-client-urls", self.endpoints[i], "--advertise-client-urls", self.endpoints[i],
+             "--listen-peer-urls", f"http://127.0.0.1:{self.peer_ports[i]}",
+             "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.peer_ports[i]}",
+             "--initial-cluster", self.initial, "--initial-cluster-state", "new",
+             "--initial-cluster-token", self.base.name,
+             # Short raft timers: a lost leader is replaced, and quorum regained, quickly.
+             "--heartbeat-interval", "50", "--election-timeout", "500"],
+            stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+
+    def kill(self, i: int) -> None:
+        process = self.processes[i]
+        assert process is not None
+        process.kill()
+        process.wait()
+        self.processes[i] = None
+
+    async def healthy(self, http: aiohttp.ClientSession) -> None:
+        """Wait until every running member reports health (a leader and quorum)."""
+        async def all_healthy() -> bool:
+            for i, process in enumerate(self.processes):
+                if process is None:
+                    continue
+                try:
+                    async with http.get(self.endpoints[i] + "/health") as response:
+                        if (await response.json(content_type=None)).get("health") != "true":
+                            return False
+                except aiohttp.ClientError:
+                    return False
+            return True
+        await wait_for(all_healthy, timeout=30, interval=0.05, what="etcd members healthy")
+
+    def stop(self) -> None:
+        for i, process in enumerate(self.processes):
+            if process is not None:
+                self.kill(i)
+
+
+@pytest.fixture
+async def etcd_cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Callable[[], Awaitable[EtcdCluster]]]:
+    """Start fresh 3-member clusters; each is killed at teardown. Tests that kill members get their own."""
+    clusters: list[EtcdCluster] = []
+
+    async def start() -> EtcdCluster:
+        cluster = EtcdCluster(tmp_path_factory.mktemp(f"etcd{time.monotonic_ns()}"))
+        clusters.append(cluster)
+        for i in range(len(cluster.names)):
+            cluster.start(i)
+        async with aiohttp.ClientSession() as http:
+            await cluster.healthy(http)
+        return cluster
+
+    yield start
+    for cluster in clusters:
+        await asyncio.get_running_loop().run_in_executor(None, cluster.stop)
+
+
+@pytest.fixture
+async def etcd_registry(tmp_path: Path) -> AsyncIterator[Callable[[EtcdCluster], Awaitable[RegistryServer]]]:
+    """Start registries in etcd mode under this test's own key prefix (one data dir: they share the
+    secrets key); each stops at teardown."""
+    async with contextlib.AsyncExitStack() as stopping:
+        async def start(cluster: EtcdCluster) -> RegistryServer:
+            server = RegistryServer(RegistrySettings(data_dir=tmp_path / "data", port=0, auth=False, store="etcd",
+                                                     etcd_endpoints=cluster.endpoints,
+                                                     etcd_prefix=f"/{tmp_path.name}/", etcd_timeout=2.0))
+            await server.start()
+            stopping.push_async_callback(server.stop)
+            return server
+
+        yield start
+
+
+class Relay:
+    """A TCP relay to one etcd member that can be cut (every connection closed, none accepted) and
+    restored on the same port: one client loses etcd while the cluster goes on."""
+
+    def __init__(self, target_port: int):
+        self.target_port = target_port
+        self.port = _free_port()
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def restore(self) -> None:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", self.port)
+
+    async def cut(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for writer in list(self._writers):
+            writer.close()
+        await self._server.wait_closed()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            writer.close()
+            return
+        self._writers |= {writer, upstream_writer}
+        await asyncio.gather(self._pipe(reader, upstream_writer), self._pipe(upstream_reader, writer))
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            self._writers.discard(writer)
+            writer.close()
+
+
+@pytest.fixture
+async def relay() -> AsyncIterator[Callable[[int], Awaitable[Relay]]]:
+    relays: list[Relay] = []
+
+    async def start(target_port: int) -> Relay:
+        relays.append(Relay(target_port))
+        await relays[-1].restore()
+        return relays[-1]
+
+    yield start
+    for each in relays:
+        if each._server is not None and each._server.is_serving():
+            await each.cut()
