@@ -57,8 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     router = commands.add_parser("router", help="run the router alone, following a registry",
                                  description="Run the ATP router; it follows the registry's watch feed.")
     router.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080)")
-    router.add_argument("--registry", default="http://127.0.0.1:8081", metavar="URL",
-                        help="the registry to follow (default: http://127.0.0.1:8081)")
+    router.add_argument("--registry", default="http://127.0.0.1:8081", metavar="URL[,URL...]",
+                        help="the registry to follow; with several, the next one when it cannot be reached "
+                             "(default: http://127.0.0.1:8081)")
     router.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     router.add_argument("--log-level", default="info", help="debug, info, warning or error (default: info)")
     router.add_argument("--data-dir", type=Path, default=Path(".agentreach"),
