@@ -47,6 +47,20 @@ class _Written(msgspec.Struct):
     deleted: int = 0
 
 
+class _Ranged(msgspec.Struct):
+    kvs: list[_KeyValue] = []
+
+
+class _TxnResponse(msgspec.Struct):
+    response_range: _Ranged = msgspec.field(default_factory=_Ranged)
+
+
+class _Txn(msgspec.Struct):
+    header: _Header
+    succeeded: bool = False
+    responses: list[_TxnResponse] = []
+
+
 class _Event(msgspec.Struct):
     kv: _KeyValue
     type: str = "PUT"
@@ -262,6 +276,25 @@ class EtcdStore(Records):
         raw = await self._request("/v3/kv/put", {"key": _b64(self._prefix + key),
                                                  "value": base64.b64encode(value).decode()})
         return await self._applied(_decode(raw, _Written).header.revision)
+
+    async def put_if_unchanged(self, key: str, value: bytes, since: int, prefixes: list[str]) -> int | None:
+        """One etcd txn: put if every key under ``prefixes`` has mod_revision <= ``since``; else read the
+        newest such key's revision, so memory can be awaited up to it (later revisions outside our
+        prefix are never delivered by the watch)."""
+        ranges = [(_b64(self._prefix + prefix), _prefix_end(self._prefix + prefix)) for prefix in prefixes]
+        body = {
+            "compare": [{"key": start, "range_end": end, "target": "MOD", "result": "LESS",
+                         "mod_revision": since + 1} for start, end in ranges],
+            "success": [{"request_put": {"key": _b64(self._prefix + key), "value": base64.b64encode(value).decode()}}],
+            "failure": [{"request_range": {"key": start, "range_end": end, "keys_only": True, "limit": 1,
+                                           "sort_target": "MOD", "sort_order": "DESCEND"}} for start, end in ranges],
+        }
+        written = _decode(await self._request("/v3/kv/txn", body), _Txn)
+        if written.succeeded:
+            return await self._applied(written.header.revision)
+        await self._applied(max(kv.mod_revision for response in written.responses
+                                for kv in response.response_range.kvs))
+        return None
 
     async def delete(self, key: str) -> int:
         raw = await self._request("/v3/kv/deleterange", {"key": _b64(self._prefix + key)})

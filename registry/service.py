@@ -19,6 +19,7 @@ from mesh.alerts import AlertConfig
 from mesh.policy import Policy, PolicyError, validate_policy
 from mesh.records import (
     ALERTS_KEY,
+    OWNERSHIP_PREFIXES,
     AgentIdBinding,
     InstanceRecord,
     binding_key,
@@ -93,12 +94,32 @@ class Registry:
                                f"not {request.service!r}", "service")
             request = msgspec.structs.replace(request, service=token.service)
         record = build_record(request, self._wall_clock(), token.token_id if token is not None else None)
+        # Memory is checked at one revision and the write is refused if ownership may have changed since
+        # (another registry on the same etcd): check again at the newer revision and retry.
+        while True:
+            since = self.store.revision
+            self._check_free(record)
+            if token is not None and self._revoked(token.token_id):
+                raise ApiError(401, "unauthenticated", "Unknown or revoked registration token", "Authorization")
+            self.state.claim(record)
+            try:
+                written = await self.store.put_if_unchanged(instance_key(record.agent_id), encode_value(record),
+                                                            since, OWNERSHIP_PREFIXES)
+            finally:
+                self.state.release(record)
+            if written is not None:
+                break
+        self.counters.registrations += 1
+        log.info("instance registered", extra={"agent_id": record.agent_id, "service": record.service,
+                                              "capabilities": [c.name for c in record.capabilities]})
+        return self.agent(record.agent_id)
+
+    def _check_free(self, record: InstanceRecord) -> None:
+        """409 when memory says another service owns the record's agent_id or one of its capabilities."""
         owner = self.state.agent_id_owner(record.agent_id)
         if owner is not None and owner != record.service:
             raise ApiError(409, "agent_id_taken", f"Agent id {record.agent_id!r} belongs to service {owner!r}; "
                            f"service {record.service!r} cannot take it", "agent_id", owner=owner)
-        if token is not None and self._revoked(token.token_id):
-            raise ApiError(401, "unauthenticated", "Unknown or revoked registration token", "Authorization")
         conflicts = self.state.conflicts(record)
         if conflicts:
             name, owner = conflicts[0]
@@ -108,15 +129,6 @@ class Registry:
                 f"capabilities[{[c.name for c in record.capabilities].index(name)}].name",
                 capability=name, owner=owner,
             )
-        self.state.claim(record)
-        try:
-            await self.store.put(instance_key(record.agent_id), encode_value(record))
-        finally:
-            self.state.release(record)
-        self.counters.registrations += 1
-        log.info("instance registered", extra={"agent_id": record.agent_id, "service": record.service,
-                                              "capabilities": [c.name for c in record.capabilities]})
-        return self.agent(record.agent_id)
 
     def _revoked(self, token_id: str) -> bool:
         """Checked with no await before the append: the token may have been revoked since the gate let

@@ -4,7 +4,8 @@ it), soft liveness, agent_id bindings and the claims of registrations in flight.
 It changes only by applying committed store changes (``apply``), so memory always equals
 what the log holds. Capability ownership is derived from the live records, an agent_id's service
 from its record or binding; ``claim`` reserves both for registrations still on their way to disk
-so two services cannot both win a race.
+so two services cannot both win a race in this process. Across registries sharing etcd, the store's
+``put_if_unchanged`` decides (registry/service.py).
 """
 
 from __future__ import annotations

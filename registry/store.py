@@ -1,8 +1,8 @@
-"""The registry's durable state behind one small interface: put / delete / snapshot / watch.
+"""The registry's durable state behind one small interface: put / put_if_unchanged / delete / snapshot / watch.
 
 The lifecycle logic and the HTTP layer only see :class:`Store`. :class:`WalStore` keeps the
 records in memory and makes every change durable in the local write-ahead log before it is
-visible; a later etcd-backed store implements the same four operations.
+visible; :class:`~registry.etcd_store.EtcdStore` implements the same operations over etcd.
 """
 
 from __future__ import annotations
@@ -40,6 +40,12 @@ class Store(Protocol):
         ...
 
     async def put(self, key: str, value: bytes) -> int: ...
+
+    async def put_if_unchanged(self, key: str, value: bytes, since: int, prefixes: list[str]) -> int | None:
+        """Put unless a key under one of ``prefixes`` changed after revision ``since`` (what memory was
+        checked at): the check and the write are one step, so registries sharing a store cannot both take
+        one name. None, once memory holds what changed, when one did: check again and retry."""
+        ...
 
     async def delete(self, key: str) -> int: ...
 
@@ -150,6 +156,10 @@ class WalStore(Records):
 
     async def put(self, key: str, value: bytes) -> int:
         return await self._wal.append(encode_change(Change(key, value)))
+
+    async def put_if_unchanged(self, key: str, value: bytes, since: int, prefixes: list[str]) -> int | None:
+        """One process writes this log: the registry's claims already keep its racing writes apart."""
+        return await self.put(key, value)
 
     async def delete(self, key: str) -> int:
         return await self._wal.append(encode_change(Change(key, None)))
