@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 from agent_reach.atp import ErrorCode
+from agent_reach.hint import matches_hint, unsatisfied_hint
 from agent_reach.registration import Protocol, RoutingPolicy
 
 from router.hashring import HashRing
@@ -95,11 +96,9 @@ def plan_route(
         return RouteRefusal(code=ErrorCode.NO_ROUTABLE_INSTANCE, reason="the capability has no registered instance")
     matching = candidates
     if routing_hint:
-        matching = _matching_hint(candidates, routing_hint)
+        matching = [candidate for candidate in candidates if matches_hint(candidate.metadata, routing_hint)]
         if not matching:
-            labels = ", ".join(f"{label}={value!r}" for label, value in routing_hint.items())
-            return RouteRefusal(code=ErrorCode.ROUTING_HINT_UNSATISFIABLE,
-                                reason=f"no instance has metadata matching routing_hint {labels}")
+            return RouteRefusal(code=ErrorCode.ROUTING_HINT_UNSATISFIABLE, reason=unsatisfied_hint(routing_hint))
     tier = [candidate for candidate in matching if candidate.state == HEALTHY]
     degraded = not tier
     if degraded:
@@ -116,13 +115,6 @@ def plan_route(
         order.sort(key=lambda candidate: candidate.agent_id != sticky_agent)
     return RoutePlan(order=order, policy=policy_name, degraded=degraded, panic=panic,
                      reason=order[0].state if degraded else None)
-
-
-def _matching_hint(candidates: list[Candidate], routing_hint: dict[str, Any]) -> list[Candidate]:
-    """Instances whose metadata has every hinted label with exactly the hinted value."""
-    missing = object()
-    return [candidate for candidate in candidates
-            if all(candidate.metadata.get(label, missing) == value for label, value in routing_hint.items())]
 
 
 def _by_load(pool: list[Candidate], candidates: list[Candidate], hash_key: str, rng: random.Random,

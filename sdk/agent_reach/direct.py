@@ -1,7 +1,8 @@
 """Direct fallback: reaching an agent without the router, when the router cannot be reached.
 
-Only instances that registered with ``direct_fallback`` are called, in the order the registry
-offers them (healthy first, least loaded first). The registry's last answer per capability is
+Only instances that registered with ``direct_fallback`` and match the call's ``routing_hint`` (the
+router's hard filter, :mod:`agent_reach.hint`) are called, in the order the registry offers them
+(healthy first, least loaded first). The registry's last answer per capability is
 kept, so a caller still finds agents when the registry is down as well. Every answer is marked
 degraded: it skipped the router's policies, breakers and accounting. Calls carry
 ``X-Reach-Direct: 1``, which agents that declared the fallback accept without the router's
@@ -11,12 +12,14 @@ signature; the registry's /query needs a registration token (``registry_token``)
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import aiohttp
 import msgspec
 
-from agent_reach.atp import ErrorCode, RequestFrame, RouteFacts, error_frame
+from agent_reach.atp import ErrorCode, RequestFrame, RouteFacts, error_frame, valid_routing_hint
 from agent_reach.headers import DIRECT_HEADER
+from agent_reach.hint import matches_hint, unsatisfied_hint
 from agent_reach.transport import Answer, Unreachable, post
 
 log = logging.getLogger("agentreach.sdk")
@@ -30,6 +33,7 @@ class Instance(msgspec.Struct, kw_only=True):
     protocol: str
     timeout_sla_ms: int
     direct_fallback: bool = False
+    metadata: dict[str, Any] = {}
 
 
 class QueryAnswer(msgspec.Struct):
@@ -67,6 +71,9 @@ class DirectRoute:
     async def send(self, session: aiohttp.ClientSession, frame: RequestFrame,
                    timeout: aiohttp.ClientTimeout, reason: str) -> Answer:
         capability = frame.capability or ""
+        if not valid_routing_hint(frame.context):
+            return error_frame(frame.request_id, ErrorCode.INVALID_FRAME, "context.routing_hint must be an object",
+                               "context.routing_hint")
         try:
             found = await self._instances(session, capability) if capability else None
         except QueryRefused as exc:
@@ -74,6 +81,12 @@ class DirectRoute:
         if found is None:
             return error_frame(frame.request_id, ErrorCode.UNKNOWN_CAPABILITY,
                                f"Router unreachable ({reason}) and the registry knows no capability {capability!r}")
+        hint = frame.context.get("routing_hint")
+        if hint:
+            found = [instance for instance in found if matches_hint(instance.metadata, hint)]
+            if not found:
+                return error_frame(frame.request_id, ErrorCode.ROUTING_HINT_UNSATISFIABLE,
+                                   f"Router unreachable ({reason}) and, for {capability!r}, {unsatisfied_hint(hint)}")
         direct = [instance for instance in found if instance.direct_fallback]
         for attempt, instance in enumerate(direct, start=1):
             try:
