@@ -71,10 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     console = commands.add_parser("console", help="run the operators' console",
                                   description="Serve the dashboard and its JSON API, watching a registry and a router.")
     console.add_argument("--port", type=int, default=8090, help="port to listen on (default: 8090)")
-    console.add_argument("--registry", default="http://127.0.0.1:8081", metavar="URL",
-                         help="the registry to watch (default: http://127.0.0.1:8081)")
-    console.add_argument("--router", default="http://127.0.0.1:8080", metavar="URL",
-                         help="the router to watch (default: http://127.0.0.1:8080)")
+    console.add_argument("--registry", default="http://127.0.0.1:8081", metavar="URL[,URL...]",
+                         help="the registry to watch; several comma-separated: the first reachable "
+                              "(default: http://127.0.0.1:8081)")
+    console.add_argument("--router", default="http://127.0.0.1:8080", metavar="URL[,URL...]",
+                         help="the router to watch; several comma-separated: the first reachable "
+                              "(default: http://127.0.0.1:8080)")
     console.add_argument("--data-dir", type=Path, default=Path(".agentreach"),
                          help="where console.db (hourly history) lives and admin.key is read from "
                               "(default: ./.agentreach)")

@@ -28,6 +28,7 @@ log = logging.getLogger("agentreach.console")
 class ConsoleSettings(msgspec.Struct, kw_only=True):
     host: str = "127.0.0.1"
     port: int = 8090
+    # One URL or several, comma-separated: the console follows the first it can reach (console/upstream.py).
     registry_url: str = "http://127.0.0.1:8081"
     router_url: str = "http://127.0.0.1:8080"
     data_dir: Path = Path(".agentreach")
@@ -69,14 +70,15 @@ class ConsoleServer:
         self.collector = Collector(registry, router, self.store, self.hub, settings.poll_interval)
         await self.collector.load()
         self._task = asyncio.create_task(self.collector.run())
-        config = ConsoleConfig(auth=settings.auth, registry_url=registry.base_url, router_url=router.base_url,
+        config = ConsoleConfig(auth=settings.auth, registry_url=",".join(registry.urls.urls),
+                               router_url=",".join(router.urls.urls),
                                poll_interval=settings.poll_interval)
         sessions = Sessions(admin) if settings.auth == "on" and admin is not None else None
         api = ConsoleApi(config, self.collector, self.store, self.hub, registry, router,
                          Gatekeeper(sessions, registry))
         self._runner, self.port = await listen(api.app(), settings.host, settings.port)
-        log.info("console listening", extra={"url": self.url, "registry": registry.base_url,
-                                            "router": router.base_url, "auth": settings.auth,
+        log.info("console listening", extra={"url": self.url, "registry": config.registry_url,
+                                            "router": config.router_url, "auth": settings.auth,
                                             "store": str(self.store.path)})
 
     async def stop(self) -> None:

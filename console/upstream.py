@@ -1,18 +1,22 @@
 """The console's only way to the mesh: HTTP to the registry and the router, failures as values.
 
 A mesh part that is down must show on screen as "unreachable", not as a console crash, so every
-call answers a Reply; a connection failure becomes a 502 Reply in the mesh's error envelope.
+call answers a Reply; a connection failure becomes a 502 Reply in the mesh's error envelope. Given
+several URLs of one service, a call whose connection never opened moves on to the next (the SDK's
+``Failover`` policy, decision 34); any other failure is answered as is, since the call may have landed.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
 import msgspec
 from agent_reach.connections import error_body
 from agent_reach.headers import API_KEY_HEADER
+from agent_reach.transport import Failover
 from yarl import URL
 
 from console.admin_key import AdminKey
@@ -45,20 +49,23 @@ class Reply(msgspec.Struct, kw_only=True):
         return f"HTTP {self.status}"
 
 
-def unreachable(url: URL, exc: BaseException) -> Reply:
-    body = error_body("upstream_unreachable", f"{url}: {str(exc) or type(exc).__name__}")
-    return Reply(status=502, body=msgspec.json.encode(body))
+def failure(url: URL, exc: BaseException) -> str:
+    return f"{url}: {str(exc) or type(exc).__name__}"
+
+
+def unreachable(reason: str) -> Reply:
+    return Reply(status=502, body=msgspec.json.encode(error_body("upstream_unreachable", reason)))
 
 
 class Upstream:
-    """Requests to one base URL (the registry's or the router's), each with a deadline, each
-    carrying the admin key when the console has one (their admin endpoints need it). A 401 to the
-    admin key may mean it was rotated: the key is looked up again and the call tried once more."""
+    """Requests to one service (the registry or the router, at one URL or several), each with a
+    deadline, each carrying the admin key when the console has one (their admin endpoints need it).
+    A 401 to the admin key may mean it was rotated: the key is looked up again and the call tried once more."""
 
-    def __init__(self, session: aiohttp.ClientSession, base_url: str, admin: AdminKey | None = None,
+    def __init__(self, session: aiohttp.ClientSession, base_urls: str | Sequence[str], admin: AdminKey | None = None,
                  judges_admin_key: bool = False):
         self.session = session
-        self.base_url = base_url.rstrip("/")
+        self.urls = Failover(base_urls)
         self.admin = admin
         # The registry's refusal of the admin key is final; a router's may only mean it lags behind.
         self.judges_admin_key = judges_admin_key
@@ -76,18 +83,26 @@ class Upstream:
 
     async def _send(self, method: str, path: str, body: bytes | None, params: dict[str, str] | None,
                     headers: dict[str, str]) -> Reply:
-        url = URL(f"{self.base_url}{path}", encoded=True)  # path segments arrive already quoted
         if body is not None:
             headers = {**headers, "Content-Type": "application/json"}
-        started = time.monotonic()
-        try:
-            async with self.session.request(method, url, data=body, params=params, headers=headers,
-                                            timeout=TIMEOUT) as response:
-                data = await response.read()
-                return Reply(status=response.status, body=data, headers=dict(response.headers),
-                             elapsed_ms=(time.monotonic() - started) * 1000)
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            return unreachable(url, exc)
+        failures: list[str] = []
+        for base_url in self.urls.order():
+            url = URL(f"{base_url}{path}", encoded=True)  # path segments arrive already quoted
+            started = time.monotonic()
+            try:
+                async with self.session.request(method, url, data=body, params=params, headers=headers,
+                                                timeout=TIMEOUT) as response:
+                    data = await response.read()
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+                self.urls.failed(base_url)
+                failures.append(failure(url, exc))
+                continue
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                return unreachable(failure(url, exc))
+            self.urls.answered(base_url)
+            return Reply(status=response.status, body=data, headers=dict(response.headers),
+                         elapsed_ms=(time.monotonic() - started) * 1000)
+        return unreachable("; ".join(failures))
 
     async def get(self, path: str, params: dict[str, str] | None = None) -> Reply:
         return await self.request("GET", path, params=params)
