@@ -69,6 +69,10 @@ async def test_a_killed_agent_turns_demoted(start_rig, start_agent, page):
 
 async def test_a_policy_is_refused_inline_then_saved_and_applied(rig: Rig, start_agent, page):
     await rig.mesh.add_all([await start_agent("a1"), await start_agent("a2")])
+
+    async def console_knows_echo() -> bool:  # the page lists what the console's last poll saw
+        return any(entry["capability"] == "echo" for entry in (await rig.get("/api/policies"))["policies"])
+    await wait_for(console_knows_echo, what="the console to see capability echo")
     await open_page(page, rig, "policies/echo")
     form = page.locator("form.policy-form")
     await form.get_by_label("Policy", exact=True).select_option("hash")

@@ -121,7 +121,8 @@ async def test_no_signing_key_at_rest_and_calls_stay_signed_across_a_restart(
     async with http.post(f"{registry.url}/tokens/{issued[1]['token_id']}/revoke",
                          headers={"X-API-Key": admin}) as response:
         assert response.status == 200
-    assert registry.store.wal.stats.snapshot_index > 0, "snapshots were written and are scanned too"
+    await wait_for(lambda: registry.store.wal.stats.snapshot_index > 0,
+                   what="a snapshot to be written (snapshots are scanned too)")
     assert_nothing_usable(data, *[t["token"] for t in issued], *[signing_key(t["token"]) for t in issued])
 
     await registry.stop()
