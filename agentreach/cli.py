@@ -26,6 +26,13 @@ from wal.private import warn_loose_modes
 log = logging.getLogger("agentreach.cli")
 
 
+def _add_peers(parser: argparse.ArgumentParser, flag: str, what: str, default: str) -> None:
+    """A peer flag that takes several URLs: the first reachable is used, the next when it cannot be reached."""
+    parser.add_argument(flag, default=default, metavar="URL[,URL...]",
+                        help=f"{what}; several comma-separated: the first reachable, the next when it cannot "
+                             f"be reached (default: {default})")
+
+
 def _warn_if_auth_off(args: argparse.Namespace) -> None:
     if args.auth == "off":
         print(f"agentreach: WARNING: authentication is OFF for `{args.command}`: anyone who can reach it may "
@@ -57,9 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     router = commands.add_parser("router", help="run the router alone, following a registry",
                                  description="Run the ATP router; it follows the registry's watch feed.")
     router.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080)")
-    router.add_argument("--registry", default="http://127.0.0.1:8081", metavar="URL[,URL...]",
-                        help="the registry to follow; with several, the next one when it cannot be reached "
-                             "(default: http://127.0.0.1:8081)")
+    _add_peers(router, "--registry", "the registry to follow", "http://127.0.0.1:8081")
     router.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     router.add_argument("--log-level", default="info", help="debug, info, warning or error (default: info)")
     router.add_argument("--data-dir", type=Path, default=Path(".agentreach"),
@@ -71,12 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     console = commands.add_parser("console", help="run the operators' console",
                                   description="Serve the dashboard and its JSON API, watching a registry and a router.")
     console.add_argument("--port", type=int, default=8090, help="port to listen on (default: 8090)")
-    console.add_argument("--registry", default="http://127.0.0.1:8081", metavar="URL[,URL...]",
-                         help="the registry to watch; several comma-separated: the first reachable "
-                              "(default: http://127.0.0.1:8081)")
-    console.add_argument("--router", default="http://127.0.0.1:8080", metavar="URL[,URL...]",
-                         help="the router to watch; several comma-separated: the first reachable "
-                              "(default: http://127.0.0.1:8080)")
+    _add_peers(console, "--registry", "the registry to watch", "http://127.0.0.1:8081")
+    _add_peers(console, "--router", "the router to watch", "http://127.0.0.1:8080")
     console.add_argument("--data-dir", type=Path, default=Path(".agentreach"),
                          help="where console.db (hourly history) lives and admin.key is read from "
                               "(default: ./.agentreach)")
