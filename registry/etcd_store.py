@@ -72,11 +72,18 @@ class _WatchResult(msgspec.Struct):
     canceled: bool = False
     compact_revision: int = 0
     cancel_reason: str = ""
+    # Set on every part of a message etcd split (watch option "fragment") but the last.
+    fragment: bool = False
 
 
 class _WatchLine(msgspec.Struct):
     result: _WatchResult | None = None
     error: dict[str, Any] | None = None
+
+
+# One watch line: a part of at most etcd's request size (1.5 MiB by default, configurable), base64
+# (4/3) and wrapped in JSON. aiohttp's default line limit (128 KiB) stopped the watch on a large value.
+_MAX_WATCH_LINE = 16 * 1024 * 1024
 
 
 class Compacted(Exception):
@@ -218,13 +225,15 @@ class EtcdStore(Records):
     async def _follow(self) -> None:
         """One watch stream from ``revision + 1``, applying events until it ends."""
         assert self._session is not None
+        # "fragment": etcd splits a large batch of events into parts of at most its request size, so one
+        # line stays bounded (_MAX_WATCH_LINE) however many changes land at once.
         body = {"create_request": {"key": _b64(self._prefix), "range_end": _prefix_end(self._prefix),
-                                   "start_revision": self.revision + 1}}
+                                   "start_revision": self.revision + 1, "fragment": True}}
         endpoint = self._endpoints[self._current]
         # No total timeout: the stream is meant to stay open; only connecting is bounded.
         streaming = aiohttp.ClientTimeout(total=None, sock_connect=self._timeout)
         async with self._session.post(endpoint + "/v3/watch", json=body, timeout=streaming) as response:
-            async for line in response.content:
+            while line := await response.content.readuntil(b"\n", max_size=_MAX_WATCH_LINE):
                 if not line.strip():
                     continue
                 message = _decode(line, _WatchLine)
@@ -237,7 +246,8 @@ class EtcdStore(Records):
                     raise aiohttp.ClientPayloadError(f"etcd cancelled the watch: {result.cancel_reason}")
                 for event in result.events:
                     self._apply_event(event)
-                self._wake()
+                if not result.fragment:  # a transaction's events may span parts: wake writers after the last
+                    self._wake()
 
     def _apply_event(self, event: _Event) -> None:
         key = base64.b64decode(event.kv.key).decode()[len(self._prefix):]

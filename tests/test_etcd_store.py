@@ -119,3 +119,19 @@ async def test_a_watch_cut_past_a_compaction_reads_afresh(etcd_cluster, relay, h
     finally:
         await follower.close()
         await writer.close()
+
+
+async def test_a_watch_message_larger_than_a_stream_line_is_applied(etcd_cluster, tmp_path):
+    """etcd's gateway sends each watch message as one JSON line, events batched and values in base64:
+    a 600 KiB value makes a line far past aiohttp's default line limit (128 KiB), which must not stop
+    the watch (a write is acknowledged only once the watch applied it)."""
+    cluster = await etcd_cluster()
+    store = EtcdStore(cluster.endpoints, f"/{tmp_path.name}/")
+    await store.open()
+    try:
+        big = bytes(range(256)) * 2400
+        await store.put("big", big)
+        await store.put("after", b"1")
+        assert store.snapshot() == {"big": big, "after": b"1"}
+    finally:
+        await store.close()
