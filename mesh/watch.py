@@ -86,6 +86,11 @@ def _json_value(key: str, raw: msgspec.Raw) -> Any:
     return None
 
 
+# The longest line a follower reads: a reset carries every record in one line (~1-2 KB an instance),
+# far past aiohttp's default line limit (512 KiB, a few hundred instances). A bound still, not a hope.
+MAX_EVENT_LINE = 256 * 1024 * 1024
+
+
 def encode_event(event: WatchEvent) -> bytes:
     """One line of `GET /watch`, newline included."""
     return _encoder.encode(event) + b"\n"

@@ -9,7 +9,7 @@ import aiohttp
 from agent_reach.headers import API_KEY_HEADER
 from agent_reach.transport import Failover
 
-from mesh.watch import WatchFeed, decode_event
+from mesh.watch import MAX_EVENT_LINE, WatchFeed, decode_event
 from router.mirror import RegistryMirror
 
 log = logging.getLogger("agentreach.router.feed")
@@ -43,7 +43,7 @@ async def follow_http(session: aiohttp.ClientSession, registries: Failover | str
                 response.raise_for_status()
                 registries.answered(registry_url)
                 log.info("following registry", extra={"registry": registry_url, "since": params.get("since")})
-                async for line in response.content:
+                while line := await response.content.readuntil(b"\n", max_size=MAX_EVENT_LINE):
                     mirror.apply(decode_event(line))
                     if synced is not None and mirror.synced:
                         synced.set()
