@@ -20,6 +20,7 @@ from mesh.alerts import AlertConfig
 from mesh.policy import Policy
 from mesh.watch import encode_event
 from registry.access import Access, admin_key_path
+from registry.cluster import Membership, SoleNode
 from registry.gate import Gate
 from registry.health import HealthChecker
 from registry.metrics import metrics_registry, render
@@ -41,6 +42,7 @@ METRICS_KEY = web.AppKey("metrics", CollectorRegistry)
 # Set only when the registry has a watch feed / keeps admin.key where the API may rotate it.
 HUB_KEY = web.AppKey("hub", WatchHub)
 DATA_DIR_KEY = web.AppKey("data_dir", Path)
+CLUSTER_KEY = web.AppKey("cluster", Membership)
 
 
 def storage_outage(exc: Exception) -> ApiError | None:
@@ -169,6 +171,10 @@ async def watch(request: web.Request) -> web.StreamResponse:
     return response
 
 
+async def cluster(request: web.Request) -> web.Response:
+    return json_response(await request.app[CLUSTER_KEY].view())
+
+
 async def create_client(request: web.Request) -> web.Response:
     return json_response(await access(request).create_client(await read_json(request, ClientCreate)), 201)
 
@@ -230,7 +236,7 @@ ADMIN_ONLY: list[tuple[str, str, Handler]] = [
     ("GET", "/policies", policies), ("GET", "/policies/{capability}", get_policy),
     ("PUT", "/policies/{capability}", put_policy), ("DELETE", "/policies/{capability}", delete_policy),
     ("GET", "/settings/alerts", get_alert_settings), ("PUT", "/settings/alerts", put_alert_settings),
-    ("GET", "/watch", watch),
+    ("GET", "/watch", watch), ("GET", "/cluster", cluster),
     ("POST", "/clients", create_client), ("GET", "/clients", clients), ("GET", "/clients/{client_id}", client),
     ("POST", "/clients/{client_id}/disable", disable_client), ("POST", "/clients/{client_id}/enable", enable_client),
     ("POST", "/clients/{client_id}/rotate", rotate_client),
@@ -241,11 +247,13 @@ ROTATE_ADMIN_KEY: tuple[str, str, Handler] = ("POST", "/admin-key/rotate", rotat
 
 
 def create_app(registry: Registry, checker: HealthChecker | None = None, hub: WatchHub | None = None, *,
-               max_body: int = DEFAULT_MAX_BODY, auth: bool = True, data_dir: Path | None = None) -> web.Application:
+               max_body: int = DEFAULT_MAX_BODY, auth: bool = True, data_dir: Path | None = None,
+               membership: Membership | None = None) -> web.Application:
     """``data_dir`` (where admin.key lives) enables rotating the admin key over the API."""
     app = web.Application(middlewares=[registry_errors], client_max_size=max_body)
     gate = Gate(registry.state.auth, auth)
     app[REGISTRY_KEY] = registry
+    app[CLUSTER_KEY] = membership if membership is not None else SoleNode(registry, url="")
     app[GATE_KEY] = gate
     app[METRICS_KEY] = metrics_registry(registry, checker)
     if hub is not None:

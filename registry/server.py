@@ -13,6 +13,7 @@ from agent_reach.serving import cancel, close, listen
 from aiohttp import web
 
 from registry.api import DEFAULT_MAX_BODY, create_app
+from registry.cluster import SoleNode
 from registry.etcd_store import EtcdStore
 from registry.health import HealthChecker
 from registry.lifecycle import LifecycleConfig
@@ -86,10 +87,12 @@ class RegistryServer:
         self._session = aiohttp.ClientSession()
         checker = HealthChecker(self.registry, self._session)
         self.hub = WatchHub(self.registry)
+        self.membership = SoleNode(self.registry, url="")
         self._tasks = [asyncio.create_task(checker.run()), asyncio.create_task(self.hub.run())]
         app = create_app(self.registry, checker, self.hub, max_body=self.settings.max_body, auth=self.settings.auth,
-                         data_dir=self.settings.data_dir)
+                         data_dir=self.settings.data_dir, membership=self.membership)
         self._runner, self.port = await listen(app, self.settings.host, self.settings.port)
+        self.membership.url = self.url
         log.info("registry listening", extra={"url": self.url, "data_dir": str(self.settings.data_dir),
                                              "instances": len(self.registry.state.records)})
 

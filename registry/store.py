@@ -31,6 +31,18 @@ class Change(msgspec.Struct, array_like=True, frozen=True):
 Listener = Callable[[Change], None]
 
 
+class Fence(msgspec.Struct, frozen=True):
+    """Write only while etcd key ``key`` (a full key, outside the records' prefix) still has
+    ``create_revision``: the leader's election key, so a node that lost the lead cannot evict."""
+
+    key: str
+    create_revision: int
+
+
+class Fenced(Exception):
+    """The write was refused: its fence no longer holds (another node leads now)."""
+
+
 class Store(Protocol):
     revision: int
 
@@ -39,7 +51,9 @@ class Store(Protocol):
         """Whether changes can be made durable now, and if not why (a full or read-only disk)."""
         ...
 
-    async def put(self, key: str, value: bytes) -> int: ...
+    async def put(self, key: str, value: bytes, fence: Fence | None = None) -> int:
+        """Raises :class:`Fenced`, writing nothing, when ``fence`` no longer holds."""
+        ...
 
     async def put_if_unchanged(self, key: str, value: bytes, since: int, prefixes: list[str]) -> int | None:
         """Put unless a key under one of ``prefixes`` changed after revision ``since`` (what memory was
@@ -154,7 +168,8 @@ class WalStore(Records):
         finally:
             self._snapshotting = None
 
-    async def put(self, key: str, value: bytes) -> int:
+    async def put(self, key: str, value: bytes, fence: Fence | None = None) -> int:
+        """One process writes this log: it is the only node, so every fence holds."""
         return await self._wal.append(encode_change(Change(key, value)))
 
     async def put_if_unchanged(self, key: str, value: bytes, since: int, prefixes: list[str]) -> int | None:
