@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import aiohttp
 import msgspec
 
-from registry.store import Change, Records
+from registry.store import Change, Fence, Fenced, Records
 from wal import WalHealth, WalUnavailable
 
 log = logging.getLogger("agentreach.registry.etcd")
@@ -282,10 +282,17 @@ class EtcdStore(Records):
                 raise WalUnavailable(f"etcd committed revision {revision} but the watch has not delivered it") from None
         return revision
 
-    async def put(self, key: str, value: bytes) -> int:
-        raw = await self._request("/v3/kv/put", {"key": _b64(self._prefix + key),
-                                                 "value": base64.b64encode(value).decode()})
-        return await self._applied(_decode(raw, _Written).header.revision)
+    async def put(self, key: str, value: bytes, fence: Fence | None = None) -> int:
+        request = {"key": _b64(self._prefix + key), "value": base64.b64encode(value).decode()}
+        if fence is None:
+            return await self._applied(_decode(await self._request("/v3/kv/put", request), _Written).header.revision)
+        body = {"compare": [{"key": _b64(fence.key), "target": "CREATE", "result": "EQUAL",
+                             "create_revision": fence.create_revision}],
+                "success": [{"request_put": request}]}
+        written = _decode(await self._request("/v3/kv/txn", body), _Txn)
+        if not written.succeeded:
+            raise Fenced(f"{fence.key} is no longer at create revision {fence.create_revision}")
+        return await self._applied(written.header.revision)
 
     async def put_if_unchanged(self, key: str, value: bytes, since: int, prefixes: list[str]) -> int | None:
         """One etcd txn: put if every key under ``prefixes`` has mod_revision <= ``since``; else read the
