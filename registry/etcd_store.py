@@ -13,61 +13,26 @@ import asyncio
 import base64
 import contextlib
 import logging
-import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import msgspec
 
+from registry.etcd_http import EtcdHttp, Header, KeyValue, Range, Txn, Written, b64, decode, prefix_end, unb64
 from registry.store import Change, Fence, Fenced, Records
 from wal import WalHealth, WalUnavailable
 
 log = logging.getLogger("agentreach.registry.etcd")
-T = TypeVar("T")
-
-
-class _KeyValue(msgspec.Struct):
-    key: str
-    value: str = ""
-    mod_revision: int = 0
-
-
-class _Header(msgspec.Struct, frozen=True):
-    revision: int = 0
-
-
-class _Range(msgspec.Struct):
-    header: _Header
-    kvs: list[_KeyValue] = []
-
-
-class _Written(msgspec.Struct):
-    header: _Header
-    deleted: int = 0
-
-
-class _Ranged(msgspec.Struct):
-    kvs: list[_KeyValue] = []
-
-
-class _TxnResponse(msgspec.Struct):
-    response_range: _Ranged = msgspec.field(default_factory=_Ranged)
-
-
-class _Txn(msgspec.Struct):
-    header: _Header
-    succeeded: bool = False
-    responses: list[_TxnResponse] = []
 
 
 class _Event(msgspec.Struct):
-    kv: _KeyValue
+    kv: KeyValue
     type: str = "PUT"
 
 
 class _WatchResult(msgspec.Struct):
-    header: _Header = _Header()
+    header: Header = Header()
     events: list[_Event] = []
     canceled: bool = False
     compact_revision: int = 0
@@ -90,51 +55,33 @@ class Compacted(Exception):
     """The watch asked for a revision etcd no longer keeps: memory must be read afresh."""
 
 
-def _decode(data: bytes, kind: type[T]) -> T:
-    """The gateway writes int64 fields as JSON strings; strict=False reads them as ints."""
-    return msgspec.json.decode(data, type=kind, strict=False)
-
-
-def _b64(text: str) -> str:
-    return base64.b64encode(text.encode()).decode()
-
-
-def _prefix_end(prefix: str) -> str:
-    """etcd's range_end for "every key starting with prefix": the prefix with its last byte plus one."""
-    raw = prefix.encode()
-    return base64.b64encode(raw[:-1] + bytes([raw[-1] + 1])).decode()
-
-
 class EtcdStore(Records):
     """Records in etcd under ``prefix``; memory from a range read plus a resumable watch."""
 
     def __init__(self, endpoints: list[str], prefix: str = "/agentreach/", *, timeout: float = 3.0,
                  retry_delay: float = 0.2):
-        if not endpoints:
-            raise ValueError("at least one etcd endpoint is needed")
         super().__init__()
-        self._endpoints = [url.rstrip("/") for url in endpoints]
-        self._current = 0
+        self.etcd = EtcdHttp(endpoints, timeout)
         self._prefix = prefix
         self._timeout = timeout
         self._retry_delay = retry_delay
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
-        self._session: aiohttp.ClientSession | None = None
         self._watching: asyncio.Task[None] | None = None
         self._probing: asyncio.Task[None] | None = None
-        self._health = WalHealth(writable=True)
+        self._opened = False
 
     @property
     def health(self) -> WalHealth:
         """While unwritable, each look starts one quorum read in the background: its success (quorum is
         back) makes the store writable again even when no write comes to prove it."""
-        if not self._health.writable and self._probing is None and self._session is not None:
+        health = self.etcd.health
+        if not health.writable and self._probing is None and self._opened:
             self._probing = asyncio.get_running_loop().create_task(self._probe())
-        return self._health
+        return health
 
     async def _probe(self) -> None:
         try:
-            await self._request("/v3/kv/range", {"key": _b64(self._prefix), "limit": 1})
+            await self.etcd.request("/v3/kv/range", {"key": b64(self._prefix), "limit": 1})
         except WalUnavailable:
             pass
         finally:
@@ -142,54 +89,20 @@ class EtcdStore(Records):
 
     async def open(self) -> None:
         """Read every record at one revision, then follow changes from the next one."""
-        self._session = aiohttp.ClientSession()
+        self.etcd.open()
         try:
             await self._reset()
         except BaseException:
-            await self._session.close()
+            await self.etcd.close()
             raise
+        self._opened = True
         self._watching = asyncio.get_running_loop().create_task(self._watch_forever())
-
-    async def _request(self, path: str, body: dict[str, Any]) -> bytes:
-        """POST to the current endpoint, moving to the next on a connection failure; WalUnavailable when
-        none answers within ``timeout`` (down, or no quorum so nothing commits)."""
-        assert self._session is not None, "open() first"
-        deadline = time.monotonic() + self._timeout
-        problem = "no endpoint answered"
-        for _ in range(len(self._endpoints)):
-            endpoint = self._endpoints[self._current]
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            try:
-                async with self._session.post(endpoint + path, json=body,
-                                              timeout=aiohttp.ClientTimeout(total=left)) as response:
-                    data = await response.read()
-                    if response.status != 200:
-                        problem = f"{endpoint} answered {response.status}: {data[:200]!r}"
-                    else:
-                        self._set_writable(None)
-                        return data
-            except aiohttp.ClientConnectionError as exc:
-                problem = f"{endpoint}: {exc}"
-            except TimeoutError:
-                problem = f"{endpoint}: no answer within {self._timeout}s (no quorum?)"
-                break
-            self._current = (self._current + 1) % len(self._endpoints)
-        self._set_writable(problem)
-        raise WalUnavailable(f"etcd: {problem}")
-
-    def _set_writable(self, problem: str | None) -> None:
-        if problem is None and not self._health.writable:
-            self._health = WalHealth(writable=True)
-        elif problem is not None and self._health.writable:
-            self._health = WalHealth(writable=False, problem=problem, since=time.time())
 
     async def _reset(self) -> None:
         """Read every record at one revision; listeners hear what differs from memory (none are missed)."""
-        raw = await self._request("/v3/kv/range", {"key": _b64(self._prefix), "range_end": _prefix_end(self._prefix)})
-        read = _decode(raw, _Range)
-        items = {base64.b64decode(kv.key).decode()[len(self._prefix):]: base64.b64decode(kv.value) for kv in read.kvs}
+        raw = await self.etcd.request("/v3/kv/range", {"key": b64(self._prefix), "range_end": prefix_end(self._prefix)})
+        read = decode(raw, Range)
+        items = {unb64(kv.key)[len(self._prefix):]: base64.b64decode(kv.value) for kv in read.kvs}
         gone = [Change(key, None, read.header.revision) for key in self._items if key not in items]
         changed = [Change(key, value, read.header.revision) for key, value in items.items()
                    if self._items.get(key) != value]
@@ -211,7 +124,7 @@ class EtcdStore(Records):
                 continue
             except (aiohttp.ClientError, TimeoutError) as exc:
                 log.warning("etcd watch lost; resuming", extra={"revision": self.revision, "error": str(exc)})
-            self._current = (self._current + 1) % len(self._endpoints)
+            self.etcd.next_endpoint()
             await asyncio.sleep(self._retry_delay)
 
     async def _retrying(self, step: Callable[[], Any]) -> None:
@@ -224,19 +137,18 @@ class EtcdStore(Records):
 
     async def _follow(self) -> None:
         """One watch stream from ``revision + 1``, applying events until it ends."""
-        assert self._session is not None
         # "fragment": etcd splits a large batch of events into parts of at most its request size, so one
         # line stays bounded (_MAX_WATCH_LINE) however many changes land at once.
-        body = {"create_request": {"key": _b64(self._prefix), "range_end": _prefix_end(self._prefix),
+        body = {"create_request": {"key": b64(self._prefix), "range_end": prefix_end(self._prefix),
                                    "start_revision": self.revision + 1, "fragment": True}}
-        endpoint = self._endpoints[self._current]
+        endpoint = self.etcd.endpoint()
         # No total timeout: the stream is meant to stay open; only connecting is bounded.
         streaming = aiohttp.ClientTimeout(total=None, sock_connect=self._timeout)
-        async with self._session.post(endpoint + "/v3/watch", json=body, timeout=streaming) as response:
+        async with self.etcd.session.post(endpoint + "/v3/watch", json=body, timeout=streaming) as response:
             while line := await response.content.readuntil(b"\n", max_size=_MAX_WATCH_LINE):
                 if not line.strip():
                     continue
-                message = _decode(line, _WatchLine)
+                message = decode(line, _WatchLine)
                 if message.error is not None or message.result is None:
                     raise aiohttp.ClientPayloadError(f"etcd watch error: {message.error}")
                 result = message.result
@@ -250,7 +162,7 @@ class EtcdStore(Records):
                     self._wake()
 
     def _apply_event(self, event: _Event) -> None:
-        key = base64.b64decode(event.kv.key).decode()[len(self._prefix):]
+        key = unb64(event.kv.key)[len(self._prefix):]
         if event.type == "DELETE":
             self._items.pop(key, None)
             change = Change(key, None, event.kv.mod_revision)
@@ -283,13 +195,13 @@ class EtcdStore(Records):
         return revision
 
     async def put(self, key: str, value: bytes, fence: Fence | None = None) -> int:
-        request = {"key": _b64(self._prefix + key), "value": base64.b64encode(value).decode()}
+        request = {"key": b64(self._prefix + key), "value": base64.b64encode(value).decode()}
         if fence is None:
-            return await self._applied(_decode(await self._request("/v3/kv/put", request), _Written).header.revision)
-        body = {"compare": [{"key": _b64(fence.key), "target": "CREATE", "result": "EQUAL",
+            return await self._applied(decode(await self.etcd.request("/v3/kv/put", request), Written).header.revision)
+        body = {"compare": [{"key": b64(fence.key), "target": "CREATE", "result": "EQUAL",
                              "create_revision": fence.create_revision}],
                 "success": [{"request_put": request}]}
-        written = _decode(await self._request("/v3/kv/txn", body), _Txn)
+        written = decode(await self.etcd.request("/v3/kv/txn", body), Txn)
         if not written.succeeded:
             raise Fenced(f"{fence.key} is no longer at create revision {fence.create_revision}")
         return await self._applied(written.header.revision)
@@ -298,15 +210,15 @@ class EtcdStore(Records):
         """One etcd txn: put if every key under ``prefixes`` has mod_revision <= ``since``; else read the
         newest such key's revision, so memory can be awaited up to it (later revisions outside our
         prefix are never delivered by the watch)."""
-        ranges = [(_b64(self._prefix + prefix), _prefix_end(self._prefix + prefix)) for prefix in prefixes]
+        ranges = [(b64(self._prefix + prefix), prefix_end(self._prefix + prefix)) for prefix in prefixes]
         body = {
             "compare": [{"key": start, "range_end": end, "target": "MOD", "result": "LESS",
                          "mod_revision": since + 1} for start, end in ranges],
-            "success": [{"request_put": {"key": _b64(self._prefix + key), "value": base64.b64encode(value).decode()}}],
+            "success": [{"request_put": {"key": b64(self._prefix + key), "value": base64.b64encode(value).decode()}}],
             "failure": [{"request_range": {"key": start, "range_end": end, "keys_only": True, "limit": 1,
                                            "sort_target": "MOD", "sort_order": "DESCEND"}} for start, end in ranges],
         }
-        written = _decode(await self._request("/v3/kv/txn", body), _Txn)
+        written = decode(await self.etcd.request("/v3/kv/txn", body), Txn)
         if written.succeeded:
             return await self._applied(written.header.revision)
         await self._applied(max(kv.mod_revision for response in written.responses
@@ -314,8 +226,8 @@ class EtcdStore(Records):
         return None
 
     async def delete(self, key: str) -> int:
-        raw = await self._request("/v3/kv/deleterange", {"key": _b64(self._prefix + key)})
-        written = _decode(raw, _Written)
+        raw = await self.etcd.request("/v3/kv/deleterange", {"key": b64(self._prefix + key)})
+        written = decode(raw, Written)
         # Deleting nothing makes no revision, so no event to wait for.
         return await self._applied(written.header.revision) if written.deleted else self.revision
 
@@ -325,5 +237,4 @@ class EtcdStore(Records):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        if self._session is not None:
-            await self._session.close()
+        await self.etcd.close()
