@@ -62,6 +62,8 @@ class HealthChecker:
                 continue
             record_check(liveness, passed, now)
             registry.touched.add(record.agent_id)
+            if passed:
+                registry.heard.add(record.agent_id)
             self.checks["pass" if passed else "fail"] += 1
         failing = [
             agent_id for agent_id, liveness in registry.state.liveness.items()

@@ -30,11 +30,11 @@ from mesh.records import (
 )
 from registry.access import Access
 from registry.bindings import bindings_to_forget
-from registry.lifecycle import QUERY_ORDER, LifecycleConfig, Status, record_heartbeat, status_of
+from registry.lifecycle import QUERY_ORDER, LifecycleConfig, Liveness, Status, record_heartbeat, status_of
 from registry.records import build_record
 from registry.retention import evicted_to_forget
 from registry.state import RegistryState
-from registry.store import Change, Store
+from registry.store import Change, Fence, Store
 from registry.views import AgentView, QueryResult, agent_view, query_instance
 from weblayer.errors import ApiError
 
@@ -62,6 +62,9 @@ class Registry:
         # Called with the agent_id when a heartbeat makes an instance healthy that was not: routers must
         # learn that at once, not at the watch hub's next tick.
         self.revived: list[Callable[[str], None]] = []
+        # Instances heard from at this node (heartbeats, passing checks) since the node-to-node channel last
+        # looked: it tells the other registry nodes (registry/gossip.py). Unused with one node.
+        self.heard: set[str] = set()
         self.state.load(store.snapshot())
         # Who may use the mesh (clients, registration tokens, the admin key), kept in the same store.
         self.access = Access(store, self.state, wall_clock)
@@ -169,22 +172,33 @@ class Registry:
         if liveness is None:
             raise ApiError(404, "unknown_agent", f"No live instance {request.agent_id!r}; register again",
                            "agent_id")
-        now = self.clock()
-        revived = status_of(liveness, False, now, self.config) is not Status.HEALTHY
-        record_heartbeat(liveness, now)
-        self.touched.add(request.agent_id)
-        liveness.load = request.load
-        if request.inflight is not None:
-            liveness.inflight = request.inflight
-        if request.health is not None:
-            liveness.health = request.health
-        if request.metrics is not None:
-            liveness.metrics = request.metrics
+        self._heard(request, liveness, self.clock())
+        self.heard.add(request.agent_id)
         self.counters.heartbeats += 1
-        if revived:
-            for listener in self.revived:
-                listener(request.agent_id)
         return Status.HEALTHY
+
+    def heard_elsewhere(self, beat: HeartbeatRequest, at: float) -> None:
+        """A heartbeat another registry node took at ``at`` (this node's clock): kept when newer than the
+        last this node knows of, so relayed or replayed news never turns an instance's clock back."""
+        liveness = self.state.liveness.get(beat.agent_id)
+        if liveness is not None and (liveness.last_seen is None or at > liveness.last_seen):
+            self._heard(beat, liveness, min(at, self.clock()))
+
+    def _heard(self, beat: HeartbeatRequest, liveness: Liveness, at: float) -> None:
+        now = self.clock()
+        was_healthy = status_of(liveness, False, now, self.config) is Status.HEALTHY
+        record_heartbeat(liveness, at)
+        self.touched.add(beat.agent_id)
+        liveness.load = beat.load
+        if beat.inflight is not None:
+            liveness.inflight = beat.inflight
+        if beat.health is not None:
+            liveness.health = beat.health
+        if beat.metrics is not None:
+            liveness.metrics = beat.metrics
+        if not was_healthy and status_of(liveness, False, now, self.config) is Status.HEALTHY:
+            for listener in self.revived:
+                listener(beat.agent_id)
 
     async def deregister(self, agent_id: str, token: TokenRecord | None = None) -> None:
         """Delete the instance; its agent_id stays its service's (a binding, written first so that
@@ -206,12 +220,13 @@ class Registry:
         while forgotten := bindings_to_forget(self.state.bindings, self.config.kept_agent_ids):
             await self.store.delete(binding_key(forgotten[0]))
 
-    async def evict(self, agent_id: str, reason: str) -> None:
+    async def evict(self, agent_id: str, reason: str, fence: Fence | None = None) -> None:
+        """``fence``: written only while it holds (the leader's, so a node that lost the lead evicts nothing)."""
         record = self.state.records.get(agent_id)
         if record is None or record.evicted_at is not None:
             return
         evicted = msgspec.structs.replace(record, evicted_at=self._wall_clock())
-        await self.store.put(instance_key(agent_id), encode_value(evicted))
+        await self.store.put(instance_key(agent_id), encode_value(evicted), fence)
         self.counters.evictions += 1
         log.warning("instance evicted", extra={"agent_id": agent_id, "service": record.service, "reason": reason})
         for forgotten in evicted_to_forget(self.state.records.values(), self._wall_clock(),
