@@ -43,6 +43,10 @@ class CommandFailed(Exception):
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--registry", default=default_registry(), metavar="URL",
                         help="the registry (default: $AGENTREACH_REGISTRY, else http://127.0.0.1:8081)")
+    add_key_flags(parser)
+
+
+def add_key_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--admin-key", default=None, metavar="KEY",
                         help="the admin key (default: $AGENTREACH_ADMIN_KEY, else read DATA_DIR/admin.key)")
     parser.add_argument("--data-dir", type=Path, default=Path(".agentreach"),
@@ -124,16 +128,27 @@ def refusal(status: int, body: bytes) -> str:
     return f"the registry refused: {status} {error.get('error', '')}: {error['message']}{field}"
 
 
-async def send(registry: str, key: str, call: Call) -> Any:
+class NoAnswer(CommandFailed):
+    """The registry could not be reached or gave no answer in time (another registry may)."""
+
+
+async def exchange(registry: str, key: str | None, call: Call,
+                   timeout: aiohttp.ClientTimeout = TIMEOUT) -> tuple[int, bytes]:
+    """One request (without a key, for a registry with auth off); the status and body of whatever came back."""
     url = f"{registry.rstrip('/')}{call.path}"
+    headers = {API_KEY_HEADER: key} if key else {}
     try:
-        async with aiohttp.ClientSession(timeout=TIMEOUT) as session, session.request(
-                call.method, url, json=call.body, headers={API_KEY_HEADER: key}) as response:
-            body = await response.read()
+        async with aiohttp.ClientSession(timeout=timeout) as session, session.request(
+                call.method, url, json=call.body, headers=headers) as response:
+            return response.status, await response.read()
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-        raise CommandFailed(f"cannot reach the registry at {registry}: {str(exc) or type(exc).__name__}") from None
-    if response.status >= 400:
-        raise CommandFailed(refusal(response.status, body))
+        raise NoAnswer(f"cannot reach the registry at {registry}: {str(exc) or type(exc).__name__}") from None
+
+
+async def send(registry: str, key: str, call: Call) -> Any:
+    status, body = await exchange(registry, key, call)
+    if status >= 400:
+        raise CommandFailed(refusal(status, body))
     try:
         return json.loads(body)
     except ValueError:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from agent_reach import logs
 
-from agentreach import admin
+from agentreach import admin, status
 from agentreach.knobs import (
     NoAdminKey,
     add_admin_key,
@@ -93,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "the snapshot in use, without changing anything.")
     inspect.add_argument("data_dir", type=Path, help="the registry's data directory")
     admin.add_commands(commands)
+    status.add_command(commands)
     return parser
 
 
@@ -118,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         return _inspect_wal(args.data_dir)
     if args.command in ("clients", "tokens", "admin-key"):
         return admin.run(args, parser)
+    if args.command == "status":
+        return status.run(args, parser)
     logs.configure(args.log_level)
     _tune_gc()
     _warn_if_auth_off(args)

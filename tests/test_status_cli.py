@@ -1,0 +1,146 @@
+"""`agentreach status` as a child process: a real registry's /cluster shown as a table or as JSON, the first
+registry of a list that answers, and the exit codes a probe relies on (no registry answering, a stale view,
+nobody leading) with the reason on stderr. Views the embedded registry never gives come from stand-in
+registries (tests/cluster_support.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+
+from cluster_support import DOWN_MEMBER, ClusterStandIn, etcd_view
+from conftest import admin_key, call, registration
+from recording_support import starting
+from sdk_support import free_port
+from storage_support import AGENTREACH, ROOT
+
+
+async def status(*args: str, **env: str) -> subprocess.CompletedProcess:
+    """Run in a thread, so the registries this test's event loop serves keep answering."""
+    clean = {name: value for name, value in os.environ.items() if not name.startswith("AGENTREACH_")}
+    return await asyncio.to_thread(subprocess.run, [*AGENTREACH, "status", *args], capture_output=True, text=True,
+                                   cwd=ROOT, env={**clean, **env}, timeout=60)
+
+
+def dead_url() -> str:
+    return f"http://127.0.0.1:{free_port()}"
+
+
+async def test_a_registry_is_shown_as_one_leading_node_from_the_first_url_that_answers(start_registry, http):
+    registry = await start_registry(auth=True)
+    key = admin_key(registry)
+    for name in ("a1", "a2"):
+        status_code, _ = await call(http, "POST", f"{registry.url}/register", key,
+                                    registration(name, "cap.x", service="svc"))
+        assert status_code == 200
+    _, view = await call(http, "GET", f"{registry.url}/cluster", key)
+    dead = dead_url()
+    result = await status("--registry", f"{dead},{registry.url}", "--admin-key", key)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == (f"Cluster as registry node {view['node_id']} at {registry.url} sees it: embedded store "
+                        "(its own write-ahead log), 2 live instances")
+    assert lines[1] == f"Leader: {view['node_id']} (this node)"
+    assert lines[2] == "View:   current"
+    [row] = [line.split() for line in lines if line.startswith(f"  {view['node_id']}")]
+    assert row[:4] == [view["node_id"], "(this", "node)", registry.url] and row[4] == "leader"
+    assert "etcd endpoints: none (embedded store)" in lines and "Routers: none announced" in lines
+    assert result.stderr.startswith(f"agentreach: cannot reach the registry at {dead}")
+    assert result.stderr.count("\n") == 1
+
+
+async def test_json_prints_the_registrys_view_and_the_environment_names_registry_and_key(start_registry, http):
+    registry = await start_registry(auth=True)
+    key = admin_key(registry)
+    _, view = await call(http, "GET", f"{registry.url}/cluster", key)
+    result = await status("--json", AGENTREACH_REGISTRY=registry.url, AGENTREACH_ADMIN_KEY=key)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == view and result.stderr == ""
+
+
+async def test_the_admin_key_is_required_by_an_auth_on_registry_but_not_by_an_auth_off_one(start_registry, tmp_path):
+    guarded = await start_registry(tmp_path / "guarded", auth=True)
+    wrong = await status("--registry", guarded.url, "--admin-key", "ara_wrong")
+    assert wrong.returncode == 1 and wrong.stdout == ""
+    assert wrong.stderr.startswith(f"agentreach: {guarded.url}: the registry refused: 401")
+    keyless = await status("--registry", guarded.url, "--data-dir", str(tmp_path / "nothing"))
+    assert keyless.returncode == 1 and "no admin key was sent: pass --admin-key" in keyless.stderr
+    from_data_dir = await status("--registry", guarded.url, "--data-dir", str(guarded.settings.data_dir))
+    assert from_data_dir.returncode == 0, from_data_dir.stderr
+    open_registry = await start_registry(tmp_path / "open")
+    assert (await status("--registry", open_registry.url, "--data-dir", str(tmp_path / "nothing"))).returncode == 0
+
+
+async def test_no_registry_answering_exits_1_naming_each():
+    first, second = dead_url(), dead_url()
+    result = await status("--registry", f"{first},{second}", "--admin-key", "ara_x")
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.startswith("agentreach: no registry answered: ")
+    assert first in result.stderr and second in result.stderr and result.stderr.count("\n") == 1
+
+
+async def test_a_bad_registry_flag_is_a_usage_error():
+    result = await status("--registry", "127.0.0.1:8081", "--admin-key", "ara_x")
+    assert result.returncode == 2 and "--registry must be http:// or https:// URLs" in result.stderr
+
+
+async def test_an_etcd_cluster_shows_every_node_member_and_router():
+    async with starting(ClusterStandIn) as start:
+        registry = await start(etcd_view())
+        result = await status("--registry", registry.url, "--admin-key", "ara_x")
+    assert result.returncode == 0, result.stderr
+    assert registry.received[0].headers["X-API-Key"] == "ara_x"
+    lines = result.stdout.splitlines()
+    assert lines[:3] == [f"Cluster as registry node reg-a at {registry.url} sees it: etcd store, 42 live instances",
+                         "Leader: reg-b", "View:   current"]
+    rows = {line.split()[0]: line.split() for line in lines if line.startswith("  reg-")}
+    assert rows["reg-a"][1:3] == ["(this", "node)"] and rows["reg-a"][4] == "follower"
+    assert rows["reg-a"][-2:] == ["this", "node"]
+    assert rows["reg-b"][2:] == ["leader", "10", "min", "0.4", "s", "ago"]
+    assert "etcd endpoints (2 of 3 healthy)" in lines
+    assert "  http://127.0.0.1:2379  ok      1.2 ms" in lines
+    assert f"  {DOWN_MEMBER}  DOWN    connection refused" in lines
+    assert [line.split() for line in lines if line.startswith("  router-")] == [
+        ["router-1", "reg-a", "50", "%"], ["router-2", "reg-c", "50", "%"]]
+
+
+async def test_a_stale_view_exits_4_and_nobody_leading_exits_3_saying_why():
+    async with starting(ClusterStandIn) as start:
+        cut_off = await start(etcd_view(leader=None, stale_seconds=12.3))
+        leaderless = await start(etcd_view(leader=None))
+        stale = await status("--registry", cut_off.url, "--admin-key", "ara_x")
+        no_leader = await status("--registry", leaderless.url, "--admin-key", "ara_x")
+        stale_json = await status("--json", "--registry", cut_off.url, "--admin-key", "ara_x")
+    assert stale.returncode == 4
+    assert "View:   STALE: last known current 12 s ago" in stale.stdout.splitlines()
+    assert "Leader: NONE: nobody leads" in stale.stdout.splitlines()
+    assert stale.stderr.splitlines() == [
+        "agentreach: node reg-a's view is stale: last known current 12 s ago (cut off from etcd); ask another "
+        "registry",
+        "agentreach: nobody leads: no health sweep or eviction runs until a node takes the lead"]
+    assert no_leader.returncode == 3
+    assert no_leader.stderr.splitlines() == [
+        "agentreach: nobody leads: no health sweep or eviction runs until a node takes the lead"]
+    assert stale_json.returncode == 4 and json.loads(stale_json.stdout)["stale_seconds"] == 12.3
+
+
+async def test_a_node_answering_5xx_is_skipped_for_the_next():
+    async with starting(ClusterStandIn) as start:
+        failing = await start(status=503)
+        healthy = await start(etcd_view(asked="reg-c"))
+        result = await status("--registry", f"{failing.url},{healthy.url}", "--admin-key", "ara_x")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"Cluster as registry node reg-c at {healthy.url}")
+    assert result.stderr == (f"agentreach: {failing.url}: the registry refused: 503 storage_unavailable: "
+                             "etcd has no quorum\n")
+
+
+async def test_an_answer_that_is_no_cluster_view_fails_cleanly():
+    async with starting(ClusterStandIn) as start:
+        odd = await start(etcd_view())
+        odd.view = None  # JSON null
+        result = await status("--registry", odd.url, "--admin-key", "ara_x")
+    assert result.returncode == 1 and result.stdout == "" and "Traceback" not in result.stderr
+    assert result.stderr.startswith(f"agentreach: {odd.url} answered something that is not a cluster view")
