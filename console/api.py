@@ -220,6 +220,10 @@ class ConsoleApi:
     async def delete_policy(self, request: web.Request) -> web.Response:
         return relay(await self.registry.request("DELETE", f"/policies/{segment(request.match_info['capability'])}"))
 
+    async def cluster(self, request: web.Request) -> web.Response:
+        """The registry's /cluster as the first registry that answers sees it (the console sends its admin key)."""
+        return relay(await self.registry.get("/cluster"))
+
     async def alerts(self, request: web.Request) -> web.Response:
         return relay(await self.router.get("/alerts"))
 
@@ -301,6 +305,7 @@ class ConsoleApi:
         routes.add_get("/api/policies", self.policies)
         routes.add_put("/api/policies/{capability}", self.put_policy)
         routes.add_delete("/api/policies/{capability}", self.delete_policy)
+        routes.add_get("/api/cluster", self.cluster)
         routes.add_get("/api/alerts", self.alerts)
         routes.add_get("/api/settings/alerts", self.alert_settings)
         routes.add_put("/api/settings/alerts", self.put_alert_settings)

@@ -7,9 +7,9 @@ the views are built from mesh/cluster.py's Structs, so they have the contract's 
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import msgspec
+from agent_reach.connections import error_body
 from aiohttp import web
 
 from mesh.cluster import ClusterView, EtcdEndpoint, NodeView, RouterView
@@ -35,7 +35,8 @@ def etcd_view(*, asked: str = "reg-a", leader: str | None = "reg-b", stale_secon
 
 
 class ClusterStandIn(RecordingServer):
-    """Answers /cluster with ``view``, or with ``status`` and the mesh's error envelope when it is no 200."""
+    """Answers /cluster with ``view``, or with ``status`` and the mesh's error envelope when it is no 200;
+    any other path is a 404 (a console's poll of /agents finds this registry failing)."""
 
     def __init__(self, view: ClusterView | None = None, status: int = 200):
         self.view = view
@@ -43,6 +44,8 @@ class ClusterStandIn(RecordingServer):
         super().__init__(self._cluster)
 
     async def _cluster(self, request: web.Request, received: Received) -> web.Response:
-        body: Any = self.view if self.status == 200 else {
-            "error": "storage_unavailable", "message": "etcd has no quorum", "field": None}
-        return web.Response(body=msgspec.json.encode(body), status=self.status, content_type="application/json")
+        if request.path != "/cluster":
+            return web.json_response(error_body("not_found", "Only /cluster here"), status=404)
+        if self.status != 200:
+            return web.json_response(error_body("storage_unavailable", "etcd has no quorum"), status=self.status)
+        return web.Response(body=msgspec.json.encode(self.view), content_type="application/json")

@@ -1,7 +1,8 @@
 // Home: the four numbers (registered agents, available instances, calls per second, reach rate)
-// and the last hour's reach curve, pushed live by the console every poll.
+// and the last hour's reach curve, pushed live by the console every poll; under them, the cluster.
 
 import { h, card, replace, badge } from "../lib/dom.js";
+import { clusterPanel } from "../lib/cluster-panel.js";
 import { lineChart, columnChart, timeSlots, windowStart, outcomeStacks } from "../lib/charts.js";
 import * as fmt from "../lib/format.js";
 
@@ -75,6 +76,7 @@ export async function render(main, { live }) {
   const reachChart = h("div", { class: "chart", id: "reach-curve" });
   const volumeChart = h("div", { class: "chart" });
   const latencyChart = h("div", { class: "chart" });
+  const cluster = clusterPanel(live);
 
   replace(main,
     h("div", { class: "page-head" }, h("h1", { text: "Overview" }), h("p", { class: "page-sub" }, "Live · ", updated)),
@@ -85,10 +87,11 @@ export async function render(main, { live }) {
         compare, h("h3", { text: "Instances by state" }), states, alerts)),
     h("div", { class: "grid-2" },
       card("Calls per period", { id: "volume" }, volumeChart),
-      card("Latency percentiles", { id: "latency" }, latencyChart)));
+      card("Latency percentiles", { id: "latency" }, latencyChart)),
+    cluster.element);
 
   let lastCurve = "";
-  return live.on("overview", (o) => {
+  const stopNumbers = live.on("overview", (o) => {
     updated.textContent = `updated ${fmt.clock(o.at, true)}`;
     const pending = o.states.pending || 0, demoted = o.states.demoted || 0;
     setStat(numbers, "stat-agents", fmt.count(o.registered_agents), `${pending} pending · ${demoted} demoted`);
@@ -113,4 +116,5 @@ export async function render(main, { live }) {
       curveCharts(o.curve, { reach: reachChart, volume: volumeChart, latency: latencyChart }, o.at);
     }
   });
+  return () => { stopNumbers(); cluster.stop(); };
 }
