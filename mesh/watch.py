@@ -1,8 +1,9 @@
 """The watch feed's events and their JSON-lines codec: what the registry publishes and routers follow.
 
 A follower gets a full ``Reset``, then every committed change (``Put`` / ``Delete``, with the store
-revision), ``States`` for soft state (status, load, in-flight) that changed, and a ``Ping`` when
-the feed is quiet. In process the events travel as objects (``WatchFeed``); over HTTP each is one
+revision), ``States`` for soft state (status, load, in-flight) that changed, ``Routers`` when the
+set of routers following the mesh changed (each enforces its share of every limit), and a ``Ping``
+when the feed is quiet. In process the events travel as objects (``WatchFeed``); over HTTP each is one
 line of ``GET /watch``.
 """
 
@@ -47,15 +48,30 @@ class Ping(msgspec.Struct, tag="ping", tag_field="type"):
     revision: int
 
 
-WatchEvent = Reset | Put | Delete | States | Ping
+class Routers(msgspec.Struct, tag="routers", tag_field="type"):
+    """Every live router's id, sorted: a router following the feed enforces 1/len of every limit."""
+
+    routers: list[str]
+
+
+WatchEvent = Reset | Put | Delete | States | Ping | Routers
+
+# A router's id as it announces itself (`GET /watch?router=ID`): 1-128 visible ASCII characters.
+ROUTER_ID_MAX = 128
+
+
+def valid_router_id(router_id: str) -> bool:
+    """Printable and short: the id lands in logs, metrics and `GET /cluster`."""
+    return 0 < len(router_id) <= ROUTER_ID_MAX and all("!" <= char <= "~" for char in router_id)
 
 
 class WatchFeed(Protocol):
     """A feed followed in process (the registry's WatchHub in `agentreach up`), so a router needs no registry."""
 
-    def subscribe(self, since: int | None = None) -> AsyncIterable[WatchEvent]:
+    def subscribe(self, since: int | None = None, router_id: str | None = None) -> AsyncIterable[WatchEvent]:
         """The changes after revision ``since`` (a full reset when None or too old); the stream ends when
-        the follower falls too far behind, and it subscribes again from its revision."""
+        the follower falls too far behind, and it subscribes again from its revision. A ``router_id``
+        counts the follower as a live router while its stream is open."""
         ...
 
 
@@ -72,7 +88,7 @@ class _WirePut(msgspec.Struct, tag="put", tag_field="type"):
 
 
 _encoder = msgspec.json.Encoder()
-_WireEvent = _WireReset | _WirePut | Delete | States | Ping
+_WireEvent = _WireReset | _WirePut | Delete | States | Ping | Routers
 _wire_decoder: msgspec.json.Decoder[_WireEvent] = msgspec.json.Decoder(_WireEvent)
 _json_decoders: dict[str, msgspec.json.Decoder[Any]] = {
     prefix: msgspec.json.Decoder(kind) for prefix, kind in RECORD_TYPES

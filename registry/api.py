@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from auth.records import ClientCreate, PublishedKey, TokenCreate, client_view
 from mesh.alerts import AlertConfig
 from mesh.policy import Policy
-from mesh.watch import encode_event
+from mesh.watch import ROUTER_ID_MAX, encode_event, valid_router_id
 from registry.access import Access, admin_key_path
 from registry.cluster import Membership, SoleNode
 from registry.gate import Gate
@@ -62,6 +62,15 @@ def since_revision(request: web.Request) -> int | None:
     if not raw.isdigit():
         raise ApiError(400, "invalid_field", f"since must be a revision number, got {raw!r}", "since")
     return int(raw)
+
+
+def announced_router(request: web.Request) -> str | None:
+    """`?router=ID`: the follower is a router, counted in every router's share of the limits."""
+    router_id = request.query.get("router")
+    if router_id is not None and not valid_router_id(router_id):
+        raise ApiError(400, "invalid_field", f"router must be the router's id: 1-{ROUTER_ID_MAX} visible ASCII "
+                       "characters", "router")
+    return router_id
 
 
 def access(request: web.Request) -> Access:
@@ -160,14 +169,18 @@ async def watch(request: web.Request) -> web.StreamResponse:
     hub = request.app.get(HUB_KEY)
     if hub is None:
         raise ApiError(404, "not_found", "This registry has no watch feed")
-    subscription = hub.subscribe(since_revision(request))
+    since, router_id = since_revision(request), announced_router(request)
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await response.prepare(request)
+    subscription = hub.subscribe(since, router_id)
     try:
         async for event in subscription:
             await response.write(encode_event(event))
     except ConnectionResetError:
         log.info("watch follower went away; it resumes by revision when it returns")
+    finally:
+        # At once, not when the stream is collected: a router counts toward the limit shares until then.
+        subscription.end()
     return response
 
 

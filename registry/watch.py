@@ -4,6 +4,10 @@ The router in the same process reads events straight from a subscription, a rout
 reads the same events as JSON lines from `GET /watch`. Durable changes carry the store revision;
 soft state (status, load) travels as `states` events sent only for instances whose values changed
 since the last tick.
+
+The hub also knows which routers follow the mesh: a follower that names itself (`router_id`) is a
+live router while its stream is open here, and the routers following other registry nodes are told
+to it (``set_peer_routers``). Every change of that set is published as a ``Routers`` event.
 """
 
 from __future__ import annotations
@@ -11,11 +15,11 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator
 
 from mesh.records import decode_value, instance_id
-from mesh.watch import Delete, InstanceState, Ping, Put, Reset, States, WatchEvent
+from mesh.watch import Delete, InstanceState, Ping, Put, Reset, Routers, States, WatchEvent
 from registry.service import Registry
 from registry.store import Change
 
@@ -23,10 +27,12 @@ log = logging.getLogger("agentreach.registry.watch")
 
 
 class Subscription:
-    """One follower's queue; overflowing it ends the stream (the follower resumes by revision)."""
+    """One follower's queue; overflowing it ends the stream (the follower resumes by revision).
+    ``router_id`` names a router, live while this stream is open."""
 
-    def __init__(self, hub: WatchHub, limit: int):
+    def __init__(self, hub: WatchHub, limit: int, router_id: str | None = None):
         self._hub = hub
+        self.router_id = router_id
         self._queue: asyncio.Queue[WatchEvent | None] = asyncio.Queue(limit)
 
     def offer(self, event: WatchEvent) -> None:
@@ -52,8 +58,14 @@ class Subscription:
 
 class WatchHub:
     def __init__(self, registry: Registry, *, history: int = 10_000, tick: float = 0.5,
-                 queue_limit: int = 100_000):
+                 queue_limit: int = 100_000, node_id: str = "local"):
         self._registry = registry
+        self.node_id = node_id
+        # Open streams per router id here (a router reconnecting may briefly hold two), and the routers
+        # that follow other registry nodes, by node.
+        self._local_routers: Counter[str] = Counter()
+        self._peer_routers: dict[str, frozenset[str]] = {}
+        self._announced: list[str] = []
         self._history: deque[Change] = deque(maxlen=history)
         self._subscribers: list[Subscription] = []
         self._tick = tick
@@ -104,9 +116,10 @@ class WatchHub:
                 changed[agent_id] = self._states[agent_id] = state
         return changed
 
-    def subscribe(self, since: int | None = None) -> Subscription:
-        """Start a follower: the changes after ``since`` if the hub still has them, else a full reset."""
-        subscription = Subscription(self, self._queue_limit)
+    def subscribe(self, since: int | None = None, router_id: str | None = None) -> Subscription:
+        """Start a follower: the changes after ``since`` if the hub still has them, else a full reset;
+        then the live routers (``router_id`` among them while this stream is open)."""
+        subscription = Subscription(self, self._queue_limit, router_id)
         revision = self._registry.store.revision
         oldest = self._history[0].revision if self._history else revision + 1
         if since is not None and since <= revision and since >= oldest - 1:
@@ -119,11 +132,52 @@ class WatchHub:
                        for key, value in self._registry.store.snapshot().items()}
             subscription.offer(Reset(revision=revision, records=records, states=self.current_states()))
         self._subscribers.append(subscription)
+        if router_id is not None:
+            self._local_routers[router_id] += 1
+        if not self._announce() and self._announced:
+            subscription.offer(Routers(routers=self._announced))
         return subscription
 
     def unsubscribe(self, subscription: Subscription) -> None:
-        if subscription in self._subscribers:
-            self._subscribers.remove(subscription)
+        if subscription not in self._subscribers:
+            return
+        self._subscribers.remove(subscription)
+        router_id = subscription.router_id
+        if router_id is not None:
+            self._local_routers[router_id] -= 1
+            if not self._local_routers[router_id]:
+                del self._local_routers[router_id]
+            self._announce()
+
+    def local_routers(self) -> frozenset[str]:
+        """The routers whose watch stream is open on this hub now."""
+        return frozenset(self._local_routers)
+
+    def set_peer_routers(self, node_id: str, routers: frozenset[str]) -> None:
+        """The routers following another registry node, as that node last said."""
+        self._peer_routers[node_id] = routers
+        self._announce()
+
+    def forget_peer(self, node_id: str) -> None:
+        """A registry node that left: its routers no longer count (they follow another node, or died)."""
+        if self._peer_routers.pop(node_id, None) is not None:
+            self._announce()
+
+    def routers(self) -> dict[str, str]:
+        """Every live router's id -> the node whose feed it follows (this node wins a tie)."""
+        found = {router_id: node_id for node_id, routers in self._peer_routers.items() for router_id in routers}
+        found.update(dict.fromkeys(self._local_routers, self.node_id))
+        return found
+
+    def _announce(self) -> bool:
+        """Publish the live routers if they changed since last published; whether they had."""
+        current = sorted(self.routers())
+        if current == self._announced:
+            return False
+        self._announced = current
+        log.info("live routers changed", extra={"routers": current, "node": self.node_id})
+        self._publish(Routers(routers=current))
+        return True
 
     def _event(self, change: Change) -> Put | Delete:
         if change.value is None:

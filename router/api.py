@@ -299,7 +299,8 @@ async def completions(request: web.Request) -> web.Response:
 async def healthz(request: web.Request) -> web.Response:
     mirror = request.app[ROUTER_KEY].mirror
     return json_response({"status": "ok", "registry_synced": mirror.synced, "revision": mirror.revision,
-                          "capabilities": len(mirror.capability_names())})
+                          "capabilities": len(mirror.capability_names()), "router_id": mirror.router_id,
+                          "routers": len(mirror.routers), "limit_share": mirror.limit_share})
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -112,7 +112,7 @@ class Router:
         self.semantic = semantic
         self.forwarder = forwarder
         self.settings = settings
-        self.book = InstanceBook()
+        self.book = InstanceBook(self.limit_share)
         self.observer = Observer(self.book)
         self.sticky = StickyTable()
         self.ledger = ReachLedger(period_seconds=settings.period_seconds, alert=settings.alert)
@@ -120,11 +120,15 @@ class Router:
         self.traces = TraceStore(successes_per_second=settings.traced_successes_per_second)
         # Set by the server when it keeps an audit trail: every call, refusals included, gets a row.
         self.audit: AuditLog | None = None
-        self.client_limits = ClientLimits()
+        self.client_limits = ClientLimits(self.limit_share)
         self._timed_out: OrderedDict[str, tuple[str, str, str]] = OrderedDict()
         # Out of descriptors, every call fails alike: one log line per interval, not one per call.
         self._short_of_resources = Throttle()
         self._rng = rng or random.Random()
+
+    def limit_share(self) -> float:
+        """This router's fraction of every client rate and instance max_qps: 1 / live routers."""
+        return self.mirror.limit_share
 
     async def call(self, frame: RequestFrame, caller: Caller | Unauthenticated | None = None,
                    parent: ParentSpan | None = None) -> CallResult:
@@ -203,8 +207,11 @@ class Router:
         wait = self.client_limits.retry_after(caller.client_id, caller.rate_limit_qps, started)
         if wait is None:
             return None
+        routers = len(self.mirror.routers)
+        shared = f" ({routers} routers share it: this one admits {caller.rate_limit_qps * self.limit_share():.3g}/s)" \
+            if routers > 1 else ""
         return Refusal(code=ErrorCode.BUSY, decision="rate_limited", retry_after=wait,
-                       message=f"Client {caller.client_id} is over its {caller.rate_limit_qps:g} calls/s; "
+                       message=f"Client {caller.client_id} is over its {caller.rate_limit_qps:g} calls/s{shared}; "
                                f"retry in {wait} s")
 
     def _refuse(self, frame: RequestFrame, refusal: Refusal, caller: Caller | Unauthenticated,

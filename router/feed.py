@@ -16,9 +16,10 @@ log = logging.getLogger("agentreach.router.feed")
 
 
 async def follow_hub(hub: WatchFeed, mirror: RegistryMirror) -> None:
-    """In-process: read the hub's events directly; resubscribe from our revision if dropped."""
+    """In-process: read the hub's events directly; resubscribe from our revision if dropped. The router
+    names itself, so it counts among the live routers while it follows."""
     while True:
-        async for event in hub.subscribe(mirror.revision if mirror.synced else None):
+        async for event in hub.subscribe(mirror.revision if mirror.synced else None, router_id=mirror.router_id):
             mirror.apply(event)
         await asyncio.sleep(0)
 
@@ -29,13 +30,14 @@ async def follow_http(session: aiohttp.ClientSession, registries: Failover | str
     from it or the next (one that does not know the revision answers with a reset); keep the last
     view meanwhile. Each break backs that registry off, so a dead one is skipped while another answers.
 
+    The router names itself (``router``), so it counts among the live routers while its stream is open.
     The feed carries credentials' digests, so the registry serves it to the admin key only."""
     registries = registries if isinstance(registries, Failover) else Failover(registries)
     headers = {API_KEY_HEADER: admin_key} if admin_key else {}
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=2, sock_read=15)
     while True:
         registry_url = registries.order()[0]
-        params = {"since": str(mirror.revision)} if mirror.synced else {}
+        params = {"router": mirror.router_id, **({"since": str(mirror.revision)} if mirror.synced else {})}
         error: Exception | None = None
         try:
             async with session.get(f"{registry_url}/watch", params=params, headers=headers,

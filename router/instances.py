@@ -3,11 +3,11 @@ buckets, breakers and passive ejections. Only the router's own traffic changes t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from mesh.policy import BreakerConfig
 from router.breaker import BreakerState, CircuitBreaker
-from router.ratelimit import TokenBucket
+from router.ratelimit import SharedBuckets, TokenBucket, whole_share
 
 EJECT_BASE_SECONDS = 2.0
 EJECT_MAX_SECONDS = 60.0
@@ -31,17 +31,16 @@ class Ejection:
 
 
 class InstanceBook:
-    def __init__(self) -> None:
+    def __init__(self, share: Callable[[], float] = whole_share) -> None:
+        """``share``: this router's fraction of every instance's ``max_qps`` (1 / live routers)."""
         self.inflight: dict[str, int] = {}
-        self._buckets: dict[str, TokenBucket] = {}
+        self._buckets = SharedBuckets(share)
         self._breakers: dict[tuple[str, str], CircuitBreaker] = {}
         self._ejections: dict[str, Ejection] = {}
 
     def bucket(self, agent_id: str, max_qps: float) -> TokenBucket:
-        bucket = self._buckets.get(agent_id)
-        if bucket is None or bucket.rate != max_qps:
-            bucket = self._buckets[agent_id] = TokenBucket(max_qps)
-        return bucket
+        """The instance's bucket at this router's share of its ``max_qps``."""
+        return self._buckets.get(agent_id, max_qps)
 
     def breaker(self, scope: str, name: str, config: BreakerConfig) -> CircuitBreaker:
         """The breaker of an instance (scope = capability) or of a capability (scope = "")."""
@@ -70,8 +69,7 @@ class InstanceBook:
 
     def forget(self, live: set[str]) -> None:
         """Drop what belongs to instances that left the registry."""
-        for agent_id in [a for a in self._buckets if a not in live]:
-            del self._buckets[agent_id]
+        self._buckets.forget(live)
         for key in [k for k in self._breakers if k[0] and k[1] not in live]:
             del self._breakers[key]
         for agent_id in [a for a in self._ejections if a not in live]:

@@ -69,6 +69,11 @@ class RouterCollector(Collector):
         yield alerts
         yield GaugeMetricFamily("agentreach_router_registry_revision", "Registry revision the router has seen",
                                 value=router.mirror.revision)
+        yield GaugeMetricFamily("agentreach_router_peers", "Live routers sharing the limits, this one included",
+                                value=len(router.mirror.routers))
+        yield GaugeMetricFamily("agentreach_router_limit_share",
+                                "Fraction of every client rate and instance max_qps this router admits",
+                                value=router.mirror.limit_share)
         yield CounterMetricFamily("agentreach_router_traces_sampled_out",
                                   "Successful calls not traced: over the traced successes per second",
                                   value=router.traces.sampled_out)

@@ -1,10 +1,14 @@
 """The router's copy of registry state, built from watch events; the call path reads only this.
 
 The router never asks the registry per call: it follows the registry's watch feed (in process or
-over HTTP) and keeps routing on its last view when the feed is interrupted.
+over HTTP) and keeps routing on its last view when the feed is interrupted. The feed also says
+which routers are live, and so this router's share of every limit.
 """
 
 from __future__ import annotations
+
+import os
+import socket
 
 import msgspec
 from agent_reach.registration import Capability
@@ -14,7 +18,8 @@ from mesh.alerts import AlertConfig
 from mesh.keyspace import KeySpace
 from mesh.policy import Policy
 from mesh.records import InstanceRecord, instance_id
-from mesh.watch import Delete, InstanceState, Ping, Put, Reset, States, WatchEvent
+from mesh.watch import Delete, InstanceState, Ping, Put, Reset, Routers, States, WatchEvent
+from router.ratelimit import limit_share
 
 UNKNOWN_STATE = InstanceState("pending", 0.0, None)
 
@@ -27,8 +32,20 @@ class Offer(msgspec.Struct, frozen=True):
     state: InstanceState
 
 
+def new_router_id() -> str:
+    """Unique per router process (a restarted router is a new member; the old id leaves with its stream),
+    and always a valid id on the feed (mesh.watch.valid_router_id), whatever the host is called."""
+    host = "".join(char for char in socket.gethostname() if "!" <= char <= "~")[:64] or "router"
+    return f"{host}-{os.getpid()}-{os.urandom(3).hex()}"
+
+
 class RegistryMirror:
-    def __init__(self) -> None:
+    def __init__(self, router_id: str | None = None) -> None:
+        """``router_id``: how this router announces itself on the feed (made up when not given)."""
+        self.router_id = router_id or new_router_id()
+        # The live routers (this one always among them) and this router's share of every limit.
+        self.routers = frozenset({self.router_id})
+        self.limit_share = 1.0
         self.revision = 0
         self.synced = False
         self.keys = KeySpace()
@@ -51,6 +68,9 @@ class RegistryMirror:
         return self.keys.auth
 
     def apply(self, event: WatchEvent) -> None:
+        if isinstance(event, Routers):
+            self._routers(event)
+            return
         if not isinstance(event, Ping):
             self._offer_lists.clear()
         if isinstance(event, Reset):
@@ -75,6 +95,12 @@ class RegistryMirror:
         self.states = dict(event.states)
         self.revision = event.revision
         self.synced = True
+
+    def _routers(self, event: Routers) -> None:
+        """Kept across resets and breaks in the feed: the last word on who else is live. This router
+        counts even before the registry has heard of it, so its share is never above its due."""
+        self.routers = frozenset(event.routers) | {self.router_id}
+        self.limit_share = limit_share(len(self.routers))
 
     def _forget_state(self, key: str) -> None:
         """A changed instance record starts over (pending) until the registry sends its state again."""

@@ -1,0 +1,202 @@
+"""Limits that hold across routers (issue 13 point 4): each router announces itself on the registry's
+watch feed and enforces its share (1 / live routers) of every client rate and instance max_qps.
+
+Real registries and routers on 127.0.0.1: one router follows the registry in process (as in
+`agentreach up`), the other over `GET /watch` (as `agentreach router --registry URL`).
+
+The load tests bound what the mesh admits by what a single bucket of the whole limit could: at most
+``rate * window + burst``, where the window runs from before the first call was sent to after the
+last answer came back (every router stamps its calls inside it, on the same monotonic clock). Before
+the share, both routers admitted the whole limit each: with rate 4, the first 200 calls alternating
+between them in 0.04 s had 8 admitted against a bound of 4.2 (run against the old code), and over a
+longer window about twice the bound. The lower bound (the routers' starting bursts) holds whatever
+the machine's speed, so a router refusing everything fails the test too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+
+from conftest import wait_for
+from mesh.watch import Ping, Reset, Routers, decode_event, encode_event
+from router.mirror import RegistryMirror
+from router.ratelimit import TokenBucket
+from router_support import Answer, Mesh, StartMesh, run_load
+
+RATE = 4  # calls per second, mesh-wide: each of two routers admits 2/s from a burst of 2
+LOAD_SECONDS = 1.5
+
+
+async def two_routers(start_mesh: StartMesh, **options: Any) -> tuple[Mesh, Mesh]:
+    """A router in process and one over HTTP, on one registry, each knowing of the other."""
+    first = await start_mesh(**options)
+    second = await start_mesh(follow="http", registry=first.registry, **options)
+    await both_see(first, second, routers=2)
+    return first, second
+
+
+async def both_see(*meshes: Mesh, routers: int) -> None:
+    def shared() -> bool:
+        return all(len(mesh.router.mirror.routers) == routers for mesh in meshes)
+    await wait_for(shared, timeout=10, what=f"every router to count {routers} live routers")
+
+
+async def load(meshes: list[Mesh], call: Callable[[Mesh], Awaitable[Answer]]) -> tuple[int, float]:
+    """Calls alternating between the routers for a while: (calls admitted, the window's seconds)."""
+    turns = itertools.cycle(meshes)
+    began = time.monotonic()
+    answers = await run_load(lambda: call(next(turns)), until=lambda: time.monotonic() - began >= LOAD_SECONDS,
+                             concurrency=2)
+    window = time.monotonic() - began
+    statuses = {answer.status for _, answer in answers}
+    assert statuses <= {200, 429}, statuses
+    return sum(answer.status == 200 for _, answer in answers), window
+
+
+async def test_two_routers_admit_a_clients_rate_once_between_them(start_mesh: StartMesh, start_agent):
+    first, second = await two_routers(start_mesh, auth=True)
+    agent = await start_agent("echo-1")
+    await first.add(agent, "echo")
+    await wait_for(lambda: "echo-1" in second.router.mirror.states, what="the second router to see echo-1")
+    client = await first.new_client(["echo"], rate_limit_qps=RATE)
+    await wait_for(lambda: second.router.mirror.auth.client_by_api_key(client["api_key"]) is not None,
+                   what="the second router to learn the client")
+    headers = {"X-API-Key": client["api_key"]}
+    admitted, window = await load([first, second], lambda mesh: mesh.call("echo", headers=headers))
+    assert RATE <= admitted <= RATE * window + RATE, (admitted, window)
+    assert agent.calls == admitted
+    refused = await first.call("echo", headers=headers)
+    if refused.status == 429:  # a token may have come back since the load stopped
+        assert "2 routers share it: this one admits 2/s" in refused.body["error_message"]
+
+
+async def test_two_routers_send_an_instance_its_max_qps_once_between_them(start_mesh: StartMesh, start_agent):
+    first, second = await two_routers(start_mesh)
+    agent = await start_agent("capped")
+    await first.add(agent, "echo", metadata={"max_qps": RATE})
+    await wait_for(lambda: "capped" in second.router.mirror.states, what="the second router to see the instance")
+    admitted, window = await load([first, second], lambda mesh: mesh.call("echo"))
+    assert RATE <= admitted <= RATE * window + RATE, (admitted, window)
+    assert agent.calls == admitted
+    # Each router's bucket is half the instance's: rate 2, burst 2.
+    assert {mesh.router.book.bucket("capped", RATE).rate for mesh in (first, second)} == {RATE / 2}
+
+
+async def router_status(mesh: Mesh) -> tuple[dict[str, Any], dict[str, float]]:
+    """GET /healthz, and the share gauges of GET /metrics."""
+    health = await mesh.get("/healthz")
+    gauges = {}
+    for line in (await mesh.get("/metrics")).splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("agentreach_router_limit_share", "agentreach_router_peers"):
+            gauges[name] = float(value)
+    return health, gauges
+
+
+async def test_a_router_that_stops_gives_its_share_back_and_the_shares_are_shown(start_mesh: StartMesh):
+    first, second = await two_routers(start_mesh)
+    hub = first.registry.hub
+    assert hub is not None
+    ids = {first.router.mirror.router_id, second.router.mirror.router_id}
+    assert hub.local_routers() == ids and hub.routers() == dict.fromkeys(ids, "local")
+    health, gauges = await router_status(second)
+    assert health["router_id"] == second.router.mirror.router_id
+    assert (health["routers"], health["limit_share"]) == (2, 0.5)
+    assert gauges == {"agentreach_router_limit_share": 0.5, "agentreach_router_peers": 2}
+    # The router over HTTP stops: the registry sees its stream end, and the other gets the whole limit.
+    await second.router_server.stop()
+    await wait_for(lambda: first.router.mirror.limit_share == 1.0, timeout=15,
+                   what="the remaining router's share to return to 1")
+    assert hub.local_routers() == {first.router.mirror.router_id}
+    assert (await router_status(first))[1] == {"agentreach_router_limit_share": 1.0, "agentreach_router_peers": 1}
+    # A new router joins; then the in-process one stops (its subscription ends with its task).
+    third = await start_mesh(follow="http", registry=first.registry)
+    await both_see(first, third, routers=2)
+    await first.router_server.stop()
+    await wait_for(lambda: third.router.mirror.limit_share == 1.0, timeout=15,
+                   what="the new router's share to return to 1")
+    assert hub.local_routers() == {third.router.mirror.router_id}
+
+
+async def read_event(response) -> Any:
+    """The next event of a watch stream that is not a ping."""
+    while True:
+        event = decode_event(await asyncio.wait_for(response.content.readline(), timeout=15))
+        if not isinstance(event, Ping):
+            return event
+
+
+async def next_routers(response) -> list[str]:
+    while not isinstance(event := await read_event(response), Routers):
+        pass
+    return event.routers
+
+
+async def test_the_feed_announces_routers_as_they_follow_and_leave(registry, http):
+    hub = registry.hub
+    async with http.get(f"{registry.url}/watch", params={"router": "r-1"}) as router:
+        assert isinstance(await read_event(router), Reset)
+        assert await read_event(router) == Routers(routers=["r-1"])
+        async with http.get(f"{registry.url}/watch") as plain:
+            # A follower that names no router does not count, and is told who does after its reset.
+            assert isinstance(await read_event(plain), Reset)
+            assert await read_event(plain) == Routers(routers=["r-1"])
+            # Routers following another registry node, as the node-to-node channel reports them.
+            hub.set_peer_routers("node-2", frozenset({"r-9", "r-1"}))
+            assert hub.routers() == {"r-1": "local", "r-9": "node-2"}
+            assert await next_routers(router) == await next_routers(plain) == ["r-1", "r-9"]
+            hub.set_peer_routers("node-2", frozenset({"r-9", "r-1"}))  # no change: nothing published
+            hub.forget_peer("node-2")
+            assert await next_routers(router) == await next_routers(plain) == ["r-1"]
+            await router.release()
+            assert await next_routers(plain) == []
+            assert hub.local_routers() == frozenset()
+
+
+async def test_a_router_id_must_be_visible_ascii_and_at_most_128(registry, http):
+    for bad in ("", "has space", "caf\u00e9", "tab\there", "x" * 129):
+        async with http.get(f"{registry.url}/watch", params={"router": bad}) as response:
+            body = await response.json()
+            assert response.status == 400, bad
+            assert (body["error"], body["field"]) == ("invalid_field", "router") and body["message"]
+    assert registry.hub.routers() == {}
+    longest = "x" * 128
+    async with http.get(f"{registry.url}/watch", params={"router": longest}) as response:
+        assert response.status == 200
+        assert await next_routers(response) == [longest]
+
+
+def test_the_routers_event_keeps_its_line_both_ways():
+    event = Routers(routers=["host-1-a1b2c3", "host-2-d4e5f6"])
+    line = b'{"type":"routers","routers":["host-1-a1b2c3","host-2-d4e5f6"]}\n'
+    assert encode_event(event) == line
+    assert decode_event(line[:-1]) == event
+    assert json.loads(line) == msgspec.to_builtins(event) | {"type": "routers"}
+
+
+def test_a_router_always_counts_itself_and_keeps_the_routers_through_a_reset():
+    mirror = RegistryMirror("me")
+    assert (mirror.routers, mirror.limit_share) == ({"me"}, 1.0)
+    mirror.apply(Routers(routers=["a", "b", "c"]))  # not yet told of itself: still one of four
+    assert (mirror.routers, mirror.limit_share) == ({"a", "b", "c", "me"}, 0.25)
+    mirror.apply(Routers(routers=[]))
+    assert mirror.limit_share == 1.0
+
+
+def test_a_share_moving_back_and_forth_gives_no_extra_burst():
+    bucket = TokenBucket(4)
+    assert all(bucket.try_take(0.0) for _ in range(4)) and not bucket.try_take(0.0)
+    bucket.retune(2)
+    bucket.retune(4)
+    assert bucket.burst == 4 and not bucket.try_take(0.0)
+    # Full again after a while, then halved: the burst is cut, not kept.
+    assert bucket.available(10.0) == 4
+    bucket.retune(0.5)
+    assert (bucket.burst, bucket.available(10.0)) == (1.0, 1.0)
