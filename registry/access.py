@@ -8,6 +8,8 @@ the admin-only watch feed (``opened``).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import time
 from collections.abc import Callable
@@ -145,6 +147,11 @@ class Access:
         if self._kek is None:
             raise RuntimeError("ensure_secrets() must run before tokens are written or fed")
         return self._kek
+
+    def node_key(self) -> bytes:
+        """What registry nodes sign their node-to-node messages with (registry/gossip.py): derived from
+        secrets.key, which every node of a cluster shares already, so it opens nothing else."""
+        return hmac.new(self._secrets_key(), b"agentreach node-to-node v1", hashlib.sha256).digest()
 
     def ensure_secrets(self, data_dir: Path) -> None:
         """Load the key-encryption key (made on first start) and check that it opens every sealed

@@ -22,6 +22,7 @@ from mesh.watch import ROUTER_ID_MAX, encode_event, valid_router_id
 from registry.access import Access, admin_key_path
 from registry.cluster import Membership, SoleNode
 from registry.gate import Gate
+from registry.gossip import SIGNATURE_HEADER
 from registry.health import HealthChecker
 from registry.metrics import metrics_registry, render
 from registry.service import Registry
@@ -42,6 +43,8 @@ METRICS_KEY = web.AppKey("metrics", CollectorRegistry)
 # Set only when the registry has a watch feed / keeps admin.key where the API may rotate it.
 HUB_KEY = web.AppKey("hub", WatchHub)
 DATA_DIR_KEY = web.AppKey("data_dir", Path)
+# On every answer of a node that cannot reach etcd: seconds since its view was last known current.
+STALE_HEADER = "X-AgentReach-View-Stale"
 CLUSTER_KEY = web.AppKey("cluster", Membership)
 
 
@@ -118,7 +121,28 @@ async def healthz(request: web.Request) -> web.Response:
         problem = error_body("storage_unavailable", f"The registry cannot store changes: {storage.problem}")
         return json_response({"status": "unavailable", **problem, "since": storage.since, "revision": store.revision},
                              503)
+    stale = request.app[CLUSTER_KEY].stale_seconds()
+    if stale is not None:
+        problem = error_body("view_stale", f"This registry node has not reached etcd for {stale:.1f}s: what it "
+                             "knows may be out of date; ask another node")
+        return json_response({"status": "stale", **problem, "stale_seconds": stale, "revision": store.revision}, 503)
     return json_response({"status": "ok", "revision": store.revision})
+
+
+async def gossip(request: web.Request) -> web.Response:
+    """Soft state from another registry node, signed with the cluster's node key (registry/gossip.py)."""
+    request.app[CLUSTER_KEY].hear(await request.read(), request.headers.get(SIGNATURE_HEADER))
+    return web.Response(status=204)
+
+
+@web.middleware
+async def stale_view_header(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every answer from a node cut off from etcd says how stale its view may be."""
+    response = await handler(request)
+    stale = request.app[CLUSTER_KEY].stale_seconds()
+    if stale is not None and not response.prepared:
+        response.headers[STALE_HEADER] = f"{stale:.1f}"
+    return response
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -169,6 +193,10 @@ async def watch(request: web.Request) -> web.StreamResponse:
     hub = request.app.get(HUB_KEY)
     if hub is None:
         raise ApiError(404, "not_found", "This registry has no watch feed")
+    stale = request.app[CLUSTER_KEY].stale_seconds()
+    if stale is not None:
+        raise ApiError(503, "view_stale", f"This registry node has not reached etcd for {stale:.1f}s; follow "
+                       "another node")
     since, router_id = since_revision(request), announced_router(request)
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
     await response.prepare(request)
@@ -243,7 +271,8 @@ async def rotate_admin_key(request: web.Request) -> web.Response:
 
 OPEN: list[tuple[str, str, Handler]] = [
     ("POST", "/register", register), ("POST", "/heartbeat", heartbeat), ("POST", "/deregister", deregister),
-    ("POST", "/query", query), ("GET", "/healthz", healthz), ("GET", "/metrics", metrics)]
+    ("POST", "/query", query), ("GET", "/healthz", healthz), ("GET", "/metrics", metrics),
+    ("POST", "/cluster/gossip", gossip)]
 ADMIN_ONLY: list[tuple[str, str, Handler]] = [
     ("GET", "/agents", agents), ("GET", "/agents/{agent_id}", agent),
     ("GET", "/policies", policies), ("GET", "/policies/{capability}", get_policy),
@@ -263,10 +292,10 @@ def create_app(registry: Registry, checker: HealthChecker | None = None, hub: Wa
                max_body: int = DEFAULT_MAX_BODY, auth: bool = True, data_dir: Path | None = None,
                membership: Membership | None = None) -> web.Application:
     """``data_dir`` (where admin.key lives) enables rotating the admin key over the API."""
-    app = web.Application(middlewares=[registry_errors], client_max_size=max_body)
+    app = web.Application(middlewares=[stale_view_header, registry_errors], client_max_size=max_body)
     gate = Gate(registry.state.auth, auth)
     app[REGISTRY_KEY] = registry
-    app[CLUSTER_KEY] = membership if membership is not None else SoleNode(registry, url="")
+    app[CLUSTER_KEY] = membership if membership is not None else SoleNode(registry, hub, url="")
     app[GATE_KEY] = gate
     app[METRICS_KEY] = metrics_registry(registry, checker)
     if hub is not None:

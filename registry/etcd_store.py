@@ -69,6 +69,8 @@ class EtcdStore(Records):
         self._watching: asyncio.Task[None] | None = None
         self._probing: asyncio.Task[None] | None = None
         self._opened = False
+        # etcd's revision up to which every change under the prefix is in memory (the watch resumes after it).
+        self._seen = 0
 
     @property
     def health(self) -> WalHealth:
@@ -107,7 +109,10 @@ class EtcdStore(Records):
         changed = [Change(key, value, read.header.revision) for key, value in items.items()
                    if self._items.get(key) != value]
         self._items = items
-        self.revision = read.header.revision
+        # Only the records' own revisions: the cluster's keys (registry/etcd_cluster.py) share etcd's revision
+        # counter, and a follower resuming at another node must find the same number there.
+        self.revision = max((kv.mod_revision for kv in read.kvs), default=0)
+        self._seen = read.header.revision
         for change in gone + changed:
             self._tell(change)
         self._wake()
@@ -140,7 +145,7 @@ class EtcdStore(Records):
         # "fragment": etcd splits a large batch of events into parts of at most its request size, so one
         # line stays bounded (_MAX_WATCH_LINE) however many changes land at once.
         body = {"create_request": {"key": b64(self._prefix), "range_end": prefix_end(self._prefix),
-                                   "start_revision": self.revision + 1, "fragment": True}}
+                                   "start_revision": self._seen + 1, "fragment": True}}
         endpoint = self.etcd.endpoint()
         # No total timeout: the stream is meant to stay open; only connecting is bounded.
         streaming = aiohttp.ClientTimeout(total=None, sock_connect=self._timeout)
@@ -170,13 +175,13 @@ class EtcdStore(Records):
             value = base64.b64decode(event.kv.value)
             self._items[key] = value
             change = Change(key, value, event.kv.mod_revision)
-        self.revision = event.kv.mod_revision
+        self.revision = self._seen = event.kv.mod_revision
         self._tell(change)
 
     def _wake(self) -> None:
         waiting = []
         for revision, future in self._waiters:
-            if revision <= self.revision:
+            if revision <= self._seen:
                 if not future.done():
                     future.set_result(None)
             else:
@@ -185,7 +190,7 @@ class EtcdStore(Records):
 
     async def _applied(self, revision: int) -> int:
         """Wait until the watch has applied ``revision``: the caller then reads its own write."""
-        if revision > self.revision:
+        if revision > self._seen:
             future = asyncio.get_running_loop().create_future()
             self._waiters.append((revision, future))
             try:

@@ -8,8 +8,10 @@ import logging
 import aiohttp
 from agent_reach.exhaustion import Throttle, local_exhaustion
 
+from registry.cluster import Membership
 from registry.lifecycle import EvictionPlan, Status, plan_evictions, record_check
 from registry.service import Registry
+from registry.store import Fenced
 from wal import WalUnavailable
 
 log = logging.getLogger("agentreach.registry.health")
@@ -20,8 +22,9 @@ PROBE_CONCURRENCY = 64
 class HealthChecker:
     """Every ``health_interval`` seconds: probe demoted instances, then evict what the plan allows."""
 
-    def __init__(self, registry: Registry, session: aiohttp.ClientSession):
+    def __init__(self, registry: Registry, session: aiohttp.ClientSession, membership: Membership):
         self._registry = registry
+        self._membership = membership
         self._session = session
         self._probes = asyncio.Semaphore(PROBE_CONCURRENCY)
         self.guard_active = False
@@ -33,6 +36,8 @@ class HealthChecker:
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self._registry.config.health_interval)
+            if not self._membership.leads():
+                continue  # the leader sweeps for the whole cluster; its view is the global one
             try:
                 await self.sweep()
             except Exception:
@@ -83,7 +88,11 @@ class HealthChecker:
         reason = f"{self._registry.config.evict_after} failed health checks"
         for done, agent_id in enumerate(agent_ids):
             try:
-                await self._registry.evict(agent_id, reason=reason)
+                await self._registry.evict(agent_id, reason, self._membership.fence())
+            except Fenced as exc:
+                log.error("this node lost the lead while evicting; the new leader decides",
+                          extra={"problem": str(exc), "deferred": len(agent_ids) - done})
+                return
             except WalUnavailable as exc:
                 self._refused_evictions.log(log, logging.ERROR, "evictions wait until the store takes writes again",
                                             problem=str(exc), deferred=len(agent_ids) - done)

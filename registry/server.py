@@ -14,6 +14,7 @@ from aiohttp import web
 
 from registry.api import DEFAULT_MAX_BODY, create_app
 from registry.cluster import SoleNode
+from registry.etcd_cluster import EtcdMembership
 from registry.etcd_store import EtcdStore
 from registry.health import HealthChecker
 from registry.lifecycle import LifecycleConfig
@@ -42,6 +43,13 @@ class RegistrySettings(msgspec.Struct, kw_only=True):
     etcd_prefix: str = "/agentreach/"
     # How long an etcd write may take before it fails with 503 (a cluster without quorum never answers).
     etcd_timeout: float = 3.0
+    # etcd mode: this node's lease (a dead node leaves, and a dead leader is replaced, within it), seconds.
+    node_ttl: int = 5
+    # etcd mode: the URL other registry nodes reach this one at (default: http://host:port).
+    advertise_url: str | None = None
+    # etcd mode: how often the nodes' list and leader are read, and soft state is sent to the other nodes.
+    cluster_poll: float = 0.5
+    gossip_interval: float = 0.5
 
 
 class RegistryServer:
@@ -60,6 +68,7 @@ class RegistryServer:
         self._session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.hub: WatchHub | None = None
+        self.membership: SoleNode | EtcdMembership | None = None
         self.port = settings.port
         self.replay: ReplayReport | None = None
         # Set on the first start with auth on, for the caller to show once; never logged.
@@ -85,21 +94,34 @@ class RegistryServer:
         else:
             log.warning("authentication is OFF: anyone can register agents and change policies (development only)")
         self._session = aiohttp.ClientSession()
-        checker = HealthChecker(self.registry, self._session)
         self.hub = WatchHub(self.registry)
-        self.membership = SoleNode(self.registry, url="")
+        self.membership = self._membership(self.registry, self.hub)
+        checker = HealthChecker(self.registry, self._session, self.membership)
         self._tasks = [asyncio.create_task(checker.run()), asyncio.create_task(self.hub.run())]
         app = create_app(self.registry, checker, self.hub, max_body=self.settings.max_body, auth=self.settings.auth,
                          data_dir=self.settings.data_dir, membership=self.membership)
         self._runner, self.port = await listen(app, self.settings.host, self.settings.port)
-        self.membership.url = self.url
+        if isinstance(self.membership, EtcdMembership):
+            await self.membership.start(self.settings.advertise_url or self.url)
+        else:
+            self.membership.url = self.url
         log.info("registry listening", extra={"url": self.url, "data_dir": str(self.settings.data_dir),
                                              "instances": len(self.registry.state.records)})
+
+    def _membership(self, registry: Registry, hub: WatchHub) -> SoleNode | EtcdMembership:
+        settings = self.settings
+        if settings.store != "etcd":
+            return SoleNode(registry, hub, url="")
+        return EtcdMembership(registry, hub, settings.etcd_endpoints, settings.etcd_prefix,
+                              node_key=registry.access.node_key(), ttl=settings.node_ttl, poll=settings.cluster_poll,
+                              gossip_interval=settings.gossip_interval, timeout=settings.etcd_timeout)
 
     async def stop(self) -> None:
         if self._stopped:
             return
         self._stopped = True
+        if isinstance(self.membership, EtcdMembership):
+            await self.membership.stop()
         await cancel(*self._tasks)
         if self.hub is not None:
             self.hub.close()

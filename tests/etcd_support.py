@@ -9,6 +9,7 @@ import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -101,14 +102,16 @@ async def etcd_cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterato
 
 
 @pytest.fixture
-async def etcd_registry(tmp_path: Path) -> AsyncIterator[Callable[[EtcdCluster], Awaitable[RegistryServer]]]:
+async def etcd_registry(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[RegistryServer]]]:
     """Start registries in etcd mode under this test's own key prefix (one data dir: they share the
-    secrets key); each stops at teardown."""
+    secrets key), talking to every member or only to ``endpoints``; each stops at teardown."""
     async with contextlib.AsyncExitStack() as stopping:
-        async def start(cluster: EtcdCluster) -> RegistryServer:
-            server = RegistryServer(RegistrySettings(data_dir=tmp_path / "data", port=0, auth=False, store="etcd",
-                                                     etcd_endpoints=cluster.endpoints,
-                                                     etcd_prefix=f"/{tmp_path.name}/", etcd_timeout=2.0))
+        async def start(cluster: EtcdCluster, endpoints: list[str] | None = None, **knobs: Any) -> RegistryServer:
+            """``knobs``: RegistrySettings fields (node_ttl, lifecycle...) for this node."""
+            settings = {"data_dir": tmp_path / "data", "port": 0, "auth": False, "store": "etcd",
+                        "etcd_endpoints": endpoints or cluster.endpoints, "etcd_prefix": f"/{tmp_path.name}/",
+                        "etcd_timeout": 2.0, **knobs}
+            server = RegistryServer(RegistrySettings(**settings))
             await server.start()
             stopping.push_async_callback(server.stop)
             return server

@@ -23,6 +23,7 @@ from aiohttp import web
 
 from conftest import post, registration, wait_for
 from registry.api import registry_errors
+from registry.cluster import SoleNode
 from registry.health import HealthChecker
 from weblayer.reading import read_json
 
@@ -269,7 +270,7 @@ async def test_a_registry_out_of_descriptors_does_not_evict_the_agent_it_cannot_
     status, _ = await post(http, f"{registry.url}/register",
                            registration("a1", "probe.cap", base_url=agent.url, health_url=f"{agent.url}/healthz"))
     assert status == 200
-    checker = HealthChecker(registry.registry, http)
+    checker = HealthChecker(registry.registry, http, SoleNode(registry.registry, None, url=""))
     await wait_for(lambda: registry.registry.agent("a1").state == "demoted", timeout=5, what="a1 to go silent")
     with caplog.at_level(logging.ERROR, logger="agentreach.registry.health"), descriptors_exhausted():
         for _ in range(3):
