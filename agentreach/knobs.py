@@ -25,6 +25,7 @@ STORE_ENV = "AGENTREACH_STORE"
 ETCD_ENDPOINTS_ENV = "AGENTREACH_ETCD_ENDPOINTS"
 
 
+ADVERTISE_URL_ENV = "AGENTREACH_ADVERTISE_URL"
 class NoAdminKey(Exception):
     """A part that must present the admin key has none: a usage error, exit 2."""
 
@@ -77,6 +78,12 @@ def add_registry_knobs(parser: argparse.ArgumentParser) -> None:
                         help="the key prefix every record lives under (default: /agentreach/)")
 
 
+    parser.add_argument("--advertise-url", default=os.environ.get(ADVERTISE_URL_ENV), metavar="URL",
+                        help="etcd mode: the URL other registry nodes reach this one at (default: http://HOST:PORT, "
+                             f"or ${ADVERTISE_URL_ENV}); needed when listening on 0.0.0.0")
+    parser.add_argument("--node-ttl", type=int, default=5, metavar="SECONDS",
+                        help="etcd mode: this node's lease; a dead node leaves the cluster, and a dead leader is "
+                             "replaced, within it (default: 5)")
 def _etcd_endpoints(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
     """Checked here, so a typo is a usage error rather than a registry that never starts."""
     if args.store not in ("wal", "etcd"):
@@ -91,6 +98,13 @@ def _etcd_endpoints(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         parser.error("--etcd-prefix must not be empty: the registry would own every key in the cluster")
     return endpoints
 
+    if args.store == "etcd" and args.host in ("0.0.0.0", "::") and not args.advertise_url:
+        parser.error(f"--store etcd on {args.host} needs --advertise-url (or ${ADVERTISE_URL_ENV}): the URL the "
+                     "other registry nodes reach this one at")
+    if args.advertise_url and not args.advertise_url.startswith(("http://", "https://")):
+        parser.error(f"--advertise-url: {args.advertise_url!r} is not an http:// or https:// URL")
+    if not 2 <= args.node_ttl <= 600:
+        parser.error("--node-ttl must be from 2 to 600 seconds")
 
 def _positive(value: float, flag: str, parser: argparse.ArgumentParser) -> None:
     """nan compares false with everything, so it would pass a plain ``<= 0`` and stop every timer."""
@@ -115,7 +129,9 @@ def registry_settings(args: argparse.Namespace, port: int, parser: argparse.Argu
                                 evicted_max_age=args.evicted_history_hours * 3600)
     return RegistrySettings(data_dir=args.data_dir, host=args.host, port=port, lifecycle=lifecycle,
                             group_commit=args.group_commit, auth=args.auth == "on", store=args.store,
-                            etcd_endpoints=_etcd_endpoints(args, parser), etcd_prefix=args.etcd_prefix)
+                            etcd_endpoints=_etcd_endpoints(args, parser), etcd_prefix=args.etcd_prefix,
+                            advertise_url=args.advertise_url and args.advertise_url.rstrip("/"),
+                            node_ttl=args.node_ttl)
 
 
 def add_router_knobs(parser: argparse.ArgumentParser) -> None:

@@ -99,6 +99,7 @@ class EtcdMembership:
         self.gossip: Gossip | None = None
         # How many times this node took the lead, and evictions refused because it had lost it.
         self.terms_won = 0
+        self._said_stale = False
 
     # Decisions, read by the health checker, the API and /metrics.
 
@@ -133,6 +134,7 @@ class EtcdMembership:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._every(self._ttl / 3, self._keep_alive)),
                        loop.create_task(self._every(self._poll, self._look)),
+                       loop.create_task(self._every(self._poll, self._mind_staleness)),
                        loop.create_task(self._every(self._gossip_interval, self._tell_peers))]
         log.info("registry node joined the cluster", extra={"node_id": self.node_id, "url": url,
                                                              "leader": self._leader, "nodes": len(self.nodes)})
@@ -228,6 +230,18 @@ class EtcdMembership:
             self.terms_won += 1
             log.warning("this node leads the cluster now: it runs the health sweep and evictions",
                         extra={"node_id": self.node_id, "term": self._term})
+
+    async def _mind_staleness(self) -> None:
+        """Going stale ends every watch stream here, so routers move to a node that knows more (this one
+        refuses new streams until it is current again)."""
+        stale = self.stale_seconds()
+        if stale is not None and not self._said_stale:
+            log.error("this registry node cannot reach etcd: its view may be stale; watch streams ended",
+                      extra={"node_id": self.node_id, "stale_seconds": stale})
+            self._hub.end_streams()
+        elif stale is None and self._said_stale:
+            log.warning("this registry node reaches etcd again: its view is current", extra={"node_id": self.node_id})
+        self._said_stale = stale is not None
 
     def hear(self, body: bytes, signature: str | None) -> None:
         if self.gossip is None:

@@ -80,6 +80,10 @@ class WatchHub:
         self._unwatch()
         self._registry.revived.remove(self._publish_revived)
         for subscription in list(self._subscribers):
+        self.end_streams()
+
+    def end_streams(self) -> None:
+        """End every follower's stream: they resume from their revision, here or at another node."""
             subscription.end()
 
     def _state_of(self, agent_id: str, now: float) -> InstanceState | None:

@@ -3,6 +3,7 @@ and a node cut off from etcd that says so. Real 3-member etcd, real registry nod
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -121,6 +122,8 @@ async def test_a_node_cut_off_from_etcd_stops_leading_and_says_its_view_is_stale
     cut_off = await etcd_registry(cluster, [link.url], **FAST)
     await wait_for(lambda: membership(cut_off).leads(), what="the only node leads")
     other = await etcd_registry(cluster, **FAST)
+    following = await http.get(f"{cut_off.url}/watch")
+    assert following.status == 200 and await following.content.readline()  # the reset
     await link.cut()
     await wait_for(lambda: not membership(cut_off).leads(), timeout=10, what="the cut-off node stops leading")
     await wait_for(lambda: membership(other).leads(), timeout=15, what="the other node leads once the lease ran out")
@@ -137,5 +140,10 @@ async def test_a_node_cut_off_from_etcd_stops_leading_and_says_its_view_is_stale
         assert response.status == 503 and (await response.json())["error"] == "view_stale"
     async with http.get(f"{other.url}/agents") as response:
         assert response.status == 200 and "X-AgentReach-View-Stale" not in response.headers
+    async def stream_ended() -> None:
+        while line := await following.content.readline():
+            assert line.strip()  # pings and states until the stream ends
+    await asyncio.wait_for(stream_ended(), 10)  # the open watch stream ends, so its router moves
+    following.release()
     await link.restore()
     await wait_for(lambda: membership(cut_off).stale_seconds() is None, timeout=15, what="current again")
