@@ -84,6 +84,7 @@ class WatchHub:
 
     def end_streams(self) -> None:
         """End every follower's stream: they resume from their revision, here or at another node."""
+        for subscription in list(self._subscribers):
             subscription.end()
 
     def _state_of(self, agent_id: str, now: float) -> InstanceState | None:

@@ -39,7 +39,10 @@ async def etcd_revision(http: aiohttp.ClientSession, cluster: EtcdCluster) -> in
         return decode(await response.read(), Range).header.revision
 
 
-async def test_one_leader_and_every_node_listed(etcd_cluster: Callable[[], Awaitable[EtcdCluster]], etcd_registry: Start,
+Etcd = Callable[[], Awaitable[EtcdCluster]]
+
+
+async def test_one_leader_and_every_node_listed(etcd_cluster: Etcd, etcd_registry: Start,
                                                http: aiohttp.ClientSession) -> None:
     cluster = await etcd_cluster()
     first, second = await etcd_registry(cluster, **FAST), await etcd_registry(cluster, **FAST)
@@ -77,7 +80,7 @@ async def test_a_heartbeat_at_one_node_keeps_the_instance_healthy_at_every_node(
     assert (found["instances"][0]["state"], found["instances"][0]["load"]) == ("healthy", 0.7)
 
 
-async def test_heartbeats_write_nothing_to_etcd(etcd_cluster: Callable[[], Awaitable[EtcdCluster]], etcd_registry: Start,
+async def test_heartbeats_write_nothing_to_etcd(etcd_cluster: Etcd, etcd_registry: Start,
                                                 http: aiohttp.ClientSession) -> None:
     """etcd's write rate follows state changes only: a few hundred heartbeats at two nodes, no revision."""
     cluster = await etcd_cluster()
@@ -115,7 +118,7 @@ async def test_a_node_that_lost_the_lead_cannot_evict(etcd_cluster: Callable[[],
 
 
 async def test_a_node_cut_off_from_etcd_stops_leading_and_says_its_view_is_stale(
-        etcd_cluster: Callable[[], Awaitable[EtcdCluster]], etcd_registry: Start, relay: Callable[[int], Awaitable[Relay]],
+        etcd_cluster: Etcd, etcd_registry: Start, relay: Callable[[int], Awaitable[Relay]],
         http: aiohttp.ClientSession) -> None:
     cluster = await etcd_cluster()
     link = await relay(cluster.client_ports[0])
