@@ -79,7 +79,6 @@ class WatchHub:
     def close(self) -> None:
         self._unwatch()
         self._registry.revived.remove(self._publish_revived)
-        for subscription in list(self._subscribers):
         self.end_streams()
 
     def end_streams(self) -> None:
