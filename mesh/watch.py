@@ -1,10 +1,10 @@
 """The watch feed's events and their JSON-lines codec: what the registry publishes and routers follow.
 
 A follower gets a full ``Reset``, then every committed change (``Put`` / ``Delete``, with the store
-revision), ``States`` for soft state (status, load, in-flight) that changed, ``Routers`` when the
-set of routers following the mesh changed (each enforces its share of every limit), and a ``Ping``
-when the feed is quiet. In process the events travel as objects (``WatchFeed``); over HTTP each is one
-line of ``GET /watch``.
+revision), ``States`` for soft state (status, load, in-flight) that changed, ``Routers`` (to a
+follower that named itself a router) when the set of routers following the mesh changed (each
+enforces its share of every limit), and a ``Ping`` when the feed is quiet. In process the events
+travel as objects (``WatchFeed``); over HTTP each is one line of ``GET /watch``.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ since the last tick.
 
 The hub also knows which routers follow the mesh: a follower that names itself (`router_id`) is a
 live router while its stream is open here, and the routers following other registry nodes are told
-to it (``set_peer_routers``). Every change of that set is published as a ``Routers`` event.
+to it (``set_peer_routers``). Every change of that set is published as a ``Routers`` event, to the
+routers only: a follower that names no router (an older router among them) gets the feed as before.
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ class WatchHub:
 
     def subscribe(self, since: int | None = None, router_id: str | None = None) -> Subscription:
         """Start a follower: the changes after ``since`` if the hub still has them, else a full reset;
-        then the live routers (``router_id`` among them while this stream is open)."""
+        for a router, then the live routers (``router_id`` among them while this stream is open)."""
         subscription = Subscription(self, self._queue_limit, router_id)
         revision = self._registry.store.revision
         oldest = self._history[0].revision if self._history else revision + 1
@@ -138,7 +139,7 @@ class WatchHub:
         self._subscribers.append(subscription)
         if router_id is not None:
             self._local_routers[router_id] += 1
-        if not self._announce() and self._announced:
+        if not self._announce() and router_id is not None:
             subscription.offer(Routers(routers=self._announced))
         return subscription
 
@@ -180,7 +181,10 @@ class WatchHub:
             return False
         self._announced = current
         log.info("live routers changed", extra={"routers": current, "node": self.node_id})
-        self._publish(Routers(routers=current))
+        event = Routers(routers=current)
+        for subscription in list(self._subscribers):
+            if subscription.router_id is not None:
+                subscription.offer(event)
         return True
 
     def _event(self, change: Change) -> Put | Delete:

@@ -24,8 +24,8 @@ from typing import Any
 
 import msgspec
 
-from conftest import wait_for
-from mesh.watch import Ping, Reset, Routers, decode_event, encode_event
+from conftest import post, registration, wait_for
+from mesh.watch import Ping, Put, Reset, Routers, decode_event, encode_event
 from router.mirror import RegistryMirror
 from router.ratelimit import TokenBucket
 from router_support import Answer, Mesh, StartMesh, run_load
@@ -139,25 +139,28 @@ async def next_routers(response) -> list[str]:
     return event.routers
 
 
-async def test_the_feed_announces_routers_as_they_follow_and_leave(registry, http):
+async def test_the_feed_announces_routers_to_routers_as_they_follow_and_leave(registry, http, agent):
     hub = registry.hub
-    async with http.get(f"{registry.url}/watch", params={"router": "r-1"}) as router:
-        assert isinstance(await read_event(router), Reset)
-        assert await read_event(router) == Routers(routers=["r-1"])
-        async with http.get(f"{registry.url}/watch") as plain:
-            # A follower that names no router does not count, and is told who does after its reset.
-            assert isinstance(await read_event(plain), Reset)
-            assert await read_event(plain) == Routers(routers=["r-1"])
+    watch = f"{registry.url}/watch"
+    async with http.get(watch, params={"router": "r-1"}) as first, http.get(watch) as plain:
+        assert isinstance(await read_event(first), Reset) and isinstance(await read_event(plain), Reset)
+        assert await read_event(first) == Routers(routers=["r-1"])
+        async with http.get(watch, params={"router": "r-2"}) as second:
+            assert isinstance(await read_event(second), Reset)
+            assert await read_event(second) == await read_event(first) == Routers(routers=["r-1", "r-2"])
             # Routers following another registry node, as the node-to-node channel reports them.
             hub.set_peer_routers("node-2", frozenset({"r-9", "r-1"}))
-            assert hub.routers() == {"r-1": "local", "r-9": "node-2"}
-            assert await next_routers(router) == await next_routers(plain) == ["r-1", "r-9"]
+            assert hub.routers() == {"r-1": "local", "r-2": "local", "r-9": "node-2"}
+            assert await next_routers(first) == ["r-1", "r-2", "r-9"]
             hub.set_peer_routers("node-2", frozenset({"r-9", "r-1"}))  # no change: nothing published
             hub.forget_peer("node-2")
-            assert await next_routers(router) == await next_routers(plain) == ["r-1"]
-            await router.release()
-            assert await next_routers(plain) == []
-            assert hub.local_routers() == frozenset()
+            assert await next_routers(first) == ["r-1", "r-2"]
+            await second.release()
+            assert await next_routers(first) == ["r-1"]
+        assert hub.local_routers() == {"r-1"}
+        # A follower that names no router (an older router, say) reads the feed as before: no Routers.
+        await post(http, f"{registry.url}/register", registration("a1", "shared.echo", base_url=agent.url))
+        assert isinstance(await read_event(plain), Put) and isinstance(await read_event(first), Put)
 
 
 async def test_a_router_id_must_be_visible_ascii_and_at_most_128(registry, http):
