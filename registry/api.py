@@ -297,7 +297,7 @@ def create_app(registry: Registry, checker: HealthChecker | None = None, hub: Wa
     app[REGISTRY_KEY] = registry
     app[CLUSTER_KEY] = membership if membership is not None else SoleNode(registry, hub, url="")
     app[GATE_KEY] = gate
-    app[METRICS_KEY] = metrics_registry(registry, checker)
+    app[METRICS_KEY] = metrics_registry(registry, checker, app[CLUSTER_KEY])
     if hub is not None:
         app[HUB_KEY] = hub
     admin_routes = ADMIN_ONLY

@@ -13,6 +13,7 @@ import asyncio
 import base64
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -71,6 +72,8 @@ class EtcdStore(Records):
         self._opened = False
         # etcd's revision up to which every change under the prefix is in memory (the watch resumes after it).
         self._seen = 0
+        # Seconds between etcd committing this node's last write and the watch delivering it.
+        self.watch_lag: float | None = None
 
     @property
     def health(self) -> WalHealth:
@@ -190,6 +193,7 @@ class EtcdStore(Records):
 
     async def _applied(self, revision: int) -> int:
         """Wait until the watch has applied ``revision``: the caller then reads its own write."""
+        waiting_since = time.monotonic()
         if revision > self._seen:
             future = asyncio.get_running_loop().create_future()
             self._waiters.append((revision, future))
@@ -197,6 +201,7 @@ class EtcdStore(Records):
                 await asyncio.wait_for(future, self._timeout)
             except TimeoutError:
                 raise WalUnavailable(f"etcd committed revision {revision} but the watch has not delivered it") from None
+        self.watch_lag = time.monotonic() - waiting_since
         return revision
 
     async def put(self, key: str, value: bytes, fence: Fence | None = None) -> int:

@@ -8,6 +8,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from registry.cluster import Membership
+from registry.etcd_cluster import EtcdMembership
+from registry.etcd_store import EtcdStore
 from registry.health import HealthChecker
 from registry.lifecycle import Status
 from registry.service import Registry
@@ -15,9 +18,10 @@ from registry.store import WalStore
 
 
 class RegistryCollector(Collector):
-    def __init__(self, registry: Registry, checker: HealthChecker | None):
+    def __init__(self, registry: Registry, checker: HealthChecker | None, membership: Membership | None):
         self._registry = registry
         self._checker = checker
+        self._membership = membership
 
     def collect(self) -> Iterator[Metric]:
         registry = self._registry
@@ -51,6 +55,10 @@ class RegistryCollector(Collector):
         yield GaugeMetricFamily("agentreach_registry_storage_available",
                                 "1 while the store takes writes; 0 while it refuses them (full or read-only disk)",
                                 value=int(registry.store.health.writable))
+        yield from self._cluster()
+        if isinstance(registry.store, EtcdStore) and registry.store.watch_lag is not None:
+            yield GaugeMetricFamily("agentreach_etcd_watch_lag_seconds", "Between etcd committing this node's "
+                                    "last write and its watch delivering it", value=registry.store.watch_lag)
         if isinstance(registry.store, WalStore):
             stats = registry.store.wal.stats
             yield CounterMetricFamily("agentreach_registry_storage_outages",
@@ -62,9 +70,29 @@ class RegistryCollector(Collector):
                                     value=registry.store.revision)
 
 
-def metrics_registry(registry: Registry, checker: HealthChecker | None) -> CollectorRegistry:
+    def _cluster(self) -> Iterator[Metric]:
+        membership = self._membership
+        if membership is None:
+            return
+        yield GaugeMetricFamily("agentreach_registry_leader", "1 while this node leads (sweeps and evicts)",
+                                value=int(membership.leads()))
+        stale = membership.stale_seconds()
+        yield GaugeMetricFamily("agentreach_registry_view_stale_seconds", "Seconds since this node's view was last "
+                                "known current (0 while it is)", value=stale or 0.0)
+        if isinstance(membership, EtcdMembership):
+            yield GaugeMetricFamily("agentreach_registry_nodes", "Registry nodes whose lease holds",
+                                    value=len(membership.nodes))
+            yield CounterMetricFamily("agentreach_registry_terms_won", "Times this node was elected leader",
+                                      value=membership.terms_won)
+            if membership.etcd_rtt is not None:
+                yield GaugeMetricFamily("agentreach_etcd_rtt_seconds", "Round trip of this node's last answered "
+                                        "etcd request (the cluster poll)", value=membership.etcd_rtt)
+
+
+def metrics_registry(registry: Registry, checker: HealthChecker | None,
+                     membership: Membership | None = None) -> CollectorRegistry:
     prometheus = CollectorRegistry(auto_describe=False)
-    prometheus.register(RegistryCollector(registry, checker))
+    prometheus.register(RegistryCollector(registry, checker, membership))
     return prometheus
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import post, registration, wait_for
 from etcd_support import EtcdCluster, Relay
@@ -32,6 +33,14 @@ async def cluster_view(http: aiohttp.ClientSession, server: RegistryServer) -> d
     async with http.get(f"{server.url}/cluster") as response:
         assert response.status == 200
         return dict(await response.json())
+
+
+async def metrics(http: aiohttp.ClientSession, server: RegistryServer) -> dict[str, float]:
+    """The unlabelled samples of a node's /metrics."""
+    async with http.get(f"{server.url}/metrics") as response:
+        text = await response.text()
+    return {family.name if family.type != "counter" else family.name + "_total": sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples if not sample.labels}
 
 
 async def etcd_revision(http: aiohttp.ClientSession, cluster: EtcdCluster) -> int:
@@ -58,6 +67,10 @@ async def test_one_leader_and_every_node_listed(etcd_cluster: Etcd, etcd_registr
     assert [node["this_node"] for node in view["nodes"] if node["url"] == second.url] == [True]
     assert [endpoint["healthy"] for endpoint in view["etcd"]] == [True, True, True]
     assert sorted(membership(server).leads() for server in (first, second)) == [False, True]
+    scraped = [await metrics(http, server) for server in (first, second)]
+    assert sorted(sample["agentreach_registry_leader"] for sample in scraped) == [0, 1]
+    assert [sample["agentreach_registry_nodes"] for sample in scraped] == [2, 2]
+    assert all(sample["agentreach_etcd_rtt_seconds"] > 0 for sample in scraped)
 
 
 async def test_a_heartbeat_at_one_node_keeps_the_instance_healthy_at_every_node(
@@ -87,6 +100,7 @@ async def test_heartbeats_write_nothing_to_etcd(etcd_cluster: Etcd, etcd_registr
     first, second = await etcd_registry(cluster, **FAST), await etcd_registry(cluster, **FAST)
     for agent_id in ("a1", "a2"):
         assert (await post(http, f"{first.url}/register", registration(agent_id, "x.one", service="svc")))[0] == 200
+    assert "agentreach_etcd_watch_lag_seconds" in await metrics(http, first)  # measured on its own writes
     await wait_for(lambda: membership(first).leads() or membership(second).leads(), what="a leader")
     before = await etcd_revision(http, cluster)
     for _ in range(100):
