@@ -89,6 +89,12 @@ def percent(share: float) -> str:
     return f"{share * 100:.1f}".removesuffix(".0") + " %"
 
 
+def clip(text: str, limit: int = 60) -> str:
+    """A reason on one table line (an etcd client error can run to hundreds of characters; --json has it whole)."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[:limit - 1] + "…"
+
+
 def columns(header: list[str], rows: list[list[str]]) -> list[str]:
     """Rows as left-aligned columns under their header, indented under a section title."""
     widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
@@ -115,7 +121,7 @@ def render(url: str, view: ClusterView, now: float) -> str:
         lines += [f"etcd endpoints ({sum(e.healthy for e in view.etcd)} of {len(view.etcd)} healthy)", *columns(
             ["ENDPOINT", "HEALTH", "RTT"],
             [[e.url, "ok" if e.healthy else "DOWN",
-              f"{e.rtt_ms:.1f} ms" if e.healthy and e.rtt_ms is not None else e.error or "—"] for e in view.etcd])]
+              f"{e.rtt_ms:.1f} ms" if e.healthy and e.rtt_ms is not None else clip(e.error or "—")] for e in view.etcd])]
     else:
         lines.append("etcd endpoints: none" + (" (embedded store)" if view.store == "wal" else ""))
     lines.append("")

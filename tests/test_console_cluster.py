@@ -96,9 +96,14 @@ async def test_the_home_page_shows_an_etcd_cluster_and_warns_when_its_view_goes_
         await expect(panel.locator(".notice")).to_have_count(0)
         await screenshot(page, "cluster-etcd")
         registry.view = etcd_view(leader=None, stale_seconds=12.0)
+        reason = "ClientConnectorError(" + "ConnectionKey(host='127.0.0.1', port=2383), " * 8 + ")"
+        registry.view.etcd[2].error = reason
         warnings = panel.locator(".notice.bad")
         await expect(warnings).to_have_count(2, timeout=WAIT_MS)
         await expect(warnings.first).to_contain_text("Stale view: node reg-a was last known current 12 s ago")
         await expect(warnings.nth(1)).to_contain_text("Nobody leads")
         await expect(panel.locator('[data-fact="leader"] dd')).to_have_text("nobody leads")
+        clipped = down.locator(".clip")
+        await expect(clipped).to_have_attribute("title", reason)
+        assert await clipped.evaluate("(el) => el.scrollWidth > el.clientWidth")  # one line, cut short
         await screenshot(page, "cluster-stale")

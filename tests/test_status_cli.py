@@ -144,3 +144,16 @@ async def test_an_answer_that_is_no_cluster_view_fails_cleanly():
         result = await status("--registry", odd.url, "--admin-key", "ara_x")
     assert result.returncode == 1 and result.stdout == "" and "Traceback" not in result.stderr
     assert result.stderr.startswith(f"agentreach: {odd.url} answered something that is not a cluster view")
+
+
+async def test_a_long_etcd_error_is_clipped_to_one_table_line_and_whole_in_json():
+    view = etcd_view()
+    reason = "ClientConnectorError(" + "ConnectionKey(host='127.0.0.1', port=2383), " * 8 + ")"
+    view.etcd[2].error = reason
+    async with starting(ClusterStandIn) as start:
+        registry = await start(view)
+        table = await status("--registry", registry.url, "--admin-key", "ara_x")
+        raw = await status("--json", "--registry", registry.url, "--admin-key", "ara_x")
+    [row] = [line for line in table.stdout.splitlines() if line.startswith(f"  {DOWN_MEMBER}")]
+    assert row.endswith(reason[:59] + "…")
+    assert json.loads(raw.stdout)["etcd"][2]["error"] == reason

@@ -26,7 +26,7 @@ function etcdTable(view) {
   return table([
     { label: "Endpoint", rowHeader: true, cell: (e) => h("code", { text: e.url }) },
     { label: "Health", cell: (e) => badge(e.healthy ? "healthy" : "down") },
-    { label: "Round trip", numeric: true, cell: (e) => (e.healthy ? fmt.ms(e.rtt_ms) : e.error || "—") },
+    { label: "Round trip", numeric: true, cell: (e) => (e.healthy ? fmt.ms(e.rtt_ms) : h("span", { class: "clip", title: e.error, text: e.error || "—" })) },
   ], view.etcd, { caption: "etcd endpoints", rowKey: (e) => e.url, empty: "No etcd endpoint known." });
 }
 
