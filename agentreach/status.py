@@ -20,7 +20,7 @@ from agent_reach.transport import url_list
 
 from agentreach.admin import Call, CommandFailed, NoAnswer, add_key_flags, exchange, refusal
 from agentreach.credentials import admin_key, default_registry
-from mesh.cluster import ClusterView, NodeView
+from mesh.cluster import ClusterView, EtcdEndpoint, NodeView
 
 CLUSTER = Call("GET", "/cluster")
 # Shorter than the admin commands' deadline: a hung node should not hold up asking the next one.
@@ -108,6 +108,12 @@ def node_row(node: NodeView, now: float) -> list[str]:
             "leader" if node.leader else "follower", span(max(0.0, now - node.started_at)), heard]
 
 
+def endpoint_row(endpoint: EtcdEndpoint) -> list[str]:
+    if endpoint.healthy:
+        return [endpoint.url, "ok", "—" if endpoint.rtt_ms is None else f"{endpoint.rtt_ms:.1f} ms"]
+    return [endpoint.url, "DOWN", clip(endpoint.error or "—")]
+
+
 def render(url: str, view: ClusterView, now: float) -> str:
     """The view as a compact text table."""
     store = "etcd store" if view.store == "etcd" else "embedded store (its own write-ahead log)"
@@ -118,10 +124,8 @@ def render(url: str, view: ClusterView, now: float) -> str:
              f"Leader: {leader}", f"View:   {current}", "", f"Registry nodes ({len(view.nodes)})",
              *columns(["NODE", "URL", "ROLE", "UP", "LAST HEARD"], [node_row(node, now) for node in view.nodes]), ""]
     if view.etcd:
-        lines += [f"etcd endpoints ({sum(e.healthy for e in view.etcd)} of {len(view.etcd)} healthy)", *columns(
-            ["ENDPOINT", "HEALTH", "RTT"],
-            [[e.url, "ok" if e.healthy else "DOWN",
-              f"{e.rtt_ms:.1f} ms" if e.healthy and e.rtt_ms is not None else clip(e.error or "—")] for e in view.etcd])]
+        lines += [f"etcd endpoints ({sum(e.healthy for e in view.etcd)} of {len(view.etcd)} healthy)",
+                  *columns(["ENDPOINT", "HEALTH", "RTT"], [endpoint_row(endpoint) for endpoint in view.etcd])]
     else:
         lines.append("etcd endpoints: none" + (" (embedded store)" if view.store == "wal" else ""))
     lines.append("")
