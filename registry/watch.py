@@ -44,8 +44,11 @@ class Subscription:
             self.end()
 
     def end(self) -> None:
+        """End the stream now, dropping what is still queued: the follower resumes from the revision it
+        applied, so it is sent again what it missed. Sending newer changes past a dropped one would
+        move its revision past a change it never saw."""
         self._hub.unsubscribe(self)
-        if self._queue.full():
+        while not self._queue.empty():
             self._queue.get_nowait()
         self._queue.put_nowait(None)
 

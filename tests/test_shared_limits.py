@@ -25,7 +25,8 @@ from typing import Any
 import msgspec
 
 from conftest import post, registration, wait_for
-from mesh.watch import Ping, Put, Reset, Routers, decode_event, encode_event
+from mesh.watch import Ping, Put, Reset, Routers, States, decode_event, encode_event
+from registry.watch import WatchHub
 from router.mirror import RegistryMirror
 from router.ratelimit import TokenBucket
 from router_support import Answer, Mesh, StartMesh, run_load
@@ -203,3 +204,35 @@ def test_a_share_moving_back_and_forth_gives_no_extra_burst():
     assert bucket.available(10.0) == 4
     bucket.retune(0.5)
     assert (bucket.burst, bucket.available(10.0)) == (1.0, 1.0)
+
+
+async def test_a_router_dropped_for_being_slow_leaves_the_live_routers(registry):
+    hub = WatchHub(registry.registry, queue_limit=3)
+    hub.subscribe(router_id="slow")  # a reset and the routers event: room for one more
+    assert hub.routers() == {"slow": "local"}
+    for peer in range(3):  # each a new routers event for "slow", which reads none of them
+        hub.set_peer_routers("node-2", frozenset({f"peer-{peer}"}))
+    assert hub.local_routers() == frozenset() and hub.routers() == {"peer-2": "node-2"}
+    hub.close()
+
+
+async def test_a_follower_dropped_for_being_slow_reads_no_change_past_one_it_missed(registry, http, agent):
+    """The follower resumes from the last revision it applied: had the hub dropped the oldest queued
+    change and sent it the newer ones, that change would be lost to it for good."""
+    hub = WatchHub(registry.registry, queue_limit=3)
+    since = registry.store.revision
+    stream = aiter(hub.subscribe(since, router_id="slow"))
+    assert isinstance(await anext(stream), States) and await anext(stream) == Routers(routers=["slow"])
+    for n in range(4):  # three fill its queue, the fourth ends the stream
+        await post(http, f"{registry.url}/register", registration(f"s{n}", f"slow.n{n}", base_url=agent.url))
+    revisions = [event.revision async for event in stream if isinstance(event, Put)]
+    assert revisions == list(range(since + 1, since + 1 + len(revisions)))
+    # Resuming from there (from the registry's own hub, whose queue holds more), it is sent every change
+    # it has not seen.
+    async for event in registry.hub.subscribe(since + len(revisions)):
+        if isinstance(event, States):
+            break
+        assert isinstance(event, Put)
+        revisions.append(event.revision)
+    assert revisions == list(range(since + 1, registry.store.revision + 1)) and len(revisions) >= 4
+    hub.close()
