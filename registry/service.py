@@ -228,7 +228,8 @@ class Registry:
         evicted = msgspec.structs.replace(record, evicted_at=self._wall_clock())
         await self.store.put(instance_key(agent_id), encode_value(evicted), fence)
         self.counters.evictions += 1
-        log.warning("instance evicted", extra={"agent_id": agent_id, "service": record.service, "reason": reason})
+        log.warning("instance evicted", extra={"agent_id": agent_id, "service": record.service, "reason": reason,
+                                               "term": fence.create_revision if fence is not None else None})
         for forgotten in evicted_to_forget(self.state.records.values(), self._wall_clock(),
                                            self.config.kept_evicted, self.config.evicted_max_age):
             old = self.state.records.get(forgotten)
