@@ -10,8 +10,10 @@ import asyncio
 
 import pytest
 from agent_reach import ErrorCode, ReachClient, ReachError, SyncReachClient, error_frame
+from aiohttp import web
 
 from conftest import wait_for
+from recording_support import RecordingServer
 from router.server import RouterServer, RouterServerSettings
 from sdk_support import free_port, wait_state
 
@@ -128,3 +130,22 @@ async def test_router_moves_to_the_next_registry_and_resets_from_it(start_regist
     await wait_for(lambda: router.mirror.offers("echo") is None, what="the router to reset to the second registry")
     assert router.registries is not None and router.registries.current == second.url
     assert router.mirror.revision == second.registry.store.revision
+
+
+async def test_sdk_agent_moves_past_a_registry_that_answers_5xx(registry, make_agent, teardown, http):
+    """A node cut off from etcd (or without quorum) answers 503 to registrations another node takes."""
+    async def refuse(request, received):
+        return web.json_response({"error": "storage_unavailable", "message": "no quorum", "field": None}, status=503)
+
+    refusing = await RecordingServer(refuse).start()
+    teardown.push_async_callback(refusing.stop)
+    agent = make_agent("fo-5xx", [refusing.url, registry.url])
+
+    @agent.capability("test.echo")
+    async def echo(payload, ctx):
+        return payload
+
+    await agent.start()
+    await wait_state(http, registry.url, "fo-5xx", "healthy")
+    assert agent.link is not None and agent.link.registries.current == registry.url
+    assert [received.path for received in refusing.received][:1] == ["/register"]

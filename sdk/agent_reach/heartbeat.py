@@ -4,8 +4,8 @@ Heartbeats run on their own task at a fixed rate. A ``404 unknown_agent`` (the r
 evicted us) triggers a new registration at once. When the registry cannot be reached the link
 backs off exponentially with jitter, so a fleet does not stampede a recovering registry, while
 the agent keeps serving the calls the router already sends it. Given several registries, the link
-talks to one and moves to the next when it cannot be reached (register and heartbeat are safe to
-send again); a registry that does not know the instance answers 404 and gets a registration.
+talks to one and moves to the next when it cannot be reached or answers 5xx (register and heartbeat
+are safe to send again); a registry that does not know the instance answers 404 and gets a registration.
 """
 
 from __future__ import annotations
@@ -64,8 +64,10 @@ class RegistryLink:
         self.beats = 0
 
     async def _post(self, path: str, body: msgspec.Struct) -> tuple[int, bytes]:
-        """The first registry's answer that could be reached, in the link's failover order."""
+        """The first registry's answer that could be reached and was not a 5xx, in the link's failover order;
+        when every one answered 5xx (none can store changes now), the last of those answers."""
         failures = []
+        refused: tuple[int, bytes] | None = None
         for url in self.registries.order():
             try:
                 async with self._session.post(f"{url}{path}", data=_encoder.encode(body), headers=self._headers,
@@ -75,8 +77,15 @@ class RegistryLink:
                 self.registries.failed(url)
                 failures.append(f"{url}{path}: {exc!r}")
                 continue
+            if answer[0] >= 500:
+                # A node cut off from its store (or without quorum) refuses changes another node may take.
+                self.registries.failed(url)
+                refused = answer
+                continue
             self.registries.answered(url)
             return answer
+        if refused is not None:
+            return refused
         raise RegistryUnavailable("; ".join(failures))
 
     async def register(self) -> None:
