@@ -1,7 +1,8 @@
 """`agentreach status` as a child process: a real registry's /cluster shown as a table or as JSON, the first
 registry of a list that answers, and the exit codes a probe relies on (no registry answering, a stale view,
-nobody leading) with the reason on stderr. Views the embedded registry never gives come from stand-in
-registries (tests/cluster_support.py)."""
+nobody leading) with the reason on stderr: against an embedded registry, against etcd-mode nodes on a
+real 3-member etcd (a member killed, a node cut off from etcd), and against stand-in registries
+(tests/cluster_support.py) for views that are hard to bring about on purpose (nobody leading, a 5xx)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ import os
 import subprocess
 
 from cluster_support import DOWN_MEMBER, ClusterStandIn, etcd_view
-from conftest import admin_key, call, registration
+from conftest import admin_key, call, registration, wait_for
 from recording_support import starting
 from sdk_support import free_port
 from storage_support import AGENTREACH, ROOT
+
+# Short leases and polls: a node cut off from etcd goes stale, and the other takes the lead, in seconds.
+FAST = {"node_ttl": 2, "cluster_poll": 0.2, "gossip_interval": 0.2}
 
 
 async def status(*args: str, **env: str) -> subprocess.CompletedProcess:
@@ -157,3 +161,47 @@ async def test_a_long_etcd_error_is_clipped_to_one_table_line_and_whole_in_json(
     [row] = [line for line in table.stdout.splitlines() if line.startswith(f"  {DOWN_MEMBER}")]
     assert row.endswith(reason[:59] + "…")
     assert json.loads(raw.stdout)["etcd"][2]["error"] == reason
+
+
+async def test_etcd_mode_nodes_a_member_killed_and_a_node_cut_off(etcd_cluster, etcd_registry, relay, http):
+    cluster = await etcd_cluster()
+    link = await relay(cluster.client_ports[0])
+    cut_off = await etcd_registry(cluster, [link.url], **FAST)
+    other = await etcd_registry(cluster, **FAST)
+
+    async def both_listed() -> bool:
+        _, view = await call(http, "GET", f"{other.url}/cluster")
+        return len(view["nodes"]) == 2 and view["leader"] is not None
+    await wait_for(both_listed, timeout=15, what="both nodes listed with a leader")
+    ids = {cut_off.url: cut_off.membership.node_id, other.url: other.membership.node_id}
+    listed = await status("--registry", f"{other.url},{cut_off.url}")  # auth off: no key needed
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.startswith(f"Cluster as registry node {ids[other.url]} at {other.url} sees it: etcd store")
+    assert "Registry nodes (2)" in listed.stdout and "etcd endpoints (3 of 3 healthy)" in listed.stdout
+    for url, node_id in ids.items():
+        assert any(line.split()[0] == node_id and url in line for line in listed.stdout.splitlines()[4:])
+
+    cluster.kill(1)
+
+    async def two_of_three() -> subprocess.CompletedProcess | None:  # once the other two have elected a leader
+        result = await status("--registry", other.url)
+        return result if "etcd endpoints (2 of 3 healthy)" in result.stdout else None
+    member_down = await wait_for(two_of_three, timeout=15, what="two healthy etcd members of three")
+    assert member_down.returncode == 0, member_down.stderr
+    [down] = [line.split() for line in member_down.stdout.splitlines() if line.startswith(f"  {cluster.endpoints[1]}")]
+    assert down[1] == "DOWN"
+
+    await link.cut()
+
+    async def says_stale() -> subprocess.CompletedProcess | None:
+        result = await status("--registry", cut_off.url)
+        return result if result.returncode == 4 else None
+    stale = await wait_for(says_stale, timeout=15, what="the cut-off node's status to exit 4")
+    assert "View:   STALE: last known current" in stale.stdout
+    assert stale.stderr.startswith(f"agentreach: node {ids[cut_off.url]}'s view is stale")
+
+    async def other_leads() -> subprocess.CompletedProcess | None:
+        result = await status("--registry", other.url)
+        return result if f"Leader: {ids[other.url]} (this node)" in result.stdout else None
+    leading = await wait_for(other_leads, timeout=15, what="the other node to lead")
+    assert leading.returncode == 0 and "View:   current" in leading.stdout, leading.stderr
