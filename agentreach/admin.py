@@ -138,8 +138,9 @@ async def exchange(registry: str, key: str | None, call: Call,
     url = f"{registry.rstrip('/')}{call.path}"
     headers = {API_KEY_HEADER: key} if key else {}
     try:
+        # Never followed: a redirect would carry the admin key to wherever it points.
         async with aiohttp.ClientSession(timeout=timeout) as session, session.request(
-                call.method, url, json=call.body, headers=headers) as response:
+                call.method, url, json=call.body, headers=headers, allow_redirects=False) as response:
             return response.status, await response.read()
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         raise NoAnswer(f"cannot reach the registry at {registry}: {str(exc) or type(exc).__name__}") from None
