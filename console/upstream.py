@@ -57,6 +57,13 @@ def unreachable(reason: str) -> Reply:
     return Reply(status=502, body=msgspec.json.encode(error_body("upstream_unreachable", reason)))
 
 
+def redirected(url: URL, status: int, location: str) -> Reply:
+    """No part of the mesh redirects; one that does is shown failing, not followed (see Upstream._send)."""
+    return Reply(status=502, body=msgspec.json.encode(error_body(
+        "upstream_redirected", f"{url} answered {status}, a redirect to {location!r}, which the console does not "
+                               "follow")))
+
+
 class Upstream:
     """Requests to one service (the registry or the router, at one URL or several), each with a
     deadline, each carrying the admin key when the console has one (their admin endpoints need it).
@@ -89,9 +96,9 @@ class Upstream:
         for base_url in self.urls.order():
             url = URL(f"{base_url}{path}", encoded=True)  # path segments arrive already quoted
             started = time.monotonic()
-            try:
+            try:  # a redirect is never followed: it would carry the admin key to wherever it points
                 async with self.session.request(method, url, data=body, params=params, headers=headers,
-                                                timeout=TIMEOUT) as response:
+                                                timeout=TIMEOUT, allow_redirects=False) as response:
                     data = await response.read()
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
                 self.urls.failed(base_url)
@@ -100,6 +107,8 @@ class Upstream:
             except (aiohttp.ClientError, TimeoutError) as exc:
                 return unreachable(failure(url, exc))
             self.urls.answered(base_url)
+            if 300 <= response.status < 400:
+                return redirected(url, response.status, response.headers.get("Location", ""))
             return Reply(status=response.status, body=data, headers=dict(response.headers),
                          elapsed_ms=(time.monotonic() - started) * 1000)
         return unreachable("; ".join(failures))
