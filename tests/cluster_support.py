@@ -49,3 +49,15 @@ class ClusterStandIn(RecordingServer):
         if self.status != 200:
             return web.json_response(error_body("storage_unavailable", "etcd has no quorum"), status=self.status)
         return web.Response(body=msgspec.json.encode(self.view), content_type="application/json")
+
+
+class Redirector(RecordingServer):
+    """Answers every request with a 307 to the same path on ``target``: no registry redirects, and a client
+    that followed would hand its admin key to whatever the redirect names."""
+
+    def __init__(self, target: str):
+        self.target = target
+        super().__init__(self._redirect)
+
+    async def _redirect(self, request: web.Request, received: Received) -> web.Response:
+        raise web.HTTPTemporaryRedirect(f"{self.target}{request.path}")

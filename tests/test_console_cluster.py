@@ -5,13 +5,12 @@ down, routers sharing the limits, a stale node and nobody leading."""
 
 from __future__ import annotations
 
-from aiohttp import web
 from playwright.async_api import expect
 
-from cluster_support import DOWN_MEMBER, ClusterStandIn, etcd_view
+from cluster_support import DOWN_MEMBER, ClusterStandIn, Redirector, etcd_view
 from conftest import call, wait_for
 from console_support import Rig, screenshot
-from recording_support import RecordingServer, starting
+from recording_support import starting
 from sdk_support import free_port
 
 WAIT_MS = 10_000
@@ -112,16 +111,12 @@ async def test_the_home_page_shows_an_etcd_cluster_and_warns_when_its_view_goes_
 
 async def test_the_console_follows_no_redirect_so_its_admin_key_goes_nowhere_else(start_mesh, start_console, http):
     mesh = await start_mesh()
-    async with starting(ClusterStandIn) as start:
+    async with starting(ClusterStandIn) as start, starting(Redirector) as start_redirector:
         elsewhere = await start(etcd_view())
-
-        async def redirect(request, received):
-            raise web.HTTPTemporaryRedirect(f"{elsewhere.url}{request.path}")
-        async with starting(RecordingServer) as start_redirector:
-            redirector = await start_redirector(redirect)
-            rig = Rig(mesh, await start_console(redirector.url, mesh.url, admin_key="ara_secret"), http)
-            status, body = await rig.request("GET", "/api/cluster")
-            await wait_for(lambda: len(redirector.received) > 1, what="the console's poll of the registry too")
+        redirector = await start_redirector(elsewhere.url)
+        rig = Rig(mesh, await start_console(redirector.url, mesh.url, admin_key="ara_secret"), http)
+        status, body = await rig.request("GET", "/api/cluster")
+        await wait_for(lambda: len(redirector.received) > 1, what="the console's poll of the registry too")
     assert (status, body["error"]) == (502, "upstream_redirected")
     assert f"a redirect to '{elsewhere.url}/cluster'" in body["message"]
     assert {received.headers.get("X-API-Key") for received in redirector.received} == {"ara_secret"}

@@ -11,11 +11,9 @@ import json
 import os
 import subprocess
 
-from aiohttp import web
-
-from cluster_support import DOWN_MEMBER, ClusterStandIn, etcd_view
+from cluster_support import DOWN_MEMBER, ClusterStandIn, Redirector, etcd_view
 from conftest import admin_key, call, registration, wait_for
-from recording_support import RecordingServer, starting
+from recording_support import starting
 from sdk_support import free_port
 from storage_support import AGENTREACH, ROOT
 
@@ -210,14 +208,10 @@ async def test_etcd_mode_nodes_a_member_killed_and_a_node_cut_off(etcd_cluster, 
 
 
 async def test_a_redirect_is_not_followed_so_the_admin_key_goes_nowhere_else():
-    async with starting(ClusterStandIn) as start:
+    async with starting(ClusterStandIn) as start, starting(Redirector) as start_redirector:
         elsewhere = await start(etcd_view())
-
-        async def redirect(request, received):
-            raise web.HTTPTemporaryRedirect(f"{elsewhere.url}/cluster")
-        async with starting(RecordingServer) as start_redirector:
-            redirector = await start_redirector(redirect)
-            result = await status("--registry", redirector.url, "--admin-key", "ara_secret")
+        redirector = await start_redirector(elsewhere.url)
+        result = await status("--registry", redirector.url, "--admin-key", "ara_secret")
     assert [received.headers.get("X-API-Key") for received in redirector.received] == ["ara_secret"]
     assert elsewhere.received == []
     assert result.returncode == 1 and "not a cluster view" in result.stderr
