@@ -67,8 +67,10 @@ def problems(view: ClusterView) -> list[Problem]:
     """What is wrong with the cluster as this view shows it; a stale view first, since it may explain the rest."""
     found = []
     if view.stale_seconds is not None:
+        others = ", ".join(node.url for node in view.nodes if not node.this_node)
         found.append(Problem(EXIT_STALE, f"node {view.node_id}'s view is stale: last known current "
-                                         f"{span(view.stale_seconds)} ago (cut off from etcd); ask another registry"))
+                                         f"{span(view.stale_seconds)} ago (cut off from etcd); ask another registry"
+                                         + (f" ({others})" if others else "")))
     if view.leader is None:
         found.append(Problem(EXIT_NO_LEADER, "nobody leads: no health sweep or eviction runs until a node takes "
                                              "the lead"))

@@ -122,7 +122,7 @@ async def test_a_stale_view_exits_4_and_nobody_leading_exits_3_saying_why():
     assert "Leader: NONE: nobody leads" in stale.stdout.splitlines()
     assert stale.stderr.splitlines() == [
         "agentreach: node reg-a's view is stale: last known current 12 s ago (cut off from etcd); ask another "
-        "registry",
+        "registry (http://127.0.0.12:8081, http://127.0.0.13:8081)",
         "agentreach: nobody leads: no health sweep or eviction runs until a node takes the lead"]
     assert no_leader.returncode == 3
     assert no_leader.stderr.splitlines() == [
@@ -199,6 +199,7 @@ async def test_etcd_mode_nodes_a_member_killed_and_a_node_cut_off(etcd_cluster, 
     stale = await wait_for(says_stale, timeout=15, what="the cut-off node's status to exit 4")
     assert "View:   STALE: last known current" in stale.stdout
     assert stale.stderr.startswith(f"agentreach: node {ids[cut_off.url]}'s view is stale")
+    assert f"ask another registry ({other.url})" in stale.stderr
 
     async def other_leads() -> subprocess.CompletedProcess | None:
         result = await status("--registry", other.url)
