@@ -94,7 +94,8 @@ async def test_quorum_lost_and_regained_under_load(etcd_cluster, etcd_registry, 
             for node in nodes:
                 await healthz_says(http, node, 503)
                 await serves_the_last_view(http, node, "echo-1")
-            await wait_for(lambda: calls.counts(started_after=no_quorum)["ok"] >= 100, timeout=20,
+            # Six seconds of calls: past the node lease (5 s) and the time a node takes to call its view stale.
+            await wait_for(lambda: calls.counts(started_after=no_quorum)["ok"] >= 300, timeout=30,
                            what=f"calls routed without quorum ({calls})")
 
             cluster.start(follower)
@@ -111,6 +112,9 @@ async def test_quorum_lost_and_regained_under_load(etcd_cluster, etcd_registry, 
     assert set(calls.counts()) == {"ok"}, report
     for node in nodes:
         await healthz_says(http, node, 200)
+    for node in nodes:
+        await wait_for(lambda: set(acknowledged) <= set(node.registry.state.records),  # noqa: B023
+                       what=f"{node.url} to hold every acknowledged registration")
     fresh = await etcd_registry(cluster)
     lost = set(acknowledged) - set(fresh.registry.state.records)
     assert not lost, f"{len(lost)} of {len(acknowledged)} acknowledged registrations lost: {sorted(lost)}\n{report}"
