@@ -120,7 +120,8 @@ def render(url: str, view: ClusterView, now: float) -> str:
     """The view as a compact text table."""
     store = "etcd store" if view.store == "etcd" else "embedded store (its own write-ahead log)"
     leader = "NONE: nobody leads" if view.leader is None else view.leader + (
-        " (this node)" if view.leader == view.node_id else "")
+        " (this node)" if view.leader == view.node_id else "") + (
+        "" if view.stale_seconds is None else " as last known")
     current = "current" if view.stale_seconds is None else f"STALE: last known current {span(view.stale_seconds)} ago"
     lines = [f"Cluster as registry node {view.node_id} at {url} sees it: {store}, {view.instances} live instances",
              f"Leader: {leader}", f"View:   {current}", "", f"Registry nodes ({len(view.nodes)})",

@@ -103,6 +103,12 @@ async def test_the_home_page_shows_an_etcd_cluster_and_warns_when_its_view_goes_
         await expect(warnings.first).to_contain_text("Stale view: node reg-a was last known current 12 s ago")
         await expect(warnings.nth(1)).to_contain_text("Nobody leads")
         await expect(panel.locator('[data-fact="leader"] dd')).to_have_text("nobody leads")
+        registry.view = etcd_view(stale_seconds=30.0)
+        await expect(panel.locator('[data-fact="leader"] dt')).to_have_text("Leader, as last known", timeout=WAIT_MS)
+        await expect(panel.locator('[data-fact="leader"] dd')).to_have_text("reg-b")
+        registry.view = etcd_view(leader=None, stale_seconds=12.0)
+        registry.view.etcd[2].error = reason
+        await expect(panel.locator('[data-fact="leader"] dd')).to_have_text("nobody leads", timeout=WAIT_MS)
         clipped = down.locator(".clip")
         await expect(clipped).to_have_attribute("title", reason)
         assert await clipped.evaluate("(el) => el.scrollWidth > el.clientWidth")  # one line, cut short

@@ -198,6 +198,7 @@ async def test_etcd_mode_nodes_a_member_killed_and_a_node_cut_off(etcd_cluster, 
         return result if result.returncode == 4 else None
     stale = await wait_for(says_stale, timeout=15, what="the cut-off node's status to exit 4")
     assert "View:   STALE: last known current" in stale.stdout
+    assert any(line.startswith("Leader: ") and line.endswith(" as last known") for line in stale.stdout.splitlines())
     assert stale.stderr.startswith(f"agentreach: node {ids[cut_off.url]}'s view is stale")
     assert f"ask another registry ({other.url})" in stale.stderr
 

@@ -41,7 +41,7 @@ function routersTable(view) {
 function summary(view) {
   const healthy = view.etcd.filter((e) => e.healthy).length;
   return h("dl", { class: "triad", id: "cluster-summary" },
-    h("div", { dataset: { fact: "leader" } }, h("dt", { text: "Leader" }),
+    h("div", { dataset: { fact: "leader" } }, h("dt", { text: stale(view) && view.leader ? "Leader, as last known" : "Leader" }),
       h("dd", { class: view.leader ? "" : "bad-text", text: view.leader ?? "nobody leads" })),
     h("div", { dataset: { fact: "store" } }, h("dt", { text: "Store" }), h("dd", { text: view.store === "etcd" ? "etcd" : "embedded" })),
     h("div", { dataset: { fact: "etcd" } }, h("dt", { text: "etcd healthy" }),
@@ -49,9 +49,13 @@ function summary(view) {
     h("div", { dataset: { fact: "instances" } }, h("dt", { text: "Live instances" }), h("dd", { text: fmt.count(view.instances) })));
 }
 
+function stale(view) {
+  return view.stale_seconds !== null && view.stale_seconds !== undefined;
+}
+
 function warnings(view) {
   const found = [];
-  if (view.stale_seconds !== null && view.stale_seconds !== undefined) {
+  if (stale(view)) {
     found.push(`Stale view: node ${view.node_id} was last known current ${seconds(view.stale_seconds)}. It is cut off from etcd, so what it shows may be out of date.`);
   }
   if (!view.leader) found.push("Nobody leads: no health sweep or eviction runs until a registry node takes the lead.");
