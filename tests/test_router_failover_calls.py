@@ -4,6 +4,8 @@ with a code. Two real `agentreach router` processes follow one registry; the one
 
 from __future__ import annotations
 
+import time
+
 from agent_reach import ErrorCode, ReachClient, ReachError
 
 from conftest import wait_for
@@ -43,7 +45,7 @@ async def test_a_router_killed_under_load_loses_no_call_the_client_could_retry(
             await wait_for(lambda: tally.counts()[routers[0].url] >= RATE, what="a second of calls via the first")
             assert client.router_url == routers[0].url
             routers[0].kill()
-            killed = len(tally.outcomes)
+            killed, killed_at = len(tally.outcomes), time.monotonic()
             await wait_for(lambda: tally.counts()[routers[1].url] >= 2 * RATE, timeout=20,
                            what=f"two seconds of calls via the second router ({tally})")
     counts = tally.counts()
@@ -52,6 +54,8 @@ async def test_a_router_killed_under_load_loses_no_call_the_client_could_retry(
     # CONNECT_TIMEOUT is the client's "no router could be connected to": a call it could have sent to the
     # live one. Nothing may hang or escape as anything but a ReachError carrying one of the mesh's codes.
     assert ErrorCode.CONNECT_TIMEOUT not in failed, summary
+    # A call started once the router was dead never reached it: it must have gone to the live one.
+    assert set(tally.counts(started_after=killed_at)) == {routers[1].url}, summary
     assert set(failed) <= set(ErrorCode), summary
     # A failure is a call the dead router had taken: at most what the client had in flight to it.
     assert sum(failed.values()) <= 32, summary
