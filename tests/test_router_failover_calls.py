@@ -1,15 +1,20 @@
-"""A router killed under load (issue 13, "Failures"): callers holding a ReachClient with two router URLs
+"""Routers failing under load (issue 13, "Failures"): callers holding a ReachClient with two router URLs
 lose no call the client could have sent elsewhere, and every other failure reaches them as a ReachError
-with a code. Two real `agentreach router` processes follow one registry; the one in use gets kill -9."""
+with a code. Two real `agentreach router` processes follow one registry; the one in use gets kill -9,
+or SIGSTOP (it still takes connections, it answers nothing)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 
+import aiohttp
+import pytest
 from agent_reach import ErrorCode, ReachClient, ReachError
 
+from agent_support import Agent
 from conftest import wait_for
-from failure_support import Failed, routes, steady_load
+from failure_support import ChildProcess, Failed, routes, steady_load
 from router_support import capability
 
 RATE = 200  # calls a second
@@ -18,11 +23,15 @@ CALL_TIMEOUT = 5.0
 HANG = CALL_TIMEOUT + 5.0
 
 
-async def test_a_router_killed_under_load_loses_no_call_the_client_could_retry(
-        start_registry, start_agent, router_process, http):
+@pytest.fixture
+async def two_routers(start_registry, start_agent: Callable[..., Awaitable[Agent]],
+                      router_process: Callable[[str], Awaitable[ChildProcess]],
+                      http: aiohttp.ClientSession) -> list[ChildProcess]:
+    """Two router processes following one registry, both routing `echo` to one agent that takes 50 ms
+    a call (~10 calls in flight at any moment at RATE: a router that fails takes some down with it)."""
     registry = await start_registry(silence_timeout=60.0, health_interval=60.0)
     echo = await start_agent("echo-1")
-    echo.first_byte_delay = 0.05  # ~10 calls in flight at any moment: the killed router takes some down with it
+    echo.first_byte_delay = 0.05
     body = {"agent_id": echo.name, "service": "echo", "capabilities": [capability("echo", echo.endpoint)]}
     async with http.post(f"{registry.url}/register", json=body) as response:
         assert response.status == 200, await response.text()
@@ -31,32 +40,61 @@ async def test_a_router_killed_under_load_loses_no_call_the_client_could_retry(
     routers = [await router_process(registry.url), await router_process(registry.url)]
     for router in routers:
         await routes(http, router.url, "echo")
+    return routers
 
-    async with ReachClient([router.url for router in routers]) as client:
-        async def call(n: int) -> str:
-            """Which router answered, or the code the caller was given."""
-            try:
-                await client.call("echo", {"n": n}, timeout=CALL_TIMEOUT)
-            except ReachError as exc:
-                raise Failed(exc.error_code, str(exc)) from exc
-            return client.router_url
 
-        async with steady_load(call, rate=RATE, concurrency=32, deadline=HANG) as tally:
-            await wait_for(lambda: tally.counts()[routers[0].url] >= RATE, what="a second of calls via the first")
-            assert client.router_url == routers[0].url
-            routers[0].kill()
-            killed, killed_at = len(tally.outcomes), time.monotonic()
-            await wait_for(lambda: tally.counts()[routers[1].url] >= 2 * RATE, timeout=20,
-                           what=f"two seconds of calls via the second router ({tally})")
-    counts = tally.counts()
-    failed = {label: count for label, count in counts.items() if label not in (routers[0].url, routers[1].url)}
+def caller(client: ReachClient, timeout: float) -> Callable[[int], Awaitable[str]]:
+    async def call(n: int) -> str:
+        """Which router answered, or the code the caller was given."""
+        try:
+            await client.call("echo", {"n": n}, timeout=timeout)
+        except ReachError as exc:
+            raise Failed(exc.error_code, str(exc)) from exc
+        return client.router_url
+    return call
+
+
+async def test_a_router_killed_under_load_loses_no_call_the_client_could_retry(two_routers):
+    first, second = two_routers
+    async with ReachClient([first.url, second.url]) as client, \
+            steady_load(caller(client, CALL_TIMEOUT), rate=RATE, concurrency=32, deadline=HANG) as tally:
+        await wait_for(lambda: tally.counts()[first.url] >= RATE, what="a second of calls via the first")
+        assert client.router_url == first.url
+        first.kill()
+        killed, killed_at = len(tally.outcomes), time.monotonic()
+        await wait_for(lambda: tally.counts()[second.url] >= 2 * RATE, timeout=20,
+                       what=f"two seconds of calls via the second router ({tally})")
+    failed = {label: count for label, count in tally.counts().items() if label not in (first.url, second.url)}
     summary = f"{len(tally.outcomes)} calls, router killed after {killed}: {tally}"
     # CONNECT_TIMEOUT is the client's "no router could be connected to": a call it could have sent to the
     # live one. Nothing may hang or escape as anything but a ReachError carrying one of the mesh's codes.
     assert ErrorCode.CONNECT_TIMEOUT not in failed, summary
     # A call started once the router was dead never reached it: it must have gone to the live one.
-    assert set(tally.counts(started_after=killed_at)) == {routers[1].url}, summary
+    assert set(tally.counts(started_after=killed_at)) == {second.url}, summary
     assert set(failed) <= set(ErrorCode), summary
     # A failure is a call the dead router had taken: at most what the client had in flight to it.
     assert sum(failed.values()) <= 32, summary
+    print(summary)
+
+
+async def test_a_frozen_router_is_passed_over_once_it_let_a_call_time_out(two_routers):
+    """A SIGSTOPped router still completes TCP handshakes (the kernel does), so connecting cannot tell it
+    from a live one; the calls sent to it run out their time and are reported (they were sent: never sent
+    again). Once one has, the calls that follow go to the other router, not into the same silence."""
+    first, second = two_routers
+    timeout = 1.0
+    async with ReachClient([first.url, second.url]) as client, \
+            steady_load(caller(client, timeout), rate=RATE, concurrency=64, deadline=timeout + 5) as tally:
+        await wait_for(lambda: tally.counts()[first.url] >= RATE, what="a second of calls via the first")
+        first.pause()
+        try:
+            silent = await wait_for(lambda: min((o.ended for o in tally.outcomes if o.label == ErrorCode.TOTAL_TIMEOUT),
+                                                default=None), timeout=10, what="a call to time out")
+            await wait_for(lambda: tally.counts(started_after=silent)[second.url] >= RATE, timeout=20,
+                           what=f"a second of calls via the second router ({tally})")
+        finally:
+            first.resume()
+    summary = f"{len(tally.outcomes)} calls: {tally}"
+    assert set(tally.counts(started_after=silent)) == {second.url}, summary
+    assert set(tally.counts()) == {first.url, second.url, ErrorCode.TOTAL_TIMEOUT}, summary
     print(summary)

@@ -18,7 +18,7 @@ from agent_reach.context import current, outgoing_context, remaining_budget
 from agent_reach.credentials import ClientCredentials, TokenRefused
 from agent_reach.direct import DirectRoute
 from agent_reach.headers import API_KEY_HEADER
-from agent_reach.transport import Answer, Failover, Unreachable, post
+from agent_reach.transport import Answer, Failover, Silent, Unreachable, exchange
 
 # Extra seconds to wait past a call's timeout, so the router's own TOTAL_TIMEOUT frame arrives first.
 ANSWER_GRACE = 1.0
@@ -119,16 +119,20 @@ class ReachClient:
         """The raw answer to ``frame``; never raises for a failed call, only returns its frame.
 
         Only a router that could not be connected to (nothing was sent) is left for the next one;
-        any other failure may have run the call, so it is answered, never sent again."""
+        any other failure may have run the call, so it is answered, never sent again. A router that
+        let the call time out without a word goes behind the others for the calls that follow."""
         total = None if frame.timeout_hint is None else frame.timeout_hint / 1000 + ANSWER_GRACE
         timeout = aiohttp.ClientTimeout(total=total, sock_connect=self.connect_timeout)
         unreachable = []
         for router in self.routers.order():
             try:
-                answer = await post(self.session, f"{router}/atp", frame,
-                                    headers=await self._auth_headers(router, timeout), timeout=timeout)
+                answer = await exchange(self.session, f"{router}/atp", frame,
+                                        headers=await self._auth_headers(router, timeout), timeout=timeout)
             except TokenRefused as exc:
                 return error_frame(frame.request_id, ErrorCode.UNAUTHENTICATED, str(exc))
+            except Silent as exc:
+                self.routers.failed(router)
+                return error_frame(frame.request_id, ErrorCode.TOTAL_TIMEOUT, str(exc))
             except Unreachable as exc:
                 self.routers.failed(router)
                 unreachable.append(str(exc))

@@ -3,7 +3,8 @@
 Two wire forms: ``atp`` (the frame is the body; the router's /atp and SDK agents speak it) and
 ``rest`` (the payload is the body, the context travels in headers). Callers always get a
 ResponseFrame or an ErrorFrame back; only a connection that never opened raises
-:class:`Unreachable`, because that is the one case where trying elsewhere is always safe.
+:class:`Unreachable`, because that is the one case where trying elsewhere is always safe
+(``exchange`` also raises :class:`Silent` for a request that got no answer in time).
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ _STATUS_CODES = {
 
 class Unreachable(Exception):
     """The connection could not be opened (refused, unresolvable, connect timeout): nothing was sent."""
+
+
+class Silent(Exception):
+    """Sent, and nothing came back in time: the peer may have run it, so it is not sent again, but a peer
+    that answers nothing (hung, or SIGSTOPped: the kernel still completes its handshakes) is suspect."""
 
 
 def url_list(urls: str | Sequence[str]) -> list[str]:
@@ -138,6 +144,16 @@ def decode_rest(request_id: str, status: int, body: bytes) -> Answer:
 async def post(session: aiohttp.ClientSession, url: str, frame: RequestFrame, *, protocol: str = "atp",
                headers: dict[str, str] | None = None, timeout: aiohttp.ClientTimeout | None = None) -> Answer:
     """POST ``frame`` to ``url`` in ``protocol`` form; raises Unreachable only if nothing was sent."""
+    try:
+        return await exchange(session, url, frame, protocol=protocol, headers=headers, timeout=timeout)
+    except Silent as exc:
+        return error_frame(frame.request_id, ErrorCode.TOTAL_TIMEOUT, str(exc))
+
+
+async def exchange(session: aiohttp.ClientSession, url: str, frame: RequestFrame, *, protocol: str = "atp",
+                   headers: dict[str, str] | None = None, timeout: aiohttp.ClientTimeout | None = None) -> Answer:
+    """``post``, for a caller that treats silence apart: raises Unreachable if nothing was sent, Silent if
+    nothing came back in time."""
     sent = {**call_headers(frame), **(headers or {})}
     if protocol == "rest":
         sent[CONTEXT_HEADER] = _encoder.encode(frame.context).decode()
@@ -151,7 +167,7 @@ async def post(session: aiohttp.ClientSession, url: str, frame: RequestFrame, *,
             return decode(frame.request_id, response.status, await response.read())
     except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
         raise Unreachable(f"{url}: {exc}") from exc
-    except TimeoutError:
-        return error_frame(frame.request_id, ErrorCode.TOTAL_TIMEOUT, f"no answer from {url} in time")
+    except TimeoutError as exc:
+        raise Silent(f"no answer from {url} in time") from exc
     except aiohttp.ClientError as exc:
         return error_frame(frame.request_id, ErrorCode.AGENT_ERROR, f"connection to {url} failed: {exc}")
