@@ -240,7 +240,13 @@ class GuardedSite(web.BaseSite):
         return GuardedHandler(server, loop=asyncio.get_running_loop(), limits=self._limits, gate=self._gate,
                               **self._handler_args)
 
+    def _accept_batch(self) -> int:
+        """asyncio accepts up to ``backlog`` connections per wake-up before any of them is handled, so a
+        refused one is still open while the rest are accepted: a backlog above the cap let a flood open
+        cap + backlog descriptors at once and run the process out of them (EMFILE) under load."""
+        return max(1, min(self._backlog, self._limits.max_connections))
+
     async def start(self) -> None:
         await super().start()
         self._server = await asyncio.get_running_loop().create_server(self._connection, self._host, self._port,
-                                                                      backlog=self._backlog)
+                                                                      backlog=self._accept_batch())
