@@ -48,7 +48,7 @@ class SoleNode:
     """The embedded store (one process, its own log): the only node, so always the leader and current."""
 
     def __init__(self, registry: Registry, hub: WatchHub | None, url: str):
-        self.node_id = new_node_id()
+        self.node_id = hub.node_id if hub is not None else new_node_id()
         self.url = url
         self._registry = registry
         self._hub = hub

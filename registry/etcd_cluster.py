@@ -28,7 +28,7 @@ import aiohttp
 import msgspec
 
 from mesh.cluster import ClusterView, EtcdEndpoint, NodeView
-from registry.cluster import new_node_id, router_views
+from registry.cluster import router_views
 from registry.etcd_http import EtcdHttp, Range, Txn, b64, decode, prefix_end, unb64
 from registry.gossip import Gossip
 from registry.service import Registry
@@ -76,7 +76,8 @@ class EtcdMembership:
     def __init__(self, registry: Registry, hub: WatchHub, endpoints: list[str], records_prefix: str, *,
                  node_key: bytes, ttl: int = 5, poll: float = 0.5, gossip_interval: float = 0.5,
                  timeout: float = 3.0):
-        self.node_id = new_node_id()
+        # The hub's: the routers following this node's feed are reported under this id.
+        self.node_id = hub.node_id
         self.url = ""
         self._registry = registry
         self._hub = hub
@@ -260,8 +261,10 @@ class EtcdMembership:
         try:
             async with self._etcd.session.get(f"{url}/health", timeout=_HEALTH_TIMEOUT) as response:
                 health = msgspec.json.decode(await response.read(), type=_Health)
-        except (TimeoutError, aiohttp.ClientError, msgspec.DecodeError) as exc:
-            return EtcdEndpoint(url=url, healthy=False, error=repr(exc))
+        except TimeoutError:
+            return EtcdEndpoint(url=url, healthy=False, error=f"no answer within {_HEALTH_TIMEOUT.total}s")
+        except (aiohttp.ClientError, msgspec.DecodeError) as exc:
+            return EtcdEndpoint(url=url, healthy=False, error=(str(exc) or type(exc).__name__)[:200])
         rtt = round((time.monotonic() - started) * 1000, 2)
         return EtcdEndpoint(url=url, healthy=health.health == "true", rtt_ms=rtt,
                             error=None if health.health == "true" else "member reports no quorum or no leader")
@@ -271,7 +274,8 @@ class EtcdMembership:
         now = time.monotonic()
         heard = self.gossip.last_heard if self.gossip is not None else {}
         nodes = [NodeView(node_id=entry.node_id, url=entry.url, started_at=entry.started_at,
-                          leader=entry.node_id == self._leader, this_node=entry.node_id == self.node_id,
+                          leader=self.leads() if entry.node_id == self.node_id else entry.node_id == self._leader,
+                          this_node=entry.node_id == self.node_id,
                           last_heard=round(now - heard[entry.node_id], 3) if entry.node_id in heard else None)
                  for entry in sorted(self.nodes.values(), key=lambda entry: entry.started_at)]
         return ClusterView(store="etcd", node_id=self.node_id, leader=self._leader, stale_seconds=self.stale_seconds(),

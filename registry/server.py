@@ -13,7 +13,7 @@ from agent_reach.serving import cancel, close, listen
 from aiohttp import web
 
 from registry.api import DEFAULT_MAX_BODY, create_app
-from registry.cluster import SoleNode
+from registry.cluster import SoleNode, new_node_id
 from registry.etcd_cluster import EtcdMembership
 from registry.etcd_store import EtcdStore
 from registry.health import HealthChecker
@@ -94,7 +94,7 @@ class RegistryServer:
         else:
             log.warning("authentication is OFF: anyone can register agents and change policies (development only)")
         self._session = aiohttp.ClientSession()
-        self.hub = WatchHub(self.registry)
+        self.hub = WatchHub(self.registry, node_id=new_node_id())
         self.membership = self._membership(self.registry, self.hub)
         checker = HealthChecker(self.registry, self._session, self.membership)
         self._tasks = [asyncio.create_task(checker.run()), asyncio.create_task(self.hub.run())]

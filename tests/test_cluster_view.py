@@ -32,3 +32,16 @@ async def test_instances_count_live_records(start_registry: Callable[..., Awaita
         assert status == 200
     status, view = await call(http, "GET", f"{server.url}/cluster")
     assert status == 200 and view["instances"] == 2
+
+
+async def test_routers_are_listed_under_the_node_whose_feed_they_follow(
+        start_registry: Callable[..., Awaitable[RegistryServer]], http: aiohttp.ClientSession) -> None:
+    server = await start_registry()
+    assert server.hub is not None
+    following = [server.hub.subscribe(None, router_id) for router_id in ("r-1", "r-2")]
+    status, view = await call(http, "GET", f"{server.url}/cluster")
+    assert status == 200
+    assert view["routers"] == [{"router_id": "r-1", "node_id": view["node_id"], "share": 0.5},
+                               {"router_id": "r-2", "node_id": view["node_id"], "share": 0.5}]
+    for subscription in following:
+        subscription.end()
