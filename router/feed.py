@@ -40,7 +40,7 @@ async def follow_http(session: aiohttp.ClientSession, registries: Failover | str
         params = {"router": mirror.router_id, **({"since": str(mirror.revision)} if mirror.synced else {})}
         error: Exception | None = None
         try:
-            async with session.get(f"{registry_url}/watch", params=params, headers=headers,
+            async with session.get(f"{registry_url}/watch", params=params, headers=headers, allow_redirects=False,
                                    timeout=timeout) as response:
                 response.raise_for_status()
                 registries.answered(registry_url)

@@ -23,6 +23,7 @@ async def publish_over_http(session: aiohttp.ClientSession, registry_url: str, a
                             keys: list[PublishedKey]) -> None:
     headers = {"Content-Type": "application/json", **({API_KEY_HEADER: admin_key} if admin_key else {})}
     async with session.put(f"{registry_url}/signing-keys", data=msgspec.json.encode(keys), headers=headers,
+                           allow_redirects=False,
                            timeout=_TIMEOUT) as response:
         if response.status != 200:
             raise PublishRefused(f"registry answered {response.status}: {(await response.read())[:200]!r}")

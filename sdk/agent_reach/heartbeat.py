@@ -71,7 +71,7 @@ class RegistryLink:
         for url in self.registries.order():
             try:
                 async with self._session.post(f"{url}{path}", data=_encoder.encode(body), headers=self._headers,
-                                              timeout=self._timeout) as response:
+                                              timeout=self._timeout, allow_redirects=False) as response:
                     answer = response.status, await response.read()
             except (TimeoutError, aiohttp.ClientError) as exc:
                 self.registries.failed(url)

@@ -163,7 +163,8 @@ async def exchange(session: aiohttp.ClientSession, url: str, frame: RequestFrame
         body = _encoder.encode(frame)
         decode = decode_atp
     try:
-        async with session.post(url, data=body, headers=sent, timeout=timeout) as response:
+        # Never to a redirect's target: the headers carry the caller's credentials.
+        async with session.post(url, data=body, headers=sent, timeout=timeout, allow_redirects=False) as response:
             return decode(frame.request_id, response.status, await response.read())
     except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
         raise Unreachable(f"{url}: {exc}") from exc
