@@ -191,15 +191,27 @@ class Access:
                 await self.store.put(published_key_key(key.kid), encode_value(key))
                 log.info("token verifying key published", extra={"kid": key.kid, "verify_until": key.verify_until})
 
-    async def ensure_admin_key(self, data_dir: Path) -> str | None:
+    async def ensure_admin_key(self, data_dir: Path, *, shared: bool = False) -> str | None:
         """Create the admin key on first start: stored as ``<data_dir>/admin.key`` (0600), its digest in
-        the WAL. Returns the new key to print once, or None when one exists already.
+        the store. Returns the new key to print once, or None when one exists already.
 
-        A key file without its record (a wiped WAL) is taken as the truth and its digest stored again.
+        With its own log, a key file without its record (a wiped WAL) is taken as the truth and its digest
+        stored again. In a ``shared`` store (etcd) the stored digest is the cluster's truth: a node joining
+        with no key file, or an old one, must not replace every node's admin key with its own.
         """
         key = read_admin_key(data_dir)
+        stored = self.book.admin
+        if shared and stored is not None:
+            if key is None:
+                log.warning("the cluster has an admin key; this node has no copy of admin.key (copy it from the "
+                            "node that made it to rotate the key through this node's data dir)",
+                            extra={"path": str(admin_key_path(data_dir))})
+            elif stored.key_digest != digest(key):
+                log.error("admin.key here is not the cluster's admin key (rotated elsewhere?); it is ignored",
+                          extra={"path": str(admin_key_path(data_dir))})
+            return None
         if key is not None:
-            if self.book.admin is None or self.book.admin.key_digest != digest(key):
+            if stored is None or stored.key_digest != digest(key):
                 await self._store_admin(key)
             return None
         return await self.rotate_admin_key(data_dir)

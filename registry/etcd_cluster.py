@@ -20,6 +20,8 @@ the records' watch never sees them.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -27,6 +29,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import msgspec
 
+from auth.kek import SECRETS_KEY_FILE, SecretsKeyError
 from mesh.cluster import ClusterView, EtcdEndpoint, NodeView
 from registry.cluster import router_views
 from registry.etcd_http import EtcdHttp, Range, Txn, b64, decode, prefix_end, unb64
@@ -127,6 +130,7 @@ class EtcdMembership:
         self._etcd.open()
         self.gossip = Gossip(self._registry, self._hub, self.node_id, self._node_key, self._etcd.session)
         try:
+            await self._check_secrets_key()
             await self._join()
             await self._look()
         except BaseException:
@@ -162,6 +166,21 @@ class EtcdMembership:
                 continue  # already reflected in leads() / stale_seconds(); the next step tries again
             except Exception:
                 log.exception("cluster step failed; retrying", extra={"step": getattr(step, "__name__", "")})
+
+    async def _check_secrets_key(self) -> None:
+        """Every node must hold the same secrets.key (it opens the sealed signing keys and signs what nodes
+        tell each other): the first node leaves a check value of it in etcd, and a node with another key
+        refuses to start rather than run half-blind."""
+        key = self._prefix + "secrets-key-check"
+        check = b64(hmac.new(self._node_key, b"secrets.key check", hashlib.sha256).hexdigest())
+        body = {"compare": [{"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": 0}],
+                "success": [{"request_put": {"key": b64(key), "value": check}}],
+                "failure": [{"request_range": {"key": b64(key)}}]}
+        written = decode(await self._etcd.request("/v3/kv/txn", body), Txn)
+        if not written.succeeded and written.responses[0].response_range.kvs[0].value != check:
+            raise SecretsKeyError(f"{SECRETS_KEY_FILE} differs from the one the other registry nodes of this cluster "
+                                  f"use: copy theirs into this node's data dir (every node needs the same "
+                                  f"{SECRETS_KEY_FILE} and admin.key)")
 
     async def _join(self) -> None:
         sent = time.monotonic()

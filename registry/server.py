@@ -90,7 +90,8 @@ class RegistryServer:
             # Sealing clear keys is a WAL-era migration: etcd never held clear signing keys.
             await reseal(self.registry.access, self.store, self.settings.data_dir)
         if self.settings.auth:
-            self.new_admin_key = await self.registry.access.ensure_admin_key(self.settings.data_dir)
+            self.new_admin_key = await self.registry.access.ensure_admin_key(self.settings.data_dir,
+                                                                             shared=self.settings.store == "etcd")
         else:
             log.warning("authentication is OFF: anyone can register agents and change policies (development only)")
         self._session = aiohttp.ClientSession()

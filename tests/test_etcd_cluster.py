@@ -4,15 +4,18 @@ and a node cut off from etcd that says so. Real 3-member etcd, real registry nod
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import post, registration, wait_for
+from auth.kek import SECRETS_KEY_FILE, SecretsKeyError
+from conftest import admin_key, call, post, registration, wait_for
 from etcd_support import EtcdCluster, Relay
 from registry.etcd_cluster import EtcdMembership
 from registry.etcd_http import Range, b64, decode
@@ -164,3 +167,28 @@ async def test_a_node_cut_off_from_etcd_stops_leading_and_says_its_view_is_stale
     following.release()
     await link.restore()
     await wait_for(lambda: membership(cut_off).stale_seconds() is None, timeout=15, what="current again")
+
+
+async def test_a_node_with_another_secrets_key_refuses_to_start(etcd_cluster: Etcd, etcd_registry: Start,
+                                                                tmp_path: Path) -> None:
+    cluster = await etcd_cluster()
+    await etcd_registry(cluster, **FAST)
+    with pytest.raises(SecretsKeyError, match=r"secrets\.key differs"):
+        await etcd_registry(cluster, data_dir=tmp_path / "elsewhere", **FAST)
+
+
+async def test_a_node_joining_without_admin_key_keeps_the_clusters(etcd_cluster: Etcd, etcd_registry: Start,
+                                                                   tmp_path: Path, http: aiohttp.ClientSession) -> None:
+    """Before, the joining node made a key of its own and replaced the cluster's: the first node's key
+    stopped working everywhere."""
+    cluster = await etcd_cluster()
+    first = await etcd_registry(cluster, auth=True, **FAST)
+    key = admin_key(first)
+    joining_dir = tmp_path / "joining"
+    joining_dir.mkdir(mode=0o700)
+    shutil.copy2(tmp_path / "data" / SECRETS_KEY_FILE, joining_dir / SECRETS_KEY_FILE)
+    second = await etcd_registry(cluster, auth=True, data_dir=joining_dir, **FAST)
+    assert second.new_admin_key is None and not (joining_dir / "admin.key").exists()
+    for server in (first, second):
+        status, _ = await call(http, "GET", f"{server.url}/agents", key)
+        assert status == 200
