@@ -221,9 +221,11 @@ class EtcdMembership:
                 entry = msgspec.json.decode(unb64(kv.value), type=NodeEntry)
                 nodes[entry.node_id] = entry
         for gone in self.nodes.keys() - nodes.keys():
-            if self.gossip is not None:
-                self.gossip.forget(gone)
             log.warning("registry node left the cluster", extra={"node_id": gone})
+        if self.gossip is not None:
+            # Also any node heard from that this node never saw listed (it died between two looks).
+            for gone in (self.nodes.keys() | self.gossip.last_heard.keys()) - nodes.keys() - {self.node_id}:
+                self.gossip.forget(gone)
         self.nodes = nodes
         self._follow_leader(leader)
         if leader is None and self._lease is not None and time.monotonic() < self._lease_until:
