@@ -33,6 +33,7 @@ from aiohttp.typedefs import Handler
 from multidict import MultiMapping
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from mesh.versions import check_constraint
 from router import jsonrpc
 from router.audit import AuditLog
 from router.audit_query import FilterError, parse_filters
@@ -147,6 +148,8 @@ def checked(frame: RequestFrame) -> RequestFrame | CallResult:
     if frame.timeout_hint is not None and frame.timeout_hint <= 0:
         return invalid_frame(frame.request_id, "timeout_hint must be a positive number of milliseconds",
                              "timeout_hint")
+    if frame.version is not None and (problem := check_constraint(frame.version)) is not None:
+        return invalid_frame(frame.request_id, f"version: {problem}", "version")
     if not valid_routing_hint(frame.context):
         return invalid_frame(frame.request_id, "context.routing_hint must be an object: the metadata labels an "
                                                "instance must have, with their values", "context.routing_hint")

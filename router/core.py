@@ -22,6 +22,7 @@ from agent_reach.registration import RoutingPolicy
 
 from mesh.alerts import AlertConfig
 from mesh.policy import DEFAULT_POLICY, Policy
+from mesh.versions import instance_version
 from router.audit import AuditLog, entry_from_trace
 from router.auth import Caller, Refusal, Unauthenticated, authorize
 from router.forward import DEFAULT_MAX_ANSWER_BYTES, AgentAnswer, Forwarder
@@ -47,7 +48,7 @@ _payload_encoder = msgspec.json.Encoder()
 CALLER_ERRORS = {ErrorCode.INVALID_FRAME, ErrorCode.PAYLOAD_TOO_LARGE, ErrorCode.UNKNOWN_CAPABILITY,
                  ErrorCode.ROUTING_HINT_UNSATISFIABLE, ErrorCode.UNAUTHENTICATED, ErrorCode.FORBIDDEN,
                  ErrorCode.TRUST_LEVEL_INSUFFICIENT, ErrorCode.INTENT_AMBIGUOUS, ErrorCode.INTENT_UNMATCHED,
-                 ErrorCode.INVALID_PAYLOAD}
+                 ErrorCode.INVALID_PAYLOAD, ErrorCode.VERSION_UNSATISFIABLE}
 TIMEOUTS = {ErrorCode.CONNECT_TIMEOUT, ErrorCode.FIRST_BYTE_TIMEOUT, ErrorCode.TOTAL_TIMEOUT}
 TIMED_OUT_REMEMBERED = 10_000
 # What a caller is answered when the router itself fails mid-call (500, retryable): not the agent's doing.
@@ -95,6 +96,8 @@ class _Attempts(msgspec.Struct, kw_only=True):
     reason: str | None = None
     agent_ms: float = 0.0
     plan: list[str] = []
+    version: str | None = None  # the capability version of the instance last tried
+    rule: str | None = None  # the policy rule that decided where the call went
 
 
 class _InFlight(msgspec.Struct, kw_only=True):
@@ -283,7 +286,8 @@ class Router:
         now = time.monotonic()
         capability_breaker = self.book.breaker("", capability, policy.circuit_breaker)
         if capability_breaker.allow(now):
-            attempts = await self._attempt(frame, capability, offers, policy, started, flight)
+            attempts = await self._attempt(frame, capability, offers, policy, started, flight,
+                                           (frame.version,) if frame.version else ())
             self.observer.observe_capability(capability_breaker, attempts.answer, time.monotonic())
         else:
             attempts = _Attempts(answer=AgentAnswer(error_code=ErrorCode.CIRCUIT_OPEN, sent=False,
@@ -322,7 +326,7 @@ class Router:
         return self._finish(frame, fallback, offers[0].capability.timeout_sla_ms, attempts, started)
 
     async def _attempt(self, frame: RequestFrame, capability: str, offers: list[Offer], policy: Policy,
-                       started: float, flight: _InFlight) -> _Attempts:
+                       started: float, flight: _InFlight, versions: tuple[str, ...] = ()) -> _Attempts:
         now = time.monotonic()
         by_id = {offer.record.agent_id: offer for offer in offers}
         candidates = [self._candidate(offer, capability, policy, now) for offer in offers]
@@ -333,7 +337,7 @@ class Router:
                           hash_key=session_hash_key(frame.context, frame.request_id),
                           routing_hint=frame.context.get("routing_hint"),  # an object or None: checked at the edge
                           sticky_agent=self.sticky.get(sticky, now) if sticky else None,
-                          rng=self._rng, panic_threshold=self.settings.panic_threshold)
+                          rng=self._rng, panic_threshold=self.settings.panic_threshold, versions=versions)
         if isinstance(plan, RouteRefusal):
             return _Attempts(refusal=plan, policy=policy_name)
         sla_ms = by_id[plan.order[0].agent_id].capability.timeout_sla_ms
@@ -375,7 +379,7 @@ class Router:
             attempt.elapsed_ms, attempt.message = round(answer.elapsed_ms, 3), answer.message
             attempt.error_code = answer.error_code
             state.attempts += 1
-            state.instance = candidate.agent_id
+            state.instance, state.version = candidate.agent_id, candidate.version
             state.answer = answer
             state.agent_ms += answer.elapsed_ms
             answer.cut_short = hurried(answer.error_code, timeouts, own)
@@ -404,6 +408,7 @@ class Router:
             metadata=offer.record.metadata, max_qps=max_qps,
             available=self.book.available(capability, agent_id, policy.circuit_breaker, now),
             has_capacity=self.book.bucket(agent_id, max_qps).available(now) >= 1,
+            version=instance_version(offer.capability.version, offer.record.metadata.get("semver")),
         )
 
     async def _send(self, frame: RequestFrame, capability: str, offer: Offer, timeouts: ResolvedTimeouts,
@@ -459,7 +464,8 @@ class Router:
         elapsed_ms = (time.monotonic() - started) * 1000
         route = RouteFacts(instance=attempts.instance, policy=attempts.policy, attempts=attempts.attempts,
                            degraded=attempts.degraded, timeout_sla_ms=sla_ms, capability=capability,
-                           overhead_ms=round(max(0.0, elapsed_ms - attempts.agent_ms), 3), reason=attempts.reason)
+                           overhead_ms=round(max(0.0, elapsed_ms - attempts.agent_ms), 3), reason=attempts.reason,
+                           rule=attempts.rule, version=attempts.version)
         if attempts.refusal is not None:
             return self._error(frame, attempts.refusal.code, attempts.refusal.reason, route, started)
         answer = attempts.answer

@@ -1,8 +1,8 @@
 """Which instances to try for one call, in order: filters first, then the capability's policy.
 
-hint filter (hard; never route elsewhere) -> state tier (healthy, else pending and demoted, degraded)
--> availability (breakers, ejections; ignored in panic) -> capacity (max_qps; none left is BUSY)
--> policy order -> sticky instance first.
+hint filter, then version constraints (both hard; never route elsewhere) -> state tier (healthy, else
+pending and demoted, degraded) -> availability (breakers, ejections; ignored in panic) -> capacity
+(max_qps; none left is BUSY) -> policy order -> sticky instance first.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from agent_reach.atp import ErrorCode
 from agent_reach.hint import matches_hint, unsatisfied_hint
 from agent_reach.registration import Protocol, RoutingPolicy
 
+from mesh.versions import parse_constraint, parse_version, satisfies
 from router.hashring import HashRing
 
 HEALTHY = "healthy"
@@ -39,6 +40,7 @@ class Candidate(msgspec.Struct, kw_only=True):
     max_qps: float = 0.0  # 0 = unlimited
     available: bool = True  # False: breaker open or passively ejected (the I/O side decides)
     has_capacity: bool = True  # False: its max_qps token bucket is empty right now
+    version: str = ""  # its version of the capability (mesh.versions.instance_version)
 
 
 class RoutePlan(msgspec.Struct, kw_only=True):
@@ -90,8 +92,10 @@ def plan_route(
     rng: random.Random,
     panic_threshold: float = 0.5,
     p2c_above: int = 8,
+    versions: tuple[str, ...] = (),
 ) -> RoutePlan | RouteRefusal:
-    """Order the candidates to try for one call, or say why none may be tried."""
+    """Order the candidates to try for one call, or say why none may be tried. ``versions``: constraints
+    (already validated) every candidate's version must satisfy: the frame's, a rule's, a canary's."""
     if not candidates:
         return RouteRefusal(code=ErrorCode.NO_ROUTABLE_INSTANCE, reason="the capability has no registered instance")
     matching = candidates
@@ -99,6 +103,13 @@ def plan_route(
         matching = [candidate for candidate in candidates if matches_hint(candidate.metadata, routing_hint)]
         if not matching:
             return RouteRefusal(code=ErrorCode.ROUTING_HINT_UNSATISFIABLE, reason=unsatisfied_hint(routing_hint))
+    if versions:
+        within = versions_filter(matching, versions)
+        if not within:
+            offered = ", ".join(sorted({candidate.version for candidate in matching}))
+            return RouteRefusal(code=ErrorCode.VERSION_UNSATISFIABLE,
+                                reason=f"no instance's version satisfies {' and '.join(versions)} (offered: {offered})")
+        matching = within
     tier = [candidate for candidate in matching if candidate.state == HEALTHY]
     degraded = not tier
     if degraded:
@@ -115,6 +126,13 @@ def plan_route(
         order.sort(key=lambda candidate: candidate.agent_id != sticky_agent)
     return RoutePlan(order=order, policy=policy_name, degraded=degraded, panic=panic,
                      reason=order[0].state if degraded else None)
+
+
+def versions_filter(candidates: list[Candidate], versions: tuple[str, ...]) -> list[Candidate]:
+    """The candidates whose version satisfies every constraint."""
+    intervals = [parse_constraint(text) for text in versions]
+    return [candidate for candidate in candidates
+            if all(satisfies(parse_version(candidate.version), interval) for interval in intervals)]
 
 
 def _by_load(pool: list[Candidate], candidates: list[Candidate], hash_key: str, rng: random.Random,

@@ -55,6 +55,9 @@ class RequestFrame(msgspec.Struct, kw_only=True, omit_defaults=True):
     request_id: str = msgspec.field(default_factory=new_request_id)
     timeout_hint: int | None = None
     intent: str | None = None
+    # A constraint on the capability's version (">=3.2", "^3", "~3.2", "3.2.1", ">=3,<4"): only
+    # instances whose version satisfies it are candidates (mesh/versions.py has the grammar).
+    version: str | None = None
 
 
 class BusinessError(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -90,6 +93,9 @@ class RouteFacts(msgspec.Struct, kw_only=True, omit_defaults=True):
     reason: str | None = None
     match_score: float | None = None
     intent_candidates: list[IntentCandidate] | None = None
+    # The policy rule that decided the call (absent: none matched) and the version of the instance that answered.
+    rule: str | None = None
+    version: str | None = None
 
 
 class ResponseFrame(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -139,6 +145,7 @@ class ErrorCode(StrEnum):
     TRUST_LEVEL_INSUFFICIENT = "TRUST_LEVEL_INSUFFICIENT"
     INTENT_AMBIGUOUS = "INTENT_AMBIGUOUS"
     INTENT_UNMATCHED = "INTENT_UNMATCHED"
+    VERSION_UNSATISFIABLE = "VERSION_UNSATISFIABLE"
     INTERNAL_ERROR = "INTERNAL_ERROR"
 
     @property
@@ -175,6 +182,9 @@ _ERROR_TABLE: dict[ErrorCode, tuple[int, bool]] = {
     # answer, so a retry cannot help: the caller names the capability or rephrases.
     ErrorCode.INTENT_AMBIGUOUS: (422, False),
     ErrorCode.INTENT_UNMATCHED: (422, False),
+    # No instance's capability version satisfies the frame's (or the deciding rule's) constraint: like a
+    # routing hint, a hard filter; the call is never sent to another version.
+    ErrorCode.VERSION_UNSATISFIABLE: (503, False),
     # The router failed itself (a bug, or out of file descriptors): nothing about the agent, so never
     # counted against one; the same call may well succeed a moment later, or through another router.
     ErrorCode.INTERNAL_ERROR: (500, True),
