@@ -31,6 +31,8 @@ class TimeoutConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     connect_ms: Milliseconds = DEFAULT_CONNECT_MS
     first_byte_ms: Milliseconds | None = None
     total_ms: Milliseconds | None = None
+    # A streamed answer's longest silence between chunks; None: router/timeouts.py's default.
+    idle_ms: Milliseconds | None = None
 
 
 class RetryConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):

@@ -28,6 +28,7 @@ from agent_reach.atp import (
     valid_routing_hint,
 )
 from agent_reach.headers import REQUEST_ID_HEADER, ROUTE_HEADERS, TRACEPARENT_HEADER, TRACESTATE_HEADER
+from agent_reach.sse import ERROR, RESPONSE, EventWriter, on_disconnect, wants_stream
 from aiohttp import web
 from aiohttp.typedefs import Handler
 from multidict import MultiMapping
@@ -43,6 +44,7 @@ from router.forward import MAX_CONTEXT_BYTES
 from router.metrics import RouterCollector
 from router.oauth import OAuthRefusal
 from router.reach import health_rate
+from router.streaming import CallerStream, Relay
 from router.tracecontext import ParentSpan, parent_span
 from weblayer.errors import ApiError, from_decode_error
 from weblayer.guard import admin_only
@@ -236,7 +238,7 @@ class Atp:
             except msgspec.MsgspecError:
                 pass
             else:
-                return await self.answer_frame(frame, caller, ROUTE_HEADERS in headers, parent)
+                return await self.answer_frame(frame, caller, ROUTE_HEADERS in headers, parent, request)
         try:
             body = _decoder.decode(raw)
         except msgspec.DecodeError as exc:
@@ -245,16 +247,43 @@ class Atp:
             return refused_frame(invalid_frame(RequestFrame().request_id, f"Body is not valid JSON: {exc}"), 400)
         if jsonrpc.is_envelope(body):
             return await self.rpc(body, caller, parent)
-        return await self.answer_frame(to_frame(body), caller, ROUTE_HEADERS in headers, parent)
+        return await self.answer_frame(to_frame(body), caller, ROUTE_HEADERS in headers, parent, request)
 
     async def answer_frame(self, frame: RequestFrame | CallResult, caller: Identity, route_facts: bool,
-                           parent: ParentSpan | None) -> web.Response:
+                           parent: ParentSpan | None, request: web.Request | None = None) -> web.StreamResponse:
         if isinstance(frame, CallResult):
             result = frame
+        elif request is not None and (frame.stream or wants_stream(request.headers.get("Accept", ""))):
+            return await self.stream(request, frame, caller, route_facts, parent)
         else:  # inline, not through call(): one coroutine frame less for every await below
             with logs.bind(request_id=frame.request_id, capability=frame.capability):
                 result = await self.router.call(frame, caller, parent)
         return json_response(result.frame, result.http_status, answer_headers(result, route_facts))
+
+    async def stream(self, request: web.Request, frame: RequestFrame, caller: Identity, route_facts: bool,
+                     parent: ParentSpan | None) -> web.StreamResponse:
+        """A streamed answer: each chunk as the agent sends it, then the final frame's event. Its status
+        is the final frame's when no chunk came before it. The caller leaving cancels the call at once,
+        which closes the agent's connection (router/forward.py): no work goes on for nobody."""
+        frame.stream = True
+        writer = EventWriter(request, {REQUEST_ID_HEADER: frame.request_id})
+        sink = CallerStream(writer, frame.request_id)
+        with logs.bind(request_id=frame.request_id, capability=frame.capability):
+            call = asyncio.ensure_future(self.router.call(frame, caller, parent, Relay(sink)))
+            with on_disconnect(request, call.cancel):
+                try:
+                    result = await call
+                except asyncio.CancelledError:
+                    current = asyncio.current_task()
+                    if current is not None and current.cancelling():
+                        raise
+                    log.info("caller left a streamed call", extra={"chunks": sink.seq})
+                    return writer.response or web.Response()  # nobody reads it: the connection is gone
+        writer.headers.update(answer_headers(result, route_facts))
+        await sink.end(ERROR if isinstance(result.frame, ErrorFrame) else RESPONSE, _encoder.encode(result.frame),
+                       result.http_status)
+        assert writer.response is not None
+        return writer.response
 
     async def call(self, frame: RequestFrame | CallResult, caller: Identity, parent: ParentSpan | None) -> CallResult:
         if isinstance(frame, CallResult):

@@ -34,6 +34,7 @@ from router.reach import Outcome, ReachLedger
 from router.selection import Candidate, RouteRefusal, choose_policy, plan_route, session_hash_key
 from router.semantic.outcome import IntentMatch, IntentRefusal
 from router.sticky import StickyTable, sticky_key
+from router.streaming import Relay
 from router.timeouts import ResolvedTimeouts, resolve_timeouts
 from router.tracecontext import CallSpan, ParentSpan, open_span
 from router.traces import AttemptTrace, CallTrace, TraceStore
@@ -49,7 +50,7 @@ CALLER_ERRORS = {ErrorCode.INVALID_FRAME, ErrorCode.PAYLOAD_TOO_LARGE, ErrorCode
                  ErrorCode.ROUTING_HINT_UNSATISFIABLE, ErrorCode.UNAUTHENTICATED, ErrorCode.FORBIDDEN,
                  ErrorCode.TRUST_LEVEL_INSUFFICIENT, ErrorCode.INTENT_AMBIGUOUS, ErrorCode.INTENT_UNMATCHED,
                  ErrorCode.INVALID_PAYLOAD, ErrorCode.VERSION_UNSATISFIABLE}
-TIMEOUTS = {ErrorCode.CONNECT_TIMEOUT, ErrorCode.FIRST_BYTE_TIMEOUT, ErrorCode.TOTAL_TIMEOUT}
+TIMEOUTS = {ErrorCode.CONNECT_TIMEOUT, ErrorCode.FIRST_BYTE_TIMEOUT, ErrorCode.TOTAL_TIMEOUT, ErrorCode.IDLE_TIMEOUT}
 TIMED_OUT_REMEMBERED = 10_000
 # What a caller is answered when the router itself fails mid-call (500, retryable): not the agent's doing.
 ROUTER_FAILURE = ErrorCode.INTERNAL_ERROR
@@ -106,6 +107,7 @@ class _InFlight(msgspec.Struct, kw_only=True):
 
     span: CallSpan
     tried: list[AttemptTrace] = []  # every attempt so far, fallback's included, in order
+    relay: Relay = msgspec.field(default_factory=Relay)  # a streamed answer's chunks, to the caller if it streams
 
 
 class Router:
@@ -134,15 +136,16 @@ class Router:
         return self.mirror.limit_share
 
     async def call(self, frame: RequestFrame, caller: Caller | Unauthenticated | None = None,
-                   parent: ParentSpan | None = None) -> CallResult:
+                   parent: ParentSpan | None = None, relay: Relay | None = None) -> CallResult:
         """Route one call. ``caller`` is the resolved credential, None when authentication is off;
-        ``parent`` the caller's W3C span, if it sent a valid one.
+        ``parent`` the caller's W3C span, if it sent a valid one; ``relay`` carries a streaming caller's
+        chunks (router/streaming.py).
 
         However the call ends (an answer, a refusal, a bug in the router, cancellation), it is traced
         and audited in ``finally``: an exception must not take a call out of the audit trail.
         """
         started, started_at = time.monotonic(), time.time()
-        flight = _InFlight(span=open_span(frame.context, parent))
+        flight = _InFlight(span=open_span(frame.context, parent), relay=relay or Relay())
         payload = _payload_encoder.encode(frame.payload)
         result: CallResult | None = None
         try:
@@ -255,7 +258,8 @@ class Router:
             error_code=CANCELLED if answer is None else answer.error_code if isinstance(answer, ErrorFrame) else None,
             total_ms=round((time.monotonic() - started) * 1000, 3), overhead_ms=route.overhead_ms or 0.0,
             tokens=tokens if isinstance(tokens, int) else None, span_id=flight.span.span_id,
-            parent_span_id=flight.span.parent_span_id)
+            parent_span_id=flight.span.parent_span_id, streamed=flight.relay.streaming, chunks=flight.relay.chunks,
+            chunk_bytes=flight.relay.bytes)
         if keep:
             self.traces.add(trace)
         if self.audit is not None:
@@ -303,7 +307,7 @@ class Router:
     async def _with_fallback(self, frame: RequestFrame, policy: Policy, attempts: _Attempts, started: float,
                              caller: Caller | Unauthenticated | None, flight: _InFlight) -> CallResult | None:
         """For a failed call, the fallback capability's success (degraded); None to answer the failure."""
-        if not policy.fallback_capability or self._beyond_fallback(attempts):
+        if not policy.fallback_capability or self._beyond_fallback(attempts) or flight.relay.delivered:
             return None
         return await self._call_fallback(frame, policy.fallback_capability, started, caller, flight)
 
@@ -375,7 +379,7 @@ class Router:
                 instance=candidate.agent_id, endpoint=offer.capability.endpoint, protocol=offer.capability.protocol,
                 started_ms=round((now - started) * 1000, 3), elapsed_ms=0.0, message="no answer: the call ended first")
             flight.tried.append(attempt)
-            answer = await self._send(frame, capability, offer, timeouts, remaining, flight.span)
+            answer = await self._send(frame, capability, offer, timeouts, remaining, flight.span, flight.relay)
             attempt.elapsed_ms, attempt.message = round(answer.elapsed_ms, 3), answer.message
             attempt.error_code = answer.error_code
             state.attempts += 1
@@ -384,6 +388,8 @@ class Router:
             state.agent_ms += answer.elapsed_ms
             answer.cut_short = hurried(answer.error_code, timeouts, own)
             step = self.observer.observe(breaker, candidate.agent_id, answer, time.monotonic())
+            if flight.relay.delivered:
+                break  # the caller has chunks of this answer: another instance's would not continue them
             if step is Step.RETRY:
                 tries += 1
                 if tries < tries_allowed:
@@ -412,7 +418,7 @@ class Router:
         )
 
     async def _send(self, frame: RequestFrame, capability: str, offer: Offer, timeouts: ResolvedTimeouts,
-                    remaining: float, span: CallSpan) -> AgentAnswer:
+                    remaining: float, span: CallSpan, relay: Relay) -> AgentAnswer:
         agent_id = offer.record.agent_id
         attempt_timeouts = msgspec.structs.replace(
             timeouts, total_s=remaining, first_byte_s=min(timeouts.first_byte_s, remaining),
@@ -422,7 +428,7 @@ class Router:
             sent = frame if frame.capability == capability else msgspec.structs.replace(frame, capability=capability)
             answer = await self.forwarder.send(offer.capability.endpoint, offer.capability.protocol, sent,
                                                attempt_timeouts, self.mirror.auth.signing_key(offer.record.token_id),
-                                               agent_id, self.settings.max_answer_bytes, span=span)
+                                               agent_id, self.settings.max_answer_bytes, span=span, relay=relay)
         finally:
             self.book.inflight[agent_id] -= 1
         if answer.error_code in TIMEOUTS:

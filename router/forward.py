@@ -1,9 +1,11 @@
-"""Moving one call's bytes to one agent instance, with connect / first-byte / total timeouts.
+"""Moving one call's bytes to one agent instance, with connect / first-byte / idle / total timeouts.
 
 The router decides; this module only sends and classifies what came back, so every failure
 becomes an ErrorCode and a flag saying whether the agent could have seen the request. Calls to
 an instance that joined with a registration token are signed with that token's key
 (``X-Reach-Signature``), so the agent can refuse calls that did not come through the mesh.
+An agent may answer with server-sent events (agent_reach.sse): each chunk is passed on through the
+call's Relay as soon as it is read, under the idle timeout between chunks and the call's total.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ from agent_reach.headers import (
 )
 from agent_reach.registration import Protocol
 from agent_reach.signing import sign
+from agent_reach.sse import CHUNK, ERROR, EVENT_STREAM, MESSAGE, RESPONSE, EventParser
 from yarl import URL
 
+from router.streaming import Relay
 from router.timeouts import ResolvedTimeouts
 from router.tracecontext import CallSpan
 
@@ -58,6 +62,8 @@ class AgentAnswer(msgspec.Struct, kw_only=True):
     # True when the deadline that ended it was not the capability's own (the caller's timeout_hint brought
     # it forward, or the budget ran out before any instance was tried): it says nothing about the agent.
     cut_short: bool = False
+    # Chunks of a streamed answer this attempt passed on: after the first, the call is never failed over.
+    chunks: int = 0
 
     @property
     def ok(self) -> bool:
@@ -163,6 +169,78 @@ def _classify_rest(status: int, body: bytes) -> AgentAnswer:
 _PROTOCOLS = {"atp": (_atp_request, _classify_atp), "rest": (_rest_request, _classify_rest)}
 
 
+class _AgentChunk(msgspec.Struct):
+    data: msgspec.Raw = msgspec.Raw(b"null")
+
+
+_chunk_decoder = msgspec.json.Decoder(_AgentChunk)
+
+
+def _chunk_data(protocol: Protocol, data: bytes) -> msgspec.Raw:
+    """A chunk's JSON: an ATP agent's is the ``data`` of its chunk event, a rest agent's the event's data.
+    Checked (syntax and UTF-8) before it is passed on inside the router's own event, and on one line:
+    a raw line end can only be whitespace between JSON tokens, so a space stands for it."""
+    if not data.isascii():
+        data.decode()
+    text = bytes(_chunk_decoder.decode(data).data if protocol == "atp" else _raw_decoder.decode(data))
+    return msgspec.Raw(text.replace(b"\n", b" ").replace(b"\r", b" "))
+
+
+def _final(protocol: Protocol, name: str, data: bytes) -> AgentAnswer:
+    """What a stream's final event says: ``response`` is read as the protocol's answer, ``error`` as a frame."""
+    if name == RESPONSE:
+        return _PROTOCOLS[protocol][1](200, data)
+    return _classify_atp(502, data)
+
+
+class _Stream:
+    """Where one streamed answer is: which deadline is armed (for naming the timeout that fires) and its size."""
+
+    def __init__(self, idle_s: float, ends_at: float, limit: int):
+        self.idle_s = idle_s
+        self.ends_at = ends_at
+        self.limit = limit
+        self.idle_armed = False
+        self.size = 0
+        self.chunks = 0
+
+    def arm(self, deadline: asyncio.Timeout) -> None:
+        """The next read may wait until the idle deadline or the total's, whichever is first."""
+        idle_at = asyncio.get_running_loop().time() + self.idle_s
+        self.idle_armed = idle_at < self.ends_at
+        deadline.reschedule(min(idle_at, self.ends_at))
+
+
+async def _relay_stream(response: aiohttp.ClientResponse, protocol: Protocol, relay: Relay, stream: _Stream,
+                        deadline: asyncio.Timeout) -> AgentAnswer:
+    """Read an agent's events, passing each chunk on before the next is read, until its final event."""
+    parser = EventParser()
+    last = msgspec.Raw(b"null")
+    while True:
+        stream.arm(deadline)
+        received = await response.content.readany()
+        if not received:
+            if protocol == "atp":
+                return _malformed("the stream ended without a final event")
+            return AgentAnswer(result=last)
+        stream.size += len(received)
+        if stream.size > stream.limit:
+            return AgentAnswer(error_code=ErrorCode.ANSWER_TOO_LARGE,
+                               message=f"agent's streamed answer exceeds the router's limit of {stream.limit} bytes "
+                                       f"after {stream.chunks} chunks")
+        for event in parser.feed(received):
+            if event.name in (RESPONSE, ERROR):
+                return _final(protocol, event.name, event.data)
+            if event.name not in (CHUNK, MESSAGE):
+                continue  # an event of another kind (a keep-alive, say): nothing for the caller
+            try:
+                last = _chunk_data(protocol, event.data)
+            except (msgspec.MsgspecError, UnicodeDecodeError) as exc:
+                return _malformed(f"a chunk is not JSON ({exc})")
+            await relay.pass_on(last)
+            stream.chunks += 1
+
+
 @functools.lru_cache(maxsize=1024)
 def _client_timeout(connect_s: float) -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(total=None, connect=connect_s, sock_connect=connect_s)
@@ -217,10 +295,12 @@ class Forwarder:
 
     async def send(self, endpoint: str, protocol: Protocol, frame: RequestFrame, timeouts: ResolvedTimeouts,
                    signing_key: str | None = None, agent_id: str = "",
-                   max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES, *, span: CallSpan) -> AgentAnswer:
+                   max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES, *, span: CallSpan,
+                   relay: Relay | None = None) -> AgentAnswer:
         """``signing_key``: the key of the registration token the instance ``agent_id`` joined with, if any;
         the signature names ``agent_id`` so that it verifies at that instance only. An answer larger than
-        ``max_answer_bytes`` is ANSWER_TOO_LARGE."""
+        ``max_answer_bytes`` (a stream's bytes all together) is ANSWER_TOO_LARGE. ``relay``: where a
+        streamed answer's chunks go (a caller that streams asks the agent for a stream)."""
         # One coroutine, not a timing wrapper around another: every await resumes through each frame.
         build, classify = _PROTOCOLS[protocol]
         body, headers = build(frame, int(timeouts.total_s * 1000))
@@ -232,12 +312,16 @@ class Forwarder:
             headers[SIGNATURE_HEADER] = sign(signing_key, agent_id, "POST", _path(endpoint), frame.request_id, body)
         if self.completion_url:
             headers[COMPLETION_URL_HEADER] = self.completion_url
+        relay = relay or Relay()
+        if relay.streaming:
+            headers["Accept"] = f"{EVENT_STREAM}, application/json"
         client_timeout = _client_timeout(timeouts.connect_s)
         # One timer for both deadlines: the first byte's, then (headers in) the whole call's.
         now = asyncio.get_running_loop().time()
         started = time.monotonic()
         first_byte_fires = timeouts.first_byte_s < timeouts.total_s
         stage = "first_byte"
+        stream = _Stream(timeouts.idle_s, now + timeouts.total_s, max_answer_bytes)
         try:
             async with asyncio.timeout_at(now + min(timeouts.first_byte_s, timeouts.total_s)) as deadline:
                 # Never followed: a redirect would send the call (and its signature) wherever the agent says.
@@ -246,11 +330,15 @@ class Forwarder:
                 stage = "body"
                 if first_byte_fires:
                     deadline.reschedule(now + timeouts.total_s)
-                async with response:
-                    raw = await _read_capped(response, max_answer_bytes)
-                answer = classify(response.status, raw) if raw is not None else AgentAnswer(
-                    error_code=ErrorCode.ANSWER_TOO_LARGE,
-                    message=f"agent's answer exceeds the router's limit of {max_answer_bytes} bytes")
+                if response.status // 100 == 2 and response.content_type == EVENT_STREAM:
+                    stage = "stream"
+                    answer = await self._stream(response, protocol, relay, stream, deadline)
+                else:
+                    async with response:
+                        raw = await _read_capped(response, max_answer_bytes)
+                    answer = classify(response.status, raw) if raw is not None else AgentAnswer(
+                        error_code=ErrorCode.ANSWER_TOO_LARGE,
+                        message=f"agent's answer exceeds the router's limit of {max_answer_bytes} bytes")
         except aiohttp.ConnectionTimeoutError:
             answer = AgentAnswer(error_code=ErrorCode.CONNECT_TIMEOUT, sent=False,
                                  message=f"no connection within {timeouts.connect_s * 1000:.0f} ms")
@@ -258,7 +346,11 @@ class Forwarder:
             answer = _short_of_resources(exc, sent=False) or AgentAnswer(
                 error_code=ErrorCode.AGENT_ERROR, sent=False, message=f"connection failed: {exc}")
         except TimeoutError:
-            if stage == "first_byte" and first_byte_fires:
+            if stage == "stream" and stream.idle_armed:
+                answer = AgentAnswer(error_code=ErrorCode.IDLE_TIMEOUT,
+                                     message=f"no chunk for {timeouts.idle_s * 1000:.0f} ms after "
+                                             f"{stream.chunks} chunks")
+            elif stage == "first_byte" and first_byte_fires:
                 answer = AgentAnswer(error_code=ErrorCode.FIRST_BYTE_TIMEOUT,
                                      message=f"no answer within {timeouts.first_byte_s * 1000:.0f} ms")
             else:
@@ -268,4 +360,18 @@ class Forwarder:
             answer = _short_of_resources(exc, sent=True) or AgentAnswer(
                 error_code=ErrorCode.AGENT_ERROR, message=f"agent connection broke: {exc!r}")
         answer.elapsed_ms = (time.monotonic() - started) * 1000
+        answer.chunks = stream.chunks
+        return answer
+
+    @staticmethod
+    async def _stream(response: aiohttp.ClientResponse, protocol: Protocol, relay: Relay, stream: _Stream,
+                      deadline: asyncio.Timeout) -> AgentAnswer:
+        """A streamed answer; the connection is closed, never reused, when the call ends before its final
+        event (a timeout, the caller gone, the cap): that is what stops the agent's work."""
+        try:
+            answer = await _relay_stream(response, protocol, relay, stream, deadline)
+        except BaseException:
+            response.close()
+            raise
+        response.release()  # closes the connection too unless the stream was read to its end
         return answer

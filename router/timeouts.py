@@ -6,13 +6,19 @@ import msgspec
 
 from mesh.policy import TimeoutConfig
 
+# A streamed answer may fall silent this long between chunks unless its policy says otherwise: long enough
+# for a model's slowest token, short enough that a stalled stream ends well before most totals.
+DEFAULT_IDLE_MS = 30_000
+
 
 class ResolvedTimeouts(msgspec.Struct, kw_only=True, frozen=True):
-    """The three timeouts of one call, in seconds, ready for the HTTP client."""
+    """The timeouts of one call, in seconds, ready for the HTTP client; ``idle_s`` bounds the silence
+    between a streamed answer's chunks (the total still bounds the whole stream)."""
 
     connect_s: float
     first_byte_s: float
     total_s: float
+    idle_s: float = DEFAULT_IDLE_MS / 1000
 
 
 def resolve_timeouts(config: TimeoutConfig, timeout_sla_ms: int, timeout_hint_ms: int | None) -> ResolvedTimeouts:
@@ -25,4 +31,6 @@ def resolve_timeouts(config: TimeoutConfig, timeout_sla_ms: int, timeout_hint_ms
         total_ms = min(total_ms, timeout_hint_ms)
     first_byte_ms = min(config.first_byte_ms if config.first_byte_ms is not None else total_ms, total_ms)
     connect_ms = min(config.connect_ms, first_byte_ms)
-    return ResolvedTimeouts(connect_s=connect_ms / 1000, first_byte_s=first_byte_ms / 1000, total_s=total_ms / 1000)
+    idle_ms = config.idle_ms if config.idle_ms is not None else DEFAULT_IDLE_MS
+    return ResolvedTimeouts(connect_s=connect_ms / 1000, first_byte_s=first_byte_ms / 1000, total_s=total_ms / 1000,
+                            idle_s=idle_ms / 1000)

@@ -53,6 +53,10 @@ class CallTrace(msgspec.Struct, kw_only=True, gc=False):
     tokens: int | None = None
     span_id: str = ""  # the router's W3C span of this call
     parent_span_id: str | None = None  # the caller's span, from its traceparent
+    # A streamed answer: whether the caller read it as a stream, its chunks and their bytes (JSON) together.
+    streamed: bool = False
+    chunks: int = 0
+    chunk_bytes: int = 0
 
 
 # Bounds on what callers' ids can make a tree cost: nesting deeper than any real call chain is cut,

@@ -30,6 +30,7 @@ from agent_reach.inflight import Inflight
 from agent_reach.registration import Capability, HeartbeatRequest, Protocol, RegisterRequest, TrustLevel
 from agent_reach.serving import cancel, close, listen
 from agent_reach.signing import DEFAULT_WINDOW_S, signing_key
+from agent_reach.sse import ERROR, RESPONSE, EventWriter, encode_event
 from agent_reach.watchdog import watch_loop
 from agent_reach.wrap import HEALTH_PATH, AiohttpHost, ExternalHost, Host, host_for
 
@@ -105,13 +106,14 @@ class AgentReachSDK:
     def capability(self, name: str, *, version: str = "1.0", description: str = "", examples: Sequence[str] = (),
                    timeout_sla_ms: int = 30_000, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
                    idempotent: bool = False, trust_level: TrustLevel | None = None) -> Callable[[Handler], Handler]:
-        """Serve ``async def handler(payload, ctx)`` as capability ``name`` over ATP."""
+        """Serve ``async def handler(payload, ctx)`` as capability ``name`` over ATP; a handler that is an
+        async generator streams its answer, one chunk per ``yield`` (agent_reach.dispatch)."""
         capability = _declare(name, endpoint=f"/atp/{name}", protocol="atp", version=version,
                               description=description, examples=list(examples), timeout_sla_ms=timeout_sla_ms,
                               max_payload_bytes=max_payload_bytes, idempotent=idempotent, trust_level=trust_level)
 
         def decorate(handler: Handler) -> Handler:
-            if not inspect.iscoroutinefunction(handler):
+            if not (inspect.iscoroutinefunction(handler) or inspect.isasyncgenfunction(handler)):
                 raise TypeError(f"{handler.__qualname__} must be `async def handler(payload, ctx)`; "
                                 "sync work would block every other call and the heartbeats")
             self._claim(name)
@@ -170,14 +172,17 @@ class AgentReachSDK:
         if not any(resource.canonical == HEALTH_PATH for resource in app.router.resources()):
             app.router.add_get(HEALTH_PATH, self._healthz_endpoint)
 
-    async def _atp_endpoint(self, request: web.Request) -> web.Response:
+    async def _atp_endpoint(self, request: web.Request) -> web.StreamResponse:
         try:
             body: bytes | None = await request.read()
         except web.HTTPRequestEntityTooLarge:
             body = None
         name = request.match_info["capability"]
+        out = EventWriter(request, {})
         reply = await self._dispatcher.handle(self._natives.get(name), name, body, request.headers,
-                                              caller_gone=lambda: _hung_up(request))
+                                              caller_gone=lambda: _hung_up(request), out=out)
+        if out.started:
+            return await out.end(encode_event(RESPONSE if reply.status == 200 else ERROR, reply.body))
         return web.Response(body=reply.body, status=reply.status, content_type="application/json")
 
     async def _healthz_endpoint(self, request: web.Request) -> web.Response:

@@ -58,6 +58,8 @@ class RequestFrame(msgspec.Struct, kw_only=True, omit_defaults=True):
     # A constraint on the capability's version (">=3.2", "^3", "~3.2", "3.2.1", ">=3,<4"): only
     # instances whose version satisfies it are candidates (mesh/versions.py has the grammar).
     version: str | None = None
+    # Answer as server-sent events: chunks as the agent produces them, then the final frame (docs/atp.md).
+    stream: bool = False
 
 
 class BusinessError(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -135,6 +137,7 @@ class ErrorCode(StrEnum):
     CONNECT_TIMEOUT = "CONNECT_TIMEOUT"
     FIRST_BYTE_TIMEOUT = "FIRST_BYTE_TIMEOUT"
     TOTAL_TIMEOUT = "TOTAL_TIMEOUT"
+    IDLE_TIMEOUT = "IDLE_TIMEOUT"
     CIRCUIT_OPEN = "CIRCUIT_OPEN"
     BUSY = "BUSY"
     AGENT_ERROR = "AGENT_ERROR"
@@ -169,6 +172,8 @@ _ERROR_TABLE: dict[ErrorCode, tuple[int, bool]] = {
     ErrorCode.CONNECT_TIMEOUT: (504, True),
     ErrorCode.FIRST_BYTE_TIMEOUT: (504, True),
     ErrorCode.TOTAL_TIMEOUT: (504, True),
+    # A streamed answer fell silent between chunks for longer than the capability's idle timeout.
+    ErrorCode.IDLE_TIMEOUT: (504, True),
     ErrorCode.CIRCUIT_OPEN: (503, True),
     ErrorCode.BUSY: (429, True),
     ErrorCode.AGENT_ERROR: (502, True),

@@ -6,14 +6,21 @@ error, HTTP 200), raise anything else (``AGENT_ERROR``) or overrun (``TOTAL_TIME
 cancelled). Frames that are malformed or too big never reach the handler, nor do calls the
 guard refuses (not signed by the router; ``UNAUTHENTICATED``), and while the agent is stopping
 or full every new call gets a ``BUSY`` answer.
+
+A handler that is an async generator streams: each ``yield`` is one chunk, written at once as an
+``event: chunk`` when the frame asks for a stream (``"stream": true``), and the last chunk is the final
+result (all a caller that does not stream receives). A streamed call whose caller hangs up is cancelled
+at once: the handler sees ``CancelledError`` at its next await.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, NamedTuple
 
 import msgspec
@@ -25,10 +32,11 @@ from agent_reach.guard import CallGuard
 from agent_reach.headers import COMPLETION_URL_HEADER, REQUEST_ID_HEADER
 from agent_reach.inflight import Inflight
 from agent_reach.registration import Capability
+from agent_reach.sse import EventWriter, chunk_event, on_disconnect
 
 log = logging.getLogger("agentreach.sdk")
 
-Handler = Callable[[Any, CallContext], Awaitable[Any]]
+Handler = Callable[[Any, CallContext], Awaitable[Any] | AsyncIterator[Any]]
 
 _encoder = msgspec.json.Encoder()
 _frames = msgspec.json.Decoder(RequestFrame)
@@ -86,11 +94,13 @@ class Dispatcher:
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def handle(self, native: Native | None, name: str, body: bytes | None, headers: Mapping[str, str],
-                     caller_gone: Callable[[], bool] = lambda: False) -> Reply:
+                     caller_gone: Callable[[], bool] = lambda: False, out: EventWriter | None = None) -> Reply:
         """Answer one POST to /atp/{name}; ``body`` is None when it exceeded the size the server reads.
 
         ``caller_gone`` tells whether the caller hung up (e.g. the router's first-byte timeout fired
         before our deadline): a result it will never read is reported as a late completion too.
+        ``out``: where a streaming handler's chunks are written when the frame asks for a stream; the
+        Reply is then the final event's frame once ``out.started``.
         """
         request_id = headers.get(REQUEST_ID_HEADER, "")
         if native is None:
@@ -116,25 +126,30 @@ class Dispatcher:
         slot = self.inflight.enter(frame.request_id, name)
         try:
             with logs.bind(request_id=frame.request_id, capability=name):
-                return await self._run(native, frame, headers, caller_gone)
+                return await self._run(native, frame, headers, caller_gone,
+                                       out if frame.stream and inspect.isasyncgenfunction(native.handler) else None)
         finally:
             self.inflight.leave(slot)
 
     async def _run(self, native: Native, frame: RequestFrame, headers: Mapping[str, str],
-                   caller_gone: Callable[[], bool]) -> Reply:
+                   caller_gone: Callable[[], bool], out: EventWriter | None) -> Reply:
         budget_ms = frame.timeout_hint if frame.timeout_hint is not None else native.capability.timeout_sla_ms
         started = time.monotonic()
         deadline = started + budget_ms / 1000
         call = CallContext(frame.request_id, native.capability.name, incoming_context(frame.context, headers),
                            deadline=deadline)
-        task = asyncio.create_task(self._invoke(native.handler, frame.payload, call))
+        task = asyncio.create_task(self._invoke(native.handler, frame.payload, call, out))
         self._tasks.add(task)
         task.add_done_callback(self._forget)
         try:
-            await asyncio.wait({task}, timeout=max(budget_ms / 1000, 0))
+            with on_disconnect(out.request, task.cancel) if out is not None else contextlib.nullcontext():
+                await asyncio.wait({task}, timeout=max(budget_ms / 1000, 0))
         except asyncio.CancelledError:
             task.cancel()
             raise
+        if out is not None and task.cancelled() and caller_gone():  # not the agent's failure: not counted as one
+            log.info("caller left a streamed call; handler cancelled")
+            return _error(frame.request_id, ErrorCode.BUSY, "The caller left before the call finished")
         if not task.done():
             task.cancel()
             self.inflight.count_outcome("timeout", call.tokens_reported)
@@ -156,9 +171,12 @@ class Dispatcher:
             task.exception()
 
     @staticmethod
-    async def _invoke(handler: Handler, payload: Any, call: CallContext) -> Any:
+    async def _invoke(handler: Handler, payload: Any, call: CallContext, out: EventWriter | None) -> Any:
         with serving(call):
-            return await handler(payload, call)
+            answer = handler(payload, call)
+            if not isinstance(answer, AsyncIterator):
+                return await answer
+            return await _chunks(answer, call.request_id, out)
 
     def _reply(self, task: asyncio.Task[Any], call: CallContext) -> Reply:
         outcome, reply = self._outcome(task, call)
@@ -191,3 +209,16 @@ class Dispatcher:
         for task in self._tasks:
             task.cancel()
         return len(self._tasks)
+
+
+async def _chunks(chunks: AsyncIterator[Any], request_id: str, out: EventWriter | None) -> Any:
+    """Run a streaming handler to its end, writing each chunk as it comes when ``out`` is given (a chunk
+    that is not JSON ends the call as the handler's failure); the last chunk is the result."""
+    last = None
+    async with contextlib.aclosing(chunks):  # type: ignore[type-var]
+        seq = 0
+        async for last in chunks:
+            if out is not None:
+                await out.send(chunk_event(request_id, seq, msgspec.Raw(_encoder.encode(last))))
+                seq += 1
+    return last
