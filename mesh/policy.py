@@ -8,10 +8,12 @@ the capability the policy is stored under).
 from __future__ import annotations
 
 from itertools import pairwise
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
-from agent_reach.registration import Name, RoutingPolicy
+from agent_reach.registration import Label, MetadataValue, Name, RoutingPolicy, TrustLevel
+
+from mesh.versions import check_constraint
 
 Milliseconds = Annotated[int, msgspec.Meta(gt=0, le=3_600_000)]
 DEFAULT_CONNECT_MS = 1000
@@ -53,6 +55,41 @@ class BreakerConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     half_open_probes: Annotated[int, msgspec.Meta(ge=1, le=100)] = 1
 
 
+Constraint = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+ContextKey = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+
+
+class RuleMatch(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """What a call must carry for its rule to apply: every key given must hold (none given: every call)."""
+
+    context: Annotated[dict[ContextKey, MetadataValue], msgspec.Meta(max_length=32)] = {}
+    client: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] | None = None
+    trust_level: TrustLevel | None = None
+
+
+class RuleTarget(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Where a matching call goes: another capability, a version range, a zone (unset: as without the rule)."""
+
+    capability: Name | None = None
+    version: Constraint | None = None
+    zone: Label | None = None
+
+
+class Rule(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """One row of a capability's rule table; lower ``priority`` is tried first, the first live match decides.
+
+    ``shadow`` rules never decide: the router records where they would have sent each call they match."""
+
+    id: Name
+    priority: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)]
+    mode: Literal["live", "shadow"] = "live"
+    match: RuleMatch = RuleMatch()
+    target: RuleTarget = RuleTarget()
+    action: Literal["route", "degrade", "refuse"] = "route"
+    # Why the rule exists, in the operator's words: the answer's route.reason when the rule decides.
+    reason: Annotated[str, msgspec.Meta(max_length=200)] = ""
+
+
 class Policy(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """One capability's routing policy; ``policy=None`` defers to instance preference, then the default."""
 
@@ -63,6 +100,7 @@ class Policy(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=Tr
     retry: RetryConfig = RetryConfig()
     circuit_breaker: BreakerConfig = BreakerConfig()
     fallback_capability: Name | None = None
+    rules: Annotated[list[Rule], msgspec.Meta(max_length=64)] = []
 
 
 DEFAULT_POLICY = Policy()
@@ -85,6 +123,7 @@ def validate_policy(policy: Policy, capability_name: str) -> None:
         )
     if policy.fallback_capability == capability_name:
         raise PolicyError(f"Capability {capability_name!r} cannot be its own fallback", "fallback_capability")
+    validate_rules(policy.rules)
     timeout = policy.timeout
     # The default connect_ms is not the user's word: it is capped by the others, never a conflict.
     connect_ms = None if timeout.connect_ms == DEFAULT_CONNECT_MS else timeout.connect_ms
@@ -95,3 +134,23 @@ def validate_policy(policy: Policy, capability_name: str) -> None:
         if short_ms > long_ms:
             raise PolicyError(f"timeout.{shorter} ({short_ms}) exceeds timeout.{longer} ({long_ms})",
                               f"timeout.{shorter}")
+
+
+def validate_rules(rules: list[Rule]) -> None:
+    """One rule per priority (the order must be the operator's, never an accident of listing) and per id,
+    version ranges some version satisfies, and a refusal that names no target."""
+    priorities: dict[int, str] = {}
+    ids: set[str] = set()
+    for index, rule in enumerate(rules):
+        at = f"rules[{index}]"
+        if rule.priority in priorities:
+            raise PolicyError(f"{at} ({rule.id!r}) has priority {rule.priority}, as {priorities[rule.priority]!r} "
+                              "does: priorities decide the order, so each must be unique", f"{at}.priority")
+        if rule.id in ids:
+            raise PolicyError(f"{at}: rule id {rule.id!r} is used twice", f"{at}.id")
+        priorities[rule.priority] = rule.id
+        ids.add(rule.id)
+        if rule.target.version is not None and (problem := check_constraint(rule.target.version)) is not None:
+            raise PolicyError(f"{at}.target.version: {problem}", f"{at}.target.version")
+        if rule.action == "refuse" and rule.target != RuleTarget():
+            raise PolicyError(f"{at} refuses the call, so it cannot name a target", f"{at}.target")

@@ -355,6 +355,12 @@ async def reach(request: web.Request) -> web.Response:
     })
 
 
+async def rule_stats(request: web.Request) -> web.Response:
+    """Calls each live rule decided and each shadow rule's agreement with the live decisions, on this router."""
+    book, capability = request.app[ROUTER_KEY].rules, request.query.get("capability")
+    return json_response({"hits": book.hits(capability), "shadow": book.shadows(capability)})
+
+
 async def alerts(request: web.Request) -> web.Response:
     ledger = request.app[ROUTER_KEY].ledger
     return json_response({"alerts": ledger.alerts(time.time()), "config": ledger.alert_config})
@@ -440,7 +446,7 @@ async def unrouted(request: web.Request) -> web.Response:
 OPEN: list[tuple[str, str, Handler]] = [
     ("POST", "/completions", completions), ("GET", "/healthz", healthz), ("GET", "/metrics", metrics)]
 ADMIN_ONLY: list[tuple[str, str, Handler]] = [
-    ("GET", "/reach", reach), ("GET", "/alerts", alerts),
+    ("GET", "/reach", reach), ("GET", "/alerts", alerts), ("GET", "/rules/stats", rule_stats),
     ("GET", "/traces", traces), ("GET", "/traces/{request_id}", trace)]
 # With an audit trail kept.
 AUDIT: tuple[str, str, Handler] = ("GET", "/audit", audit_entries)

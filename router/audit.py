@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 import time
 from pathlib import Path
 from typing import Literal, cast
@@ -53,6 +54,7 @@ class AuditEntry(msgspec.Struct, gc=False):
     payload_bytes: int = 0
     payload_sha256: str | None = None  # hex digest of the payload bytes, never the payload
     auth_method: AuthMethod | None = None
+    rule: str | None = None  # the policy rule that decided where the call went
 
 
 class AuditFilter(msgspec.Struct, kw_only=True, frozen=True):
@@ -76,7 +78,7 @@ CREATE TABLE IF NOT EXISTS audit (
     time REAL NOT NULL, capability TEXT NOT NULL, request_id TEXT NOT NULL, outcome TEXT NOT NULL,
     latency_ms REAL NOT NULL, caller TEXT, caller_name TEXT, instance TEXT, trace_id TEXT,
     parent_request_id TEXT, error_code TEXT, payload_bytes INTEGER NOT NULL, payload_sha256 TEXT,
-    auth_method TEXT);
+    auth_method TEXT, rule TEXT);
 CREATE INDEX IF NOT EXISTS audit_time ON audit (time);
 CREATE INDEX IF NOT EXISTS audit_capability ON audit (capability, time);
 CREATE INDEX IF NOT EXISTS audit_caller ON audit (caller, time);
@@ -86,6 +88,8 @@ CREATE INDEX IF NOT EXISTS audit_trace_id ON audit (trace_id);
 # A whole batch is one JSON array bound to one parameter and unpacked by SQLite itself: one
 # statement, one step, with the GIL released throughout. Row-by-row `executemany` takes the GIL
 # back for every row, fighting the event loop for it (measured: ~60 µs of router CPU per call).
+# Columns added after the first release: a trail written before gains them (NULL in its old rows).
+ADDED_COLUMNS = (("rule", "TEXT"),)
 _FROM_JSON = ", ".join(f"json_extract(value, '$.{column}')" for column in COLUMNS)
 _INSERT = f"INSERT INTO audit ({', '.join(COLUMNS)}) SELECT {_FROM_JSON} FROM json_each(?)"
 _batch_encoder = msgspec.json.Encoder()
@@ -102,7 +106,7 @@ def entry_from_trace(trace: CallTrace, caller_id: str | None, caller_name: str |
         latency_ms=trace.total_ms, caller=caller_id, caller_name=caller_name,
         instance=trace.attempts[-1].instance if trace.attempts else None, trace_id=trace.trace_id,
         parent_request_id=trace.parent_request_id, error_code=trace.error_code,
-        payload_bytes=trace.payload_bytes, payload_sha256=payload_sha256, auth_method=auth_method)
+        payload_bytes=trace.payload_bytes, payload_sha256=payload_sha256, auth_method=auth_method, rule=trace.rule)
 
 
 def where(filters: AuditFilter) -> tuple[str, list[object]]:
@@ -171,10 +175,21 @@ class AuditLog:
         # batching makes that a few fsyncs a second, on aiosqlite's thread, never on the event loop.
         await self._db.execute("PRAGMA synchronous=FULL")
         await self._db.executescript(SCHEMA)
+        await self._add_missing_columns(self._db)
         await self._db.commit()
         await self.prune()
         log.info("audit trail open", extra={"path": str(self.path), "retention_days": self.retention_days})
         self._writer = asyncio.create_task(self._write_forever(), name="audit-writer")
+
+    @staticmethod
+    async def _add_missing_columns(db: aiosqlite.Connection) -> None:
+        for column, kind in ADDED_COLUMNS:
+            async with db.execute("PRAGMA table_info(audit)") as cursor:
+                present = {row[1] for row in await cursor.fetchall()}
+            if column not in present:
+                # Router workers open the file together: one adds it, the others find it added.
+                with contextlib.suppress(sqlite3.OperationalError):
+                    await db.execute(f"ALTER TABLE audit ADD COLUMN {column} {kind}")
 
     async def stop(self) -> None:
         """Stop taking entries, let the writer finish its batch, write the rest, close."""

@@ -8,12 +8,13 @@ calibrate is returned in RouteFacts.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import random
 import time
 from collections import Counter, OrderedDict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from agent_reach.atp import ErrorCode, ErrorFrame, RequestFrame, ResponseFrame, RouteFacts, error_frame
@@ -31,8 +32,10 @@ from router.mirror import Offer, RegistryMirror
 from router.outcome import Observer, Step, hurried
 from router.ratelimit import ClientLimits
 from router.reach import Outcome, ReachLedger
+from router.rules import CallerFacts, Decision, decide, ordered
 from router.selection import Candidate, RouteRefusal, choose_policy, plan_route, session_hash_key
 from router.semantic.outcome import IntentMatch, IntentRefusal
+from router.shadow import RuleBook
 from router.sticky import StickyTable, sticky_key
 from router.streaming import Relay
 from router.timeouts import ResolvedTimeouts, resolve_timeouts
@@ -122,6 +125,7 @@ class Router:
         self.sticky = StickyTable()
         self.ledger = ReachLedger(period_seconds=settings.period_seconds, alert=settings.alert)
         self.decisions: Counter[str] = Counter()
+        self.rules = RuleBook()
         self.traces = TraceStore(successes_per_second=settings.traced_successes_per_second)
         # Set by the server when it keeps an audit trail: every call, refusals included, gets a row.
         self.audit: AuditLog | None = None
@@ -254,6 +258,7 @@ class Router:
             payload_bytes=len(payload), timeout_hint=frame.timeout_hint,
             routing_hint=frame.context.get("routing_hint"), policy=route.policy,
             plan=result.plan if result is not None else [], degraded=route.degraded, reason=route.reason,
+            rule=route.rule, version=route.version,
             attempts=flight.tried, outcome=outcome,
             error_code=CANCELLED if answer is None else answer.error_code if isinstance(answer, ErrorFrame) else None,
             total_ms=round((time.monotonic() - started) * 1000, 3), overhead_ms=route.overhead_ms or 0.0,
@@ -281,28 +286,67 @@ class Router:
                                                    reason=f"no instance of {capability!r} is registered"))
             return await self._with_fallback(frame, policy, empty, started, caller, flight) or \
                 self._finish(frame, capability, None, empty, started)
+        policy = self.mirror.policy(capability) or DEFAULT_POLICY
+        decision = self._decide(frame, capability, policy, caller) if policy.rules else \
+            Decision(capability=capability, versions=(frame.version,) if frame.version else ())
+        if decision.action == "refuse":
+            return self._error(frame, ErrorCode.FORBIDDEN, f"Refused by policy rule {decision.rule}: {decision.reason}",
+                               RouteFacts(capability=capability, rule=decision.rule, reason=decision.reason), started,
+                               ledgered=False)
+        routed, routed_policy = capability, policy
+        if decision.capability != capability:  # a rule sends it to another capability (it has a serving instance)
+            routed, offers = decision.capability, self.mirror.offers(decision.capability) or offers
+            routed_policy = self.mirror.policy(routed) or DEFAULT_POLICY
         declared = offers[0].capability
         if size > declared.max_payload_bytes:
             return self._error(frame, ErrorCode.PAYLOAD_TOO_LARGE,
-                               f"Payload is {size} bytes; {capability!r} accepts at most {declared.max_payload_bytes}",
-                               RouteFacts(capability=capability, timeout_sla_ms=declared.timeout_sla_ms), started)
-        policy = self.mirror.policy(capability) or DEFAULT_POLICY
+                               f"Payload is {size} bytes; {routed!r} accepts at most {declared.max_payload_bytes}",
+                               RouteFacts(capability=routed, timeout_sla_ms=declared.timeout_sla_ms), started)
         now = time.monotonic()
-        capability_breaker = self.book.breaker("", capability, policy.circuit_breaker)
+        capability_breaker = self.book.breaker("", routed, routed_policy.circuit_breaker)
         if capability_breaker.allow(now):
-            attempts = await self._attempt(frame, capability, offers, policy, started, flight,
-                                           (frame.version,) if frame.version else ())
+            sent = frame if routed == capability else msgspec.structs.replace(frame, capability=routed)
+            attempts = await self._attempt(sent, routed, offers, routed_policy, started, flight, decision)
             self.observer.observe_capability(capability_breaker, attempts.answer, time.monotonic())
         else:
             attempts = _Attempts(answer=AgentAnswer(error_code=ErrorCode.CIRCUIT_OPEN, sent=False,
-                                                    message=f"circuit open for capability {capability!r}"),
+                                                    message=f"circuit open for capability {routed!r}"),
                                  reason="capability_circuit_open")
+        if decision.rule is not None:
+            attempts.rule, attempts.reason = decision.rule, attempts.reason or decision.reason
+            attempts.degraded = attempts.degraded or decision.action == "degrade"
         if attempts.answer is not None and attempts.answer.ok:  # the common case: no coroutine for fallback
-            return self._finish(frame, capability, declared.timeout_sla_ms, attempts, started)
+            return self._finish(frame, routed, declared.timeout_sla_ms, attempts, started)
         fallback = await self._with_fallback(frame, policy, attempts, started, caller, flight)
         if fallback is not None:
             return fallback
-        return self._finish(frame, capability, declared.timeout_sla_ms, attempts, started)
+        return self._finish(frame, routed, declared.timeout_sla_ms, attempts, started)
+
+    def _decide(self, frame: RequestFrame, capability: str, policy: Policy,
+                caller: Caller | Unauthenticated | None) -> Decision:
+        """The rule table's decision for this call; shadow rules are judged once the call is answered."""
+        now = time.monotonic()
+        rules = ordered(policy.rules)
+        facts = CallerFacts(client_id=caller.client_id, trust_level=caller.trust_level) \
+            if isinstance(caller, Caller) else CallerFacts()
+
+        def candidates_of(name: str) -> list[Candidate]:
+            """The instances of ``name`` this caller may reach (none when it may not call ``name``)."""
+            offers = self.mirror.offers(name)
+            if offers is None or (isinstance(caller, Caller) and authorize(caller, name, offers) is not None):
+                return []
+            named_policy = policy if name == capability else self.mirror.policy(name) or DEFAULT_POLICY
+            return [self._candidate(offer, name, named_policy, now) for offer in offers]
+
+        decision = decide(rules, capability, frame.context, frame.version, facts, candidates_of)
+        self.decisions["rule" if decision.rule else "no_rule"] += 1
+        if decision.rule is not None:
+            self.rules.hit(capability, decision.rule)
+        if any(rule.mode == "shadow" for rule in rules):
+            # After this call's answer is on its way: shadow rules cost the live call nothing.
+            asyncio.get_running_loop().call_soon(self.rules.judge, rules, capability, frame.context,
+                                                 frame.version, facts, candidates_of, decision)
+        return decision
 
     async def _with_fallback(self, frame: RequestFrame, policy: Policy, attempts: _Attempts, started: float,
                              caller: Caller | Unauthenticated | None, flight: _InFlight) -> CallResult | None:
@@ -330,7 +374,7 @@ class Router:
         return self._finish(frame, fallback, offers[0].capability.timeout_sla_ms, attempts, started)
 
     async def _attempt(self, frame: RequestFrame, capability: str, offers: list[Offer], policy: Policy,
-                       started: float, flight: _InFlight, versions: tuple[str, ...] = ()) -> _Attempts:
+                       started: float, flight: _InFlight, narrowed: Decision | None = None) -> _Attempts:
         now = time.monotonic()
         by_id = {offer.record.agent_id: offer for offer in offers}
         candidates = [self._candidate(offer, capability, policy, now) for offer in offers]
@@ -339,9 +383,11 @@ class Router:
         sticky = sticky_key(capability, frame.context, policy.affinity.key) if policy.affinity.enabled else None
         plan = plan_route(candidates, policy_name=policy_name,
                           hash_key=session_hash_key(frame.context, frame.request_id),
-                          routing_hint=frame.context.get("routing_hint"),  # an object or None: checked at the edge
+                          # The hint is an object or None (checked at the edge); a rule's zone narrows it.
+                          routing_hint=_with_zone(frame.context.get("routing_hint"), narrowed),
                           sticky_agent=self.sticky.get(sticky, now) if sticky else None,
-                          rng=self._rng, panic_threshold=self.settings.panic_threshold, versions=versions)
+                          rng=self._rng, panic_threshold=self.settings.panic_threshold,
+                          versions=narrowed.versions if narrowed else ())
         if isinstance(plan, RouteRefusal):
             return _Attempts(refusal=plan, policy=policy_name)
         sla_ms = by_id[plan.order[0].agent_id].capability.timeout_sla_ms
@@ -496,3 +542,8 @@ class Router:
         if isinstance(result.frame, ErrorFrame):
             return "failed"
         return "degraded" if result.route.degraded else "success"
+
+
+def _with_zone(hint: dict[str, Any] | None, narrowed: Decision | None) -> dict[str, Any] | None:
+    """The caller's routing hint narrowed to a rule's zone (a zone is a metadata label like any hint's)."""
+    return hint if narrowed is None or narrowed.zone is None else {**(hint or {}), "zone": narrowed.zone}

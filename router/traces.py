@@ -45,6 +45,8 @@ class CallTrace(msgspec.Struct, kw_only=True, gc=False):
     plan: list[str] = []
     degraded: bool = False
     reason: str | None = None
+    rule: str | None = None  # the policy rule that decided (route.rule)
+    version: str | None = None  # the answering instance's capability version (route.version)
     attempts: list[AttemptTrace] = []
     outcome: str = "pending"
     error_code: str | None = None  # an ErrorCode, or CANCELLED (nothing was answered)

@@ -131,7 +131,8 @@ async def test_each_filter_over_http(open_log, serve, http) -> None:
     assert refused == {"time": base + 4, "capability": "weather.now", "request_id": "req-4", "outcome": "refused",
                        "latency_ms": 1.5, "caller": None, "caller_name": None, "instance": None, "trace_id": "t3",
                        "parent_request_id": None, "error_code": "UNAUTHENTICATED", "payload_bytes": 10,
-                       "payload_sha256": hashlib.sha256(b"payload 4").hexdigest(), "auth_method": None}
+                       "payload_sha256": hashlib.sha256(b"payload 4").hexdigest(), "auth_method": None,
+                       "rule": None}
     assert (await get(http, url, request_id="req-2"))[1]["entries"][0]["parent_request_id"] == "req-1"
 
 

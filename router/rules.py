@@ -1,0 +1,122 @@
+"""A capability's rule table, decided: which rule (if any) says where a call goes, and why.
+
+Pure: (the call's context and version, its caller, the rules, the instances of each capability a rule
+may name) -> Decision. Rules are tried by ascending priority; the first live rule whose ``match`` holds
+and whose target has a healthy, available instance decides. A rule whose target has none is skipped
+(and named in the reason) so the next one can serve. Shadow rules are evaluated by ``shadow_verdicts``
+only, after the live decision, and never change it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
+
+import msgspec
+
+from mesh.policy import Rule, RuleTarget
+from router.selection import HEALTHY, Candidate, versions_filter
+
+Action = Literal["route", "degrade", "refuse"]
+
+
+class CallerFacts(msgspec.Struct, frozen=True):
+    """What a rule may match of the caller; both None with authentication off."""
+
+    client_id: str | None = None
+    trust_level: str | None = None
+
+
+class Decision(msgspec.Struct, frozen=True):
+    """Where one call goes. ``rule`` None: no rule decided, the capability's policy routes as usual."""
+
+    capability: str
+    action: Action = "route"
+    rule: str | None = None
+    versions: tuple[str, ...] = ()  # constraints every candidate must satisfy (the frame's and the rule's)
+    zone: str | None = None
+    reason: str | None = None
+
+    def same_target(self, other: Decision) -> bool:
+        """Whether two decisions send a call to the same place (the rule that chose it aside)."""
+        return (self.action, self.capability, self.versions, self.zone) == \
+            (other.action, other.capability, other.versions, other.zone)
+
+
+CandidatesOf = Callable[[str], list[Candidate]]
+
+
+def matches(rule: Rule, context: dict[str, Any], caller: CallerFacts) -> bool:
+    """Every condition the rule's ``match`` gives holds for this call."""
+    when = rule.match
+    if when.client is not None and when.client != caller.client_id:
+        return False
+    if when.trust_level is not None and when.trust_level != caller.trust_level:
+        return False
+    return all(key in context and context[key] == value and type(context[key]) is type(value)
+               for key, value in when.context.items())
+
+
+def ordered(rules: Iterable[Rule]) -> list[Rule]:
+    return sorted(rules, key=lambda rule: rule.priority)
+
+
+def decide(rules: list[Rule], capability: str, context: dict[str, Any], frame_version: str | None,
+           caller: CallerFacts, candidates_of: CandidatesOf) -> Decision:
+    """The live decision for one call; ``rules`` in priority order (``ordered``)."""
+    skipped: list[str] = []
+    for rule in rules:
+        if rule.mode != "live" or not matches(rule, context, caller):
+            continue
+        decision = _decision(rule, capability, frame_version, skipped)
+        if decision.action == "refuse" or serviceable(decision, candidates_of):
+            return decision
+        skipped.append(rule.id)
+    own = (frame_version,) if frame_version else ()
+    reason = f"no rule decided ({_skipped(skipped)})" if skipped else None
+    return Decision(capability=capability, versions=own, reason=reason)
+
+
+def shadow_verdicts(rules: list[Rule], capability: str, context: dict[str, Any], frame_version: str | None,
+                    caller: CallerFacts, candidates_of: CandidatesOf, live: Decision) -> list[tuple[str, Decision]]:
+    """For every shadow rule the call matches, where the call would have gone had that rule been live."""
+    verdicts = []
+    for rule in rules:
+        if rule.mode == "shadow" and matches(rule, context, caller):
+            promoted = [msgspec.structs.replace(r, mode="live") if r is rule else r for r in rules]
+            verdicts.append((rule.id, decide(promoted, capability, context, frame_version, caller, candidates_of)))
+    return verdicts
+
+
+def serviceable(decision: Decision, candidates_of: CandidatesOf) -> bool:
+    """Whether the decision's target has an instance that is healthy, available and within its constraints."""
+    pool = [candidate for candidate in candidates_of(decision.capability)
+            if candidate.state == HEALTHY and candidate.available
+            and (decision.zone is None or candidate.metadata.get("zone") == decision.zone)]
+    return bool(versions_filter(pool, decision.versions) if decision.versions else pool)
+
+
+def _decision(rule: Rule, capability: str, frame_version: str | None, skipped: list[str]) -> Decision:
+    target: RuleTarget = rule.target
+    elsewhere = target.capability is not None and target.capability != capability
+    # The frame's constraint is on the capability it named: it does not bind another capability's versions.
+    versions = tuple(v for v in (None if elsewhere else frame_version, target.version) if v)
+    said = rule.reason or _explain(rule)
+    if skipped:
+        said = f"{said} ({_skipped(skipped)})"
+    return Decision(capability=target.capability or capability, action=rule.action, rule=rule.id,
+                    versions=versions, zone=target.zone, reason=said)
+
+
+def _explain(rule: Rule) -> str:
+    """A rule's reason when its author gave none: what it matched."""
+    conditions = [f"context.{key}={value!r}" for key, value in rule.match.context.items()]
+    if rule.match.client is not None:
+        conditions.append(f"client={rule.match.client!r}")
+    if rule.match.trust_level is not None:
+        conditions.append(f"trust_level={rule.match.trust_level!r}")
+    return f"rule {rule.id} (priority {rule.priority}) matched {' and '.join(conditions) or 'every call'}"
+
+
+def _skipped(rule_ids: list[str]) -> str:
+    return f"skipped {', '.join(rule_ids)}: no healthy instance in the target"
