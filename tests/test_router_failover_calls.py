@@ -5,6 +5,7 @@ or SIGSTOP (it still takes connections, it answers nothing)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
@@ -37,7 +38,7 @@ async def two_routers(start_registry, start_agent: Callable[..., Awaitable[Agent
         assert response.status == 200, await response.text()
     async with http.post(f"{registry.url}/heartbeat", json={"agent_id": echo.name}) as response:
         assert response.status == 200, await response.text()
-    routers = [await router_process(registry.url), await router_process(registry.url)]
+    routers = list(await asyncio.gather(router_process(registry.url), router_process(registry.url)))
     for router in routers:
         await routes(http, router.url, "echo")
     return routers
@@ -45,11 +46,13 @@ async def two_routers(start_registry, start_agent: Callable[..., Awaitable[Agent
 
 def caller(client: ReachClient, timeout: float) -> Callable[[int], Awaitable[str]]:
     async def call(n: int) -> str:
-        """Which router answered, or the code the caller was given."""
+        """Which router answered; or the code the caller was given, followed by the router the client
+        failed to hear from when it was the client that gave up (a router's own answers name none)."""
         try:
             await client.call("echo", {"n": n}, timeout=timeout)
         except ReachError as exc:
-            raise Failed(exc.error_code, str(exc)) from exc
+            named = [url for url in client.routers.urls if f"{url}/" in str(exc)]
+            raise Failed(" ".join([exc.error_code, *named]), str(exc)) from exc
         return client.router_url
     return call
 
@@ -71,7 +74,7 @@ async def test_a_router_killed_under_load_loses_no_call_the_client_could_retry(t
     assert ErrorCode.CONNECT_TIMEOUT not in failed, summary
     # A call started once the router was dead never reached it: it must have gone to the live one.
     assert set(tally.counts(started_after=killed_at)) == {second.url}, summary
-    assert set(failed) <= set(ErrorCode), summary
+    assert {label.split()[0] for label in failed} <= set(ErrorCode), summary
     # A failure is a call the dead router had taken: at most what the client had in flight to it.
     assert sum(failed.values()) <= 32, summary
     print(summary)
@@ -82,19 +85,37 @@ async def test_a_frozen_router_is_passed_over_once_it_let_a_call_time_out(two_ro
     from a live one; the calls sent to it run out their time and are reported (they were sent: never sent
     again). Once one has, the calls that follow go to the other router, not into the same silence."""
     first, second = two_routers
-    timeout = 1.0
+    timeout = 2.0
     async with ReachClient([first.url, second.url]) as client, \
             steady_load(caller(client, timeout), rate=RATE, concurrency=64, deadline=timeout + 5) as tally:
         await wait_for(lambda: tally.counts()[first.url] >= RATE, what="a second of calls via the first")
         first.pause()
         try:
-            silent = await wait_for(lambda: min((o.ended for o in tally.outcomes if o.label == ErrorCode.TOTAL_TIMEOUT),
+            unheard = f"{ErrorCode.TOTAL_TIMEOUT} {first.url}"
+            silent = await wait_for(lambda: min((o.ended for o in tally.outcomes if o.label == unheard),
                                                 default=None), timeout=10, what="a call to time out")
             await wait_for(lambda: tally.counts(started_after=silent)[second.url] >= RATE, timeout=20,
                            what=f"a second of calls via the second router ({tally})")
         finally:
             first.resume()
     summary = f"{len(tally.outcomes)} calls: {tally}"
-    assert set(tally.counts(started_after=silent)) == {second.url}, summary
-    assert set(tally.counts()) == {first.url, second.url, ErrorCode.TOTAL_TIMEOUT}, summary
+    # The live router may answer a call TOTAL_TIMEOUT itself on a loaded machine; none goes to the frozen one.
+    assert set(tally.counts(started_after=silent)) - {ErrorCode.TOTAL_TIMEOUT} == {second.url}, summary
+    assert set(tally.counts()) - {ErrorCode.TOTAL_TIMEOUT} == {first.url, second.url, unheard}, summary
     print(summary)
+
+
+async def test_a_call_on_a_kept_alive_connection_the_dead_router_closed_goes_to_the_live_one(two_routers):
+    """The client keeps connections to the router it uses. Killed, the router's kernel closes them, and a
+    call that takes one from the pool before its loop has read that close finds it closing when it comes
+    to write the request: nothing was sent, so the call goes to the next router as a refused connect would
+    (it was answered AGENT_ERROR). The call runs as a task started after the kill, as under load, so the
+    loop reads the close between taking the connection and writing on it."""
+    first, second = two_routers
+    async with ReachClient([first.url, second.url]) as client:
+        await client.call("echo", "kept alive", timeout=CALL_TIMEOUT)
+        assert client.router_url == first.url
+        first.kill()
+        assert await asyncio.create_task(client.call("echo", "after", timeout=CALL_TIMEOUT)) == {
+            "echo": "after", "agent": "echo-1"}
+        assert client.router_url == second.url

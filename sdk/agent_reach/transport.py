@@ -41,7 +41,8 @@ _STATUS_CODES = {
 
 
 class Unreachable(Exception):
-    """The connection could not be opened (refused, unresolvable, connect timeout): nothing was sent."""
+    """The connection could not be opened (refused, unresolvable, connect timeout), or a kept-alive one was
+    found closed before the request was written: nothing was sent."""
 
 
 class Silent(Exception):
@@ -171,4 +172,16 @@ async def exchange(session: aiohttp.ClientSession, url: str, frame: RequestFrame
     except TimeoutError as exc:
         raise Silent(f"no answer from {url} in time") from exc
     except aiohttp.ClientError as exc:
+        if _nothing_written(exc):
+            raise Unreachable(f"{url}: {exc}") from exc
         return error_frame(frame.request_id, ErrorCode.AGENT_ERROR, f"connection to {url} failed: {exc}")
+
+
+def _nothing_written(exc: aiohttp.ClientError) -> bool:
+    """A kept-alive connection the peer closed (a router killed) taken from the pool before the close was
+    read: aiohttp finds it closing when it comes to write, and refuses to write at all (headers go out with
+    the body, in one write), so not a byte of the request left; safe to send elsewhere, as Go's client
+    does for any method."""
+    cause = exc.__cause__
+    return (isinstance(exc, aiohttp.ClientOSError) and isinstance(cause, aiohttp.ClientConnectionResetError)
+            and "closing transport" in str(cause))
