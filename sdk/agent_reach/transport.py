@@ -179,9 +179,9 @@ async def exchange(session: aiohttp.ClientSession, url: str, frame: RequestFrame
 
 def _nothing_written(exc: aiohttp.ClientError) -> bool:
     """A kept-alive connection the peer closed (a router killed) taken from the pool before the close was
-    read: aiohttp finds it closing when it comes to write, and refuses to write at all (headers go out with
-    the body, in one write), so not a byte of the request left; safe to send elsewhere, as Go's client
-    does for any method."""
+    read: aiohttp finds it closing when it comes to write and writes nothing more. Headers go out with the
+    body's first bytes, so at most part of a body left on a connection already closed: no peer could have
+    read the whole request. Safe to send elsewhere, as Go's client does for any method."""
     cause = exc.__cause__
     return (isinstance(exc, aiohttp.ClientOSError) and isinstance(cause, aiohttp.ClientConnectionResetError)
             and "closing transport" in str(cause))
