@@ -115,6 +115,9 @@ async def test_quorum_lost_and_regained_under_load(etcd_cluster, etcd_registry, 
     for node in nodes:
         await wait_for(lambda: set(acknowledged) <= set(node.registry.state.records),  # noqa: B023
                        what=f"{node.url} to hold every acknowledged registration")
+    # The router follows again: it learns what was registered once quorum was back.
+    await wait_for(lambda: set(acknowledged) <= set(router.mirror.instances), timeout=20,
+                   what="the router to follow the registries again")
     fresh = await etcd_registry(cluster)
     lost = set(acknowledged) - set(fresh.registry.state.records)
     assert not lost, f"{len(lost)} of {len(acknowledged)} acknowledged registrations lost: {sorted(lost)}\n{report}"
