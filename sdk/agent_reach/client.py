@@ -3,12 +3,13 @@
 Inside an SDK handler, calls inherit the incoming context (see :mod:`agent_reach.context`) and
 the remaining deadline. When the router cannot be reached and ``direct_fallback`` is on, the
 call goes straight to an agent found through the registry, and the route says so (degraded).
+``stream`` reads a streamed answer chunk by chunk (through a router only: it has no direct fallback).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -18,7 +19,8 @@ from agent_reach.context import current, outgoing_context, remaining_budget
 from agent_reach.credentials import ClientCredentials, TokenRefused
 from agent_reach.direct import DirectRoute
 from agent_reach.headers import API_KEY_HEADER
-from agent_reach.transport import Answer, Failover, Silent, Unreachable, exchange
+from agent_reach.sse import ChunkFrame
+from agent_reach.transport import Answer, Failover, Silent, Streamed, Unreachable, exchange, exchange_stream
 
 # Extra seconds to wait past a call's timeout, so the router's own TOTAL_TIMEOUT frame arrives first.
 ANSWER_GRACE = 1.0
@@ -105,15 +107,54 @@ class ReachClient:
     async def call(self, capability: str, payload: Any, context: Mapping[str, Any] | None = None,
                    timeout: float | None = None) -> Any:
         """The capability's result; raises ReachError when the call did not succeed."""
-        timeout = remaining_budget(timeout)
-        frame = RequestFrame(capability=capability, payload=payload, context=outgoing_context(context),
-                             timeout_hint=None if timeout is None else int(timeout * 1000))
-        answer = await self.send(frame)
+        answer = await self.send(_frame(capability, payload, context, timeout))
+        self._answered(answer)
+        return result_of(answer)
+
+    async def stream(self, capability: str, payload: Any, context: Mapping[str, Any] | None = None,
+                     timeout: float | None = None) -> AsyncGenerator[ChunkFrame | ResponseFrame, None]:
+        """The capability's answer as it is produced: each chunk as it arrives, then the final frame;
+        raises ReachError when the call did not succeed (after the chunks that came before). Closing it
+        early hangs up, which cancels the call at the agent: leave the loop inside
+        ``async with contextlib.aclosing(client.stream(...))`` (else the hang-up waits for the collector)."""
+        frame = _frame(capability, payload, context, timeout, stream=True)
+        async for item in self.send_stream(frame):
+            if isinstance(item, ChunkFrame):
+                yield item
+                continue
+            self._answered(item)
+            result_of(item)
+            assert isinstance(item, ResponseFrame)
+            yield item
+
+    def _answered(self, answer: Answer) -> None:
+        """Note a call's final frame: its route, and the tokens it cost the handler calling (if any)."""
         self.last_route = answer.route
         caller = current()
         if caller is not None and isinstance(answer, ResponseFrame) and answer.context_update:
             caller.spent_by_callee(int(answer.context_update.get("tokens_used", 0)))
-        return result_of(answer)
+
+    async def send_stream(self, frame: RequestFrame) -> AsyncIterator[Streamed]:
+        """``send`` for a streamed call: its chunks, then its final frame, never raising for a failed call.
+        Routers are failed over only while none could be connected to, as for ``send``."""
+        timeout = _client_timeout(frame, self.connect_timeout)
+        unreachable = []
+        for router in self.routers.order():
+            try:
+                headers = await self._auth_headers(router, timeout)
+                async for item in exchange_stream(self.session, f"{router}/atp", frame, headers=headers,
+                                                  timeout=timeout):
+                    yield item
+            except TokenRefused as exc:
+                yield error_frame(frame.request_id, ErrorCode.UNAUTHENTICATED, str(exc))
+            except Unreachable as exc:
+                self.routers.failed(router)
+                unreachable.append(str(exc))
+                continue
+            else:
+                self.routers.answered(router)
+            return
+        yield error_frame(frame.request_id, ErrorCode.CONNECT_TIMEOUT, f"Router unreachable: {'; '.join(unreachable)}")
 
     async def send(self, frame: RequestFrame) -> Answer:
         """The raw answer to ``frame``; never raises for a failed call, only returns its frame.
@@ -121,8 +162,7 @@ class ReachClient:
         Only a router that could not be connected to (nothing was sent) is left for the next one;
         any other failure may have run the call, so it is answered, never sent again. A router that
         let the call time out without a word goes behind the others for the calls that follow."""
-        total = None if frame.timeout_hint is None else frame.timeout_hint / 1000 + ANSWER_GRACE
-        timeout = aiohttp.ClientTimeout(total=total, sock_connect=self.connect_timeout)
+        timeout = _client_timeout(frame, self.connect_timeout)
         unreachable = []
         for router in self.routers.order():
             try:
@@ -157,6 +197,19 @@ class ReachClient:
         return headers
 
 
+def _frame(capability: str, payload: Any, context: Mapping[str, Any] | None, timeout: float | None,
+           stream: bool = False) -> RequestFrame:
+    """A call's frame: the context and the deadline inherited inside a handler (agent_reach.context)."""
+    timeout = remaining_budget(timeout)
+    return RequestFrame(capability=capability, payload=payload, context=outgoing_context(context),
+                        timeout_hint=None if timeout is None else int(timeout * 1000), stream=stream)
+
+
+def _client_timeout(frame: RequestFrame, connect_timeout: float) -> aiohttp.ClientTimeout:
+    total = None if frame.timeout_hint is None else frame.timeout_hint / 1000 + ANSWER_GRACE
+    return aiohttp.ClientTimeout(total=total, sock_connect=connect_timeout)
+
+
 class SyncReachClient:
     """ReachClient for scripts without an event loop: the same calls, blocking, on a private loop."""
 
@@ -174,6 +227,20 @@ class SyncReachClient:
 
     def send(self, frame: RequestFrame) -> Answer:
         return self._loop.run_until_complete(self._client.send(frame))
+
+    def stream(self, capability: str, payload: Any, context: Mapping[str, Any] | None = None,
+               timeout: float | None = None) -> Iterator[ChunkFrame | ResponseFrame]:
+        """``ReachClient.stream``, as a plain iterator; leaving it early (or closing it) hangs up."""
+        chunks = self._client.stream(capability, payload, context, timeout)
+        try:
+            while True:
+                try:
+                    item = self._loop.run_until_complete(anext(chunks))
+                except StopAsyncIteration:
+                    return
+                yield item
+        finally:
+            self._loop.run_until_complete(chunks.aclose())
 
     def close(self) -> None:
         self._loop.run_until_complete(self._client.close())

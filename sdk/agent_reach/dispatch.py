@@ -219,6 +219,9 @@ async def _chunks(chunks: AsyncIterator[Any], request_id: str, out: EventWriter 
         seq = 0
         async for last in chunks:
             if out is not None:
-                await out.send(chunk_event(request_id, seq, msgspec.Raw(_encoder.encode(last))))
+                try:
+                    await out.send(chunk_event(request_id, seq, msgspec.Raw(_encoder.encode(last))))
+                except ConnectionError:
+                    raise asyncio.CancelledError("the caller left while the answer streamed") from None
                 seq += 1
     return last

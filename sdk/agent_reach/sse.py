@@ -31,6 +31,14 @@ class Chunk(msgspec.Struct, kw_only=True):
     data: msgspec.Raw = msgspec.Raw(b"null")
 
 
+class ChunkFrame(msgspec.Struct, kw_only=True):
+    """One chunk as a caller reads it (``ReachClient.stream``), its data decoded."""
+
+    request_id: str
+    seq: int
+    data: Any = None
+
+
 class Event(NamedTuple):
     name: str
     data: bytes

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import aiohttp
@@ -28,12 +28,16 @@ from agent_reach.atp import (
 )
 from agent_reach.context import traceparent
 from agent_reach.headers import CONTEXT_HEADER, REQUEST_ID_HEADER, TRACEPARENT_HEADER
+from agent_reach.sse import CHUNK, ERROR, EVENT_STREAM, RESPONSE, ChunkFrame, EventParser
 
 Answer = ResponseFrame | ErrorFrame
+# What a streamed call yields: its chunks, then its final frame.
+Streamed = ChunkFrame | Answer
 
 _encoder = msgspec.json.Encoder()
 _response = msgspec.json.Decoder(ResponseFrame)
 _error = msgspec.json.Decoder(ErrorFrame)
+_chunk = msgspec.json.Decoder(ChunkFrame)
 _STATUS_CODES = {
     400: ErrorCode.INVALID_FRAME, 413: ErrorCode.PAYLOAD_TOO_LARGE, 429: ErrorCode.BUSY,
     504: ErrorCode.TOTAL_TIMEOUT,
@@ -175,6 +179,37 @@ async def exchange(session: aiohttp.ClientSession, url: str, frame: RequestFrame
         if _nothing_written(exc):
             raise Unreachable(f"{url}: {exc}") from exc
         return error_frame(frame.request_id, ErrorCode.AGENT_ERROR, f"connection to {url} failed: {exc}")
+
+async def exchange_stream(session: aiohttp.ClientSession, url: str, frame: RequestFrame, *,
+                          headers: dict[str, str] | None = None,
+                          timeout: aiohttp.ClientTimeout | None = None) -> AsyncIterator[Streamed]:
+    """POST ``frame`` asking for a stream: each chunk as it arrives, then the final frame (an answer that is
+    not a stream, a refusal say, is its final frame alone). Raises Unreachable only if nothing was sent;
+    a stream cut short ends with an error frame. Closing the iterator early hangs up: the call is cancelled."""
+    sent = {**call_headers(frame), "Accept": f"{EVENT_STREAM}, application/json", **(headers or {})}
+    try:
+        async with session.post(url, data=_encoder.encode(frame), headers=sent, timeout=timeout,
+                                allow_redirects=False) as response:
+            if response.content_type != EVENT_STREAM:
+                yield decode_atp(frame.request_id, response.status, await response.read())
+                return
+            parser = EventParser()
+            async for received in response.content.iter_any():
+                for event in parser.feed(received):
+                    if event.name == CHUNK:
+                        yield _chunk.decode(event.data)
+                    elif event.name in (RESPONSE, ERROR):
+                        yield (_response if event.name == RESPONSE else _error).decode(event.data)
+                        return
+    except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+        raise Unreachable(f"{url}: {exc}") from exc
+    except TimeoutError:
+        yield error_frame(frame.request_id, ErrorCode.TOTAL_TIMEOUT, f"the stream from {url} did not end in time")
+        return
+    except (aiohttp.ClientError, msgspec.DecodeError) as exc:
+        yield error_frame(frame.request_id, ErrorCode.AGENT_ERROR, f"the stream from {url} broke: {exc}")
+        return
+    yield error_frame(frame.request_id, ErrorCode.AGENT_ERROR, f"the stream from {url} ended without a final frame")
 
 
 def _nothing_written(exc: aiohttp.ClientError) -> bool:
