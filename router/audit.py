@@ -55,6 +55,9 @@ class AuditEntry(msgspec.Struct, gc=False):
     payload_sha256: str | None = None  # hex digest of the payload bytes, never the payload
     auth_method: AuthMethod | None = None
     rule: str | None = None  # the policy rule that decided where the call went
+    # A streamed answer's chunks and their bytes (all of them, whatever the caller read); None: not streamed.
+    chunks: int | None = None
+    chunk_bytes: int | None = None
 
 
 class AuditFilter(msgspec.Struct, kw_only=True, frozen=True):
@@ -78,7 +81,7 @@ CREATE TABLE IF NOT EXISTS audit (
     time REAL NOT NULL, capability TEXT NOT NULL, request_id TEXT NOT NULL, outcome TEXT NOT NULL,
     latency_ms REAL NOT NULL, caller TEXT, caller_name TEXT, instance TEXT, trace_id TEXT,
     parent_request_id TEXT, error_code TEXT, payload_bytes INTEGER NOT NULL, payload_sha256 TEXT,
-    auth_method TEXT, rule TEXT);
+    auth_method TEXT, rule TEXT, chunks INTEGER, chunk_bytes INTEGER);
 CREATE INDEX IF NOT EXISTS audit_time ON audit (time);
 CREATE INDEX IF NOT EXISTS audit_capability ON audit (capability, time);
 CREATE INDEX IF NOT EXISTS audit_caller ON audit (caller, time);
@@ -89,7 +92,7 @@ CREATE INDEX IF NOT EXISTS audit_trace_id ON audit (trace_id);
 # statement, one step, with the GIL released throughout. Row-by-row `executemany` takes the GIL
 # back for every row, fighting the event loop for it (measured: ~60 µs of router CPU per call).
 # Columns added after the first release: a trail written before gains them (NULL in its old rows).
-ADDED_COLUMNS = (("rule", "TEXT"),)
+ADDED_COLUMNS = (("rule", "TEXT"), ("chunks", "INTEGER"), ("chunk_bytes", "INTEGER"))
 _FROM_JSON = ", ".join(f"json_extract(value, '$.{column}')" for column in COLUMNS)
 _INSERT = f"INSERT INTO audit ({', '.join(COLUMNS)}) SELECT {_FROM_JSON} FROM json_each(?)"
 _batch_encoder = msgspec.json.Encoder()
@@ -106,7 +109,13 @@ def entry_from_trace(trace: CallTrace, caller_id: str | None, caller_name: str |
         latency_ms=trace.total_ms, caller=caller_id, caller_name=caller_name,
         instance=trace.attempts[-1].instance if trace.attempts else None, trace_id=trace.trace_id,
         parent_request_id=trace.parent_request_id, error_code=trace.error_code,
-        payload_bytes=trace.payload_bytes, payload_sha256=payload_sha256, auth_method=auth_method, rule=trace.rule)
+        payload_bytes=trace.payload_bytes, payload_sha256=payload_sha256, auth_method=auth_method, rule=trace.rule,
+        **_streamed(trace))
+
+
+def _streamed(trace: CallTrace) -> dict[str, int]:
+    """The stream's columns, for a call whose answer was streamed (to the caller, or to the router only)."""
+    return {"chunks": trace.chunks, "chunk_bytes": trace.chunk_bytes} if trace.streamed or trace.chunks else {}
 
 
 def where(filters: AuditFilter) -> tuple[str, list[object]]:
