@@ -147,11 +147,24 @@ def echo_app() -> web.Application:
                   "context_update": {"echoed": True}}
         return web.json_response(answer)
 
+    async def words(request: web.Request) -> web.StreamResponse:
+        """A rest agent that streams: each word of the payload (a string) as one event, 50 ms apart."""
+        text = json.loads(await request.read() or b'""')
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for n, word in enumerate(str(text).split()):
+            if n:
+                await asyncio.sleep(0.05)
+            await response.write(b"data: " + json.dumps(word).encode() + b"\n\n")
+        await response.write_eof()
+        return response
+
     async def healthz(request: web.Request) -> web.Response:
         return web.json_response({"ok": True})
 
     app = web.Application()
     app.router.add_post("/echo", rest)
+    app.router.add_post("/words", words)
     app.router.add_post("/atp", atp)
     app.router.add_get("/healthz", healthz)
     return app

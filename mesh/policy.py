@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 import msgspec
 from agent_reach.registration import Label, MetadataValue, Name, RoutingPolicy, TrustLevel
 
-from mesh.versions import check_constraint
+from mesh.versions import check_constraint, overlap
 
 Milliseconds = Annotated[int, msgspec.Meta(gt=0, le=3_600_000)]
 DEFAULT_CONNECT_MS = 1000
@@ -90,6 +90,24 @@ class Rule(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True
     reason: Annotated[str, msgspec.Meta(max_length=200)] = ""
 
 
+class SplitShare(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """One version's share of the capability's calls; weights are proportional (Gateway API style)."""
+
+    version: Constraint
+    weight: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)]
+
+
+class RollbackConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """When a canary is worse than stable (the heaviest share) by more than ``worse_than_stable_by`` (error
+    rate as a fraction, 0.05 = 5 points; or p99 in ms) over at least ``min_calls`` of each in the window,
+    routers set its weight to 0 in the registry."""
+
+    metric: Literal["error_rate", "p99_ms"] = "error_rate"
+    worse_than_stable_by: Annotated[float, msgspec.Meta(gt=0)]
+    min_calls: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 20
+    window_seconds: Annotated[float, msgspec.Meta(gt=0, le=86_400)] = 60
+
+
 class Policy(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """One capability's routing policy; ``policy=None`` defers to instance preference, then the default."""
 
@@ -101,6 +119,8 @@ class Policy(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=Tr
     circuit_breaker: BreakerConfig = BreakerConfig()
     fallback_capability: Name | None = None
     rules: Annotated[list[Rule], msgspec.Meta(max_length=64)] = []
+    split: Annotated[list[SplitShare], msgspec.Meta(max_length=16)] = []
+    rollback: RollbackConfig | None = None
 
 
 DEFAULT_POLICY = Policy()
@@ -124,6 +144,7 @@ def validate_policy(policy: Policy, capability_name: str) -> None:
     if policy.fallback_capability == capability_name:
         raise PolicyError(f"Capability {capability_name!r} cannot be its own fallback", "fallback_capability")
     validate_rules(policy.rules)
+    validate_split(policy.split, policy.rollback)
     timeout = policy.timeout
     # The default connect_ms is not the user's word: it is capped by the others, never a conflict.
     connect_ms = None if timeout.connect_ms == DEFAULT_CONNECT_MS else timeout.connect_ms
@@ -154,3 +175,20 @@ def validate_rules(rules: list[Rule]) -> None:
             raise PolicyError(f"{at}.target.version: {problem}", f"{at}.target.version")
         if rule.action == "refuse" and rule.target != RuleTarget():
             raise PolicyError(f"{at} refuses the call, so it cannot name a target", f"{at}.target")
+
+
+def validate_split(split: list[SplitShare], rollback: RollbackConfig | None) -> None:
+    """Readable, disjoint version ranges (a call's share must say which instances serve it) whose weights
+    add up to more than 0; a rollback needs a canary beside stable to roll back."""
+    for index, share in enumerate(split):
+        at = f"split[{index}].version"
+        if (problem := check_constraint(share.version)) is not None:
+            raise PolicyError(f"{at}: {problem}", at)
+        for earlier, other in enumerate(split[:index]):
+            if overlap(share.version, other.version):
+                raise PolicyError(f"{at} {share.version!r} overlaps split[{earlier}].version {other.version!r}: an "
+                                  "instance would serve two shares", at)
+    if split and sum(share.weight for share in split) == 0:
+        raise PolicyError("split weights add up to 0: no version would take a call", "split")
+    if rollback is not None and len(split) < 2:
+        raise PolicyError("rollback needs a split with a canary beside the stable version", "rollback")

@@ -154,6 +154,15 @@ def satisfies(version: Version | None, interval: Interval) -> bool:
     return upper is None or version < upper[0] or (version == upper[0] and upper[1])
 
 
+def overlap(first: str, second: str) -> bool:
+    """Whether some version satisfies both constraints (both already valid)."""
+    try:
+        parse_constraint(f"{first},{second}")
+    except VersionError:
+        return False
+    return True
+
+
 MAX_CONSTRAINT_CHARS = 128
 
 

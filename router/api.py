@@ -362,8 +362,9 @@ async def rule_stats(request: web.Request) -> web.Response:
 
 
 async def alerts(request: web.Request) -> web.Response:
-    ledger = request.app[ROUTER_KEY].ledger
-    return json_response({"alerts": ledger.alerts(time.time()), "config": ledger.alert_config})
+    router = request.app[ROUTER_KEY]
+    return json_response({"alerts": router.ledger.alerts(time.time()), "config": router.ledger.alert_config,
+                          "rollbacks": list(router.releases.rollbacks)})
 
 
 async def traces(request: web.Request) -> web.Response:

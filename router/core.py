@@ -22,17 +22,19 @@ from agent_reach.exhaustion import Throttle
 from agent_reach.registration import RoutingPolicy
 
 from mesh.alerts import AlertConfig
-from mesh.policy import DEFAULT_POLICY, Policy
+from mesh.policy import DEFAULT_POLICY, Policy, SplitShare
 from mesh.versions import instance_version
 from router.audit import AuditLog, entry_from_trace
 from router.auth import Caller, Refusal, Unauthenticated, authorize
+from router.canary import assign, share_point
 from router.forward import DEFAULT_MAX_ANSWER_BYTES, AgentAnswer, Forwarder
 from router.instances import InstanceBook
 from router.mirror import Offer, RegistryMirror
 from router.outcome import Observer, Step, hurried
 from router.ratelimit import ClientLimits
 from router.reach import Outcome, ReachLedger
-from router.rules import CallerFacts, Decision, decide, ordered
+from router.rollback import Releases
+from router.rules import CallerFacts, CandidatesOf, Decision, decide, ordered, serviceable
 from router.selection import Candidate, RouteRefusal, choose_policy, plan_route, session_hash_key
 from router.semantic.outcome import IntentMatch, IntentRefusal
 from router.shadow import RuleBook
@@ -126,6 +128,7 @@ class Router:
         self.ledger = ReachLedger(period_seconds=settings.period_seconds, alert=settings.alert)
         self.decisions: Counter[str] = Counter()
         self.rules = RuleBook()
+        self.releases = Releases()
         self.traces = TraceStore(successes_per_second=settings.traced_successes_per_second)
         # Set by the server when it keeps an audit trail: every call, refusals included, gets a row.
         self.audit: AuditLog | None = None
@@ -289,6 +292,11 @@ class Router:
         policy = self.mirror.policy(capability) or DEFAULT_POLICY
         decision = self._decide(frame, capability, policy, caller) if policy.rules else \
             Decision(capability=capability, versions=(frame.version,) if frame.version else ())
+        share = self._share(frame, capability, policy, caller, decision) if policy.split and not decision.rule else None
+        if share is not None:
+            total = sum(each.weight for each in policy.split)
+            decision = msgspec.structs.replace(decision, versions=(*decision.versions, share.version),
+                                               reason=f"split: version {share.version} ({share.weight} of {total})")
         if decision.action == "refuse":
             return self._error(frame, ErrorCode.FORBIDDEN, f"Refused by policy rule {decision.rule}: {decision.reason}",
                                RouteFacts(capability=capability, rule=decision.rule, reason=decision.reason), started,
@@ -312,9 +320,13 @@ class Router:
             attempts = _Attempts(answer=AgentAnswer(error_code=ErrorCode.CIRCUIT_OPEN, sent=False,
                                                     message=f"circuit open for capability {routed!r}"),
                                  reason="capability_circuit_open")
-        if decision.rule is not None:
+        if decision.rule is not None or share is not None:
             attempts.rule, attempts.reason = decision.rule, attempts.reason or decision.reason
             attempts.degraded = attempts.degraded or decision.action == "degrade"
+        if share is not None and attempts.answer is not None:
+            code = attempts.answer.error_code
+            self.releases.record(capability, share.version, code is None or code in CALLER_ERRORS,
+                                 (time.monotonic() - started) * 1000)
         if attempts.answer is not None and attempts.answer.ok:  # the common case: no coroutine for fallback
             return self._finish(frame, routed, declared.timeout_sla_ms, attempts, started)
         fallback = await self._with_fallback(frame, policy, attempts, started, caller, flight)
@@ -322,22 +334,40 @@ class Router:
             return fallback
         return self._finish(frame, routed, declared.timeout_sla_ms, attempts, started)
 
-    def _decide(self, frame: RequestFrame, capability: str, policy: Policy,
-                caller: Caller | Unauthenticated | None) -> Decision:
-        """The rule table's decision for this call; shadow rules are judged once the call is answered."""
+    def _candidates_of(self, capability: str, policy: Policy, caller: Caller | Unauthenticated | None) -> CandidatesOf:
+        """The instances of a capability as rules and splits judge them: none when the caller may not call it."""
         now = time.monotonic()
-        rules = ordered(policy.rules)
-        facts = CallerFacts(client_id=caller.client_id, trust_level=caller.trust_level) \
-            if isinstance(caller, Caller) else CallerFacts()
 
         def candidates_of(name: str) -> list[Candidate]:
-            """The instances of ``name`` this caller may reach (none when it may not call ``name``)."""
             offers = self.mirror.offers(name)
             if offers is None or (isinstance(caller, Caller) and authorize(caller, name, offers) is not None):
                 return []
             named_policy = policy if name == capability else self.mirror.policy(name) or DEFAULT_POLICY
             return [self._candidate(offer, name, named_policy, now) for offer in offers]
+        return candidates_of
 
+    def _share(self, frame: RequestFrame, capability: str, policy: Policy, caller: Caller | Unauthenticated | None,
+               decision: Decision) -> SplitShare | None:
+        """The split share this call's session belongs to; when that share has no instance to serve it, the
+        heaviest share that has one (none has: the assigned share, whose refusal names the versions offered)."""
+        index = assign(policy.split, share_point(capability, session_hash_key(frame.context, frame.request_id)))
+        if index is None:
+            return None
+        candidates_of = self._candidates_of(capability, policy, caller)
+        by_weight = sorted((share for share in policy.split if share.weight), key=lambda share: -share.weight)
+        for share in [policy.split[index], *by_weight]:
+            narrowed = msgspec.structs.replace(decision, versions=(*decision.versions, share.version))
+            if serviceable(narrowed, candidates_of):
+                return share
+        return policy.split[index]
+
+    def _decide(self, frame: RequestFrame, capability: str, policy: Policy,
+                caller: Caller | Unauthenticated | None) -> Decision:
+        """The rule table's decision for this call; shadow rules are judged once the call is answered."""
+        rules = ordered(policy.rules)
+        facts = CallerFacts(client_id=caller.client_id, trust_level=caller.trust_level) \
+            if isinstance(caller, Caller) else CallerFacts()
+        candidates_of = self._candidates_of(capability, policy, caller)
         decision = decide(rules, capability, frame.context, frame.version, facts, candidates_of)
         self.decisions["rule" if decision.rule else "no_rule"] += 1
         if decision.rule is not None:

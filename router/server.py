@@ -26,6 +26,7 @@ from router.keyring import KeyRing
 from router.mirror import RegistryMirror
 from router.oauth import TokenIssuer
 from router.publish import PublishKeys, PublishRefused, publish_over_http
+from router.rollback import WritePolicy, write_policy_over_http
 from router.semantic.settings import SemanticSettings, SemanticUnavailable
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ class RouterServer:
     """A router following a registry: in process through its hub, or over HTTP."""
 
     def __init__(self, settings: RouterServerSettings, hub: WatchFeed | None = None,
-                 publish_keys: PublishKeys | None = None):
+                 publish_keys: PublishKeys | None = None, write_policy: WritePolicy | None = None):
         """``publish_keys`` stores this router's verifying keys in the registry, so every router accepts
         its tokens; by default over HTTP (`PUT /signing-keys`) when following a registry by URL."""
         if hub is None and settings.registry_url is None:
@@ -72,6 +73,8 @@ class RouterServer:
         self.settings = settings
         self._hub = hub
         self._publish_keys = publish_keys
+        # Canary rollbacks to the registry (router/rollback.py); over HTTP by default.
+        self._write_policy = write_policy
         self.registries = Failover(settings.registry_url) if settings.registry_url is not None else None
         self._published: list[PublishedKey] = []
         self.mirror = RegistryMirror()
@@ -103,6 +106,7 @@ class RouterServer:
 
             self.semantic = await SemanticRouter.create(self.mirror, self.settings.semantic)
         self.router = Router(self.mirror, forwarder, self.settings.routing, semantic=self.semantic)
+        self.router.releases.write = self._policy_writer()
         if self.settings.audit_path is not None:
             self.audit = AuditLog(self.settings.audit_path, self.settings.audit_retention_days)
             await self.audit.start()
@@ -130,6 +134,13 @@ class RouterServer:
         forwarder.completion_url = f"{self.url}/completions"
         log.info("router listening", extra={"url": self.url, "registry": self.settings.registry_url or "in-process"})
 
+    def _policy_writer(self) -> WritePolicy | None:
+        if self._write_policy is not None or self.registries is None:
+            return self._write_policy
+        session, registries, key = self._session, self.registries, self.settings.registry_key
+        assert session is not None
+        return lambda capability, policy: write_policy_over_http(session, registries.current, key, capability, policy)
+
     def _authenticator(self) -> Authenticator:
         settings = self.settings
         keys = KeyRing(settings.keys_dir, settings.token_ttl_seconds, settings.token_leeway_seconds)
@@ -153,6 +164,7 @@ class RouterServer:
                                              "reach_rate": alert.reach_rate, "threshold": alert.threshold,
                                              "failures": alert.failures, "periods": alert.periods})
             self.router.book.forget(set(self.mirror.instances))
+            await self.router.releases.judge(self.mirror)
             if self.auth is not None:
                 self.auth.issuer.keys.prune()
                 await self._share_keys()
