@@ -11,6 +11,13 @@ from agent_reach.registration import Capability
 
 from auth.book import AuthBook
 from mesh.alerts import AlertConfig
+from mesh.examples import (
+    EXAMPLE_PREFIX,
+    EXAMPLE_SETTINGS_PREFIX,
+    ExampleSettings,
+    LearnedExample,
+    split_example_key,
+)
 from mesh.policy import Policy
 from mesh.records import ALERTS_KEY, POLICY_PREFIX, InstanceRecord, instance_id
 
@@ -27,6 +34,9 @@ class KeySpace:
         # None until an operator stores alert settings: each reader falls back to its own default.
         self.alerts: AlertConfig | None = None
         self.auth = AuthBook()
+        # capability -> example id -> learned example (mesh/examples.py), every state.
+        self.examples: dict[str, dict[str, LearnedExample]] = {}
+        self.example_settings: dict[str, ExampleSettings] = {}
 
     def put(self, key: str, value: object) -> None:
         """Apply a stored value, already decoded; a value that is not what its key holds changes nothing."""
@@ -40,6 +50,13 @@ class KeySpace:
         elif key == ALERTS_KEY:
             if isinstance(value, AlertConfig):
                 self.alerts = value
+        elif key.startswith(EXAMPLE_PREFIX):
+            if isinstance(value, LearnedExample):
+                capability, identifier = split_example_key(key)
+                self.examples.setdefault(capability, {})[identifier] = value
+        elif key.startswith(EXAMPLE_SETTINGS_PREFIX):
+            if isinstance(value, ExampleSettings):
+                self.example_settings[key[len(EXAMPLE_SETTINGS_PREFIX):]] = value
         elif self.auth.holds(key):
             self.auth.put(key, value)
 
@@ -52,6 +69,14 @@ class KeySpace:
             self.policies.pop(key[len(POLICY_PREFIX):], None)
         elif key == ALERTS_KEY:
             self.alerts = None
+        elif key.startswith(EXAMPLE_PREFIX):
+            capability, identifier = split_example_key(key)
+            examples = self.examples.get(capability, {})
+            examples.pop(identifier, None)
+            if not examples:
+                self.examples.pop(capability, None)
+        elif key.startswith(EXAMPLE_SETTINGS_PREFIX):
+            self.example_settings.pop(key[len(EXAMPLE_SETTINGS_PREFIX):], None)
         elif self.auth.holds(key):
             self.auth.delete(key)
 

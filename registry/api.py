@@ -17,10 +17,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
 from auth.records import ClientCreate, PublishedKey, TokenCreate, client_view
 from mesh.alerts import AlertConfig
+from mesh.examples import Confirmation, ExampleSettings, NewExample, Rejection
 from mesh.policy import Policy
 from mesh.watch import ROUTER_ID_MAX, encode_event, valid_router_id
 from registry.access import Access, admin_key_path
 from registry.cluster import Membership, SoleNode
+from registry.examples import Examples
 from registry.gate import Gate
 from registry.gossip import SIGNATURE_HEADER
 from registry.health import HealthChecker
@@ -180,6 +182,57 @@ async def delete_policy(request: web.Request) -> web.Response:
     return json_response({"capability": capability, "deleted": True})
 
 
+def examples(request: web.Request) -> Examples:
+    """Learned phrasings of capabilities (registry/examples.py)."""
+    return request.app[REGISTRY_KEY].examples
+
+
+def example_ref(request: web.Request) -> tuple[str, str]:
+    return path_capability(request), request.match_info["example_id"]
+
+
+async def list_examples(request: web.Request) -> web.Response:
+    return json_response(examples(request).list(path_capability(request)))
+
+
+async def add_example(request: web.Request) -> web.Response:
+    capability = path_capability(request)
+    return json_response(await examples(request).add(capability, (await read_json(request, NewExample)).text), 201)
+
+
+async def confirm_example(request: web.Request) -> web.Response:
+    """A router reports a caller's confirmed intent (router/semantic/confirmations.py)."""
+    capability = path_capability(request)
+    confirmation = await read_json(request, Confirmation)
+    view = await examples(request).confirm(capability, confirmation.text, confirmation.caller)
+    return json_response(view) if view is not None else web.Response(status=204)
+
+
+async def accept_example(request: web.Request) -> web.Response:
+    return json_response(await examples(request).accept(*example_ref(request)))
+
+
+async def reject_example(request: web.Request) -> web.Response:
+    capability, identifier = example_ref(request)
+    rejection = await read_json(request, Rejection) if request.can_read_body else Rejection()
+    return json_response(await examples(request).reject(capability, identifier, rejection.reason))
+
+
+async def delete_example(request: web.Request) -> web.Response:
+    capability, identifier = example_ref(request)
+    await examples(request).delete(capability, identifier)
+    return json_response({"capability": capability, "id": identifier, "deleted": True})
+
+
+async def get_example_settings(request: web.Request) -> web.Response:
+    return json_response(examples(request).settings(path_capability(request)))
+
+
+async def put_example_settings(request: web.Request) -> web.Response:
+    capability = path_capability(request)
+    return json_response(await examples(request).put_settings(capability, await read_json(request, ExampleSettings)))
+
+
 async def get_alert_settings(request: web.Request) -> web.Response:
     return json_response(request.app[REGISTRY_KEY].state.alerts)
 
@@ -278,6 +331,13 @@ ADMIN_ONLY: list[tuple[str, str, Handler]] = [
     ("GET", "/policies", policies), ("GET", "/policies/{capability}", get_policy),
     ("PUT", "/policies/{capability}", put_policy), ("DELETE", "/policies/{capability}", delete_policy),
     ("GET", "/settings/alerts", get_alert_settings), ("PUT", "/settings/alerts", put_alert_settings),
+    ("GET", "/examples/{capability}", list_examples), ("POST", "/examples/{capability}", add_example),
+    ("POST", "/examples/{capability}/confirmations", confirm_example),
+    ("GET", "/examples/{capability}/settings", get_example_settings),
+    ("PUT", "/examples/{capability}/settings", put_example_settings),
+    ("POST", "/examples/{capability}/{example_id}/accept", accept_example),
+    ("POST", "/examples/{capability}/{example_id}/reject", reject_example),
+    ("DELETE", "/examples/{capability}/{example_id}", delete_example),
     ("GET", "/watch", watch), ("GET", "/cluster", cluster),
     ("POST", "/clients", create_client), ("GET", "/clients", clients), ("GET", "/clients/{client_id}", client),
     ("POST", "/clients/{client_id}/disable", disable_client), ("POST", "/clients/{client_id}/enable", enable_client),

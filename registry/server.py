@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import aiohttp
 import msgspec
@@ -24,7 +24,20 @@ from registry.store import WalStore
 from registry.watch import WatchHub
 from wal import ReplayReport
 
+if TYPE_CHECKING:
+    from router.semantic.judge import ExampleJudge
+
 log = logging.getLogger("agentreach.registry")
+
+
+def example_judge() -> ExampleJudge | None:
+    """The check learned examples pass at acceptance; None without the embed extra (accepted unchecked)."""
+    try:
+        from router.semantic.judge import ExampleJudge
+    except ImportError:
+        log.warning("no embed extra: learned examples will be accepted without checking what they would misroute")
+        return None
+    return ExampleJudge()
 
 
 class RegistrySettings(msgspec.Struct, kw_only=True):
@@ -74,6 +87,7 @@ class RegistryServer:
         # Set on the first start with auth on, for the caller to show once; never logged.
         self.new_admin_key: str | None = None
         self._stopped = False
+        self._judge: ExampleJudge | None = None
 
     @property
     def url(self) -> str:
@@ -86,6 +100,7 @@ class RegistryServer:
             self.replay = await asyncio.get_running_loop().run_in_executor(None, self.store.open)
         self.registry = Registry(self.store, self.settings.lifecycle)
         self.registry.access.ensure_secrets(self.settings.data_dir)
+        self.registry.examples.judge = self._judge = example_judge()
         if isinstance(self.store, WalStore):
             # Sealing clear keys is a WAL-era migration: etcd never held clear signing keys.
             await reseal(self.registry.access, self.store, self.settings.data_dir)
@@ -129,4 +144,6 @@ class RegistryServer:
         await close(self._runner, self._session)
         if self.registry is not None:
             self.registry.close()
+        if self._judge is not None:
+            self._judge.close()
         await self.store.close()

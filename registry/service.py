@@ -30,6 +30,7 @@ from mesh.records import (
 )
 from registry.access import Access
 from registry.bindings import bindings_to_forget
+from registry.examples import Examples
 from registry.lifecycle import QUERY_ORDER, LifecycleConfig, Liveness, Status, record_heartbeat, status_of
 from registry.records import build_record
 from registry.retention import evicted_to_forget
@@ -68,6 +69,8 @@ class Registry:
         self.state.load(store.snapshot())
         # Who may use the mesh (clients, registration tokens, the admin key), kept in the same store.
         self.access = Access(store, self.state, wall_clock)
+        # Learned phrasings of capabilities, confirmed by callers or written by operators (registry/examples.py).
+        self.examples = Examples(store, self.state, wall_clock)
         # Tokens whose revocation is on its way to the log: registrations with them are refused meanwhile.
         self._revoking: set[str] = set()
         self._unwatch = store.watch(self._apply)

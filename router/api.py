@@ -147,6 +147,9 @@ def checked(frame: RequestFrame) -> RequestFrame | CallResult:
                              "capability")
     if frame.intent is not None and not 0 < len(frame.intent) <= MAX_INTENT_CHARS:
         return invalid_frame(frame.request_id, f"intent must be 1 to {MAX_INTENT_CHARS} characters", "intent")
+    if frame.confirm_intent and not (frame.intent and frame.capability):
+        return invalid_frame(frame.request_id, "confirm_intent needs both intent and the capability it meant",
+                             "confirm_intent")
     if frame.timeout_hint is not None and frame.timeout_hint <= 0:
         return invalid_frame(frame.request_id, "timeout_hint must be a positive number of milliseconds",
                              "timeout_hint")

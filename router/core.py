@@ -36,6 +36,7 @@ from router.reach import Outcome, ReachLedger
 from router.rollback import Releases
 from router.rules import CallerFacts, CandidatesOf, Decision, decide, ordered, serviceable
 from router.selection import Candidate, RouteRefusal, choose_policy, plan_route, session_hash_key
+from router.semantic.confirmations import ANONYMOUS, ConfirmationQueue
 from router.semantic.outcome import IntentMatch, IntentRefusal
 from router.shadow import RuleBook
 from router.sticky import StickyTable, sticky_key
@@ -132,6 +133,8 @@ class Router:
         self.traces = TraceStore(successes_per_second=settings.traced_successes_per_second)
         # Set by the server when it keeps an audit trail: every call, refusals included, gets a row.
         self.audit: AuditLog | None = None
+        # Set by the server when it can report confirmed intents to the registry.
+        self.confirmations: ConfirmationQueue | None = None
         self.client_limits = ClientLimits(self.limit_share)
         self._timed_out: OrderedDict[str, tuple[str, str, str]] = OrderedDict()
         # Out of descriptors, every call fails alike: one log line per interval, not one per call.
@@ -194,6 +197,10 @@ class Router:
             refusal = authorize(caller, capability, offers)
             if refusal is not None:
                 return self._refuse(frame, refusal, caller, started)
+        if frame.confirm_intent and frame.intent and offers is not None and self.confirmations is not None:
+            # Only once the caller may call it: nobody teaches the mesh phrasings for capabilities it may not use.
+            self.confirmations.offer(capability, frame.intent,
+                                     caller.client_id if isinstance(caller, Caller) else ANONYMOUS)
         result = await self._call_capability(frame, capability, offers, started, size, caller, flight)
         if match is not None:
             result.route.match_score, result.route.intent_candidates = match.score, match.candidates

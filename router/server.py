@@ -27,6 +27,7 @@ from router.mirror import RegistryMirror
 from router.oauth import TokenIssuer
 from router.publish import PublishKeys, PublishRefused, publish_over_http
 from router.rollback import WritePolicy, write_policy_over_http
+from router.semantic.confirmations import ConfirmationQueue, ReportConfirmation, report_over_http
 from router.semantic.settings import SemanticSettings, SemanticUnavailable
 
 if TYPE_CHECKING:
@@ -65,7 +66,8 @@ class RouterServer:
     """A router following a registry: in process through its hub, or over HTTP."""
 
     def __init__(self, settings: RouterServerSettings, hub: WatchFeed | None = None,
-                 publish_keys: PublishKeys | None = None, write_policy: WritePolicy | None = None):
+                 publish_keys: PublishKeys | None = None, report_confirmation: ReportConfirmation | None = None,
+                 write_policy: WritePolicy | None = None):
         """``publish_keys`` stores this router's verifying keys in the registry, so every router accepts
         its tokens; by default over HTTP (`PUT /signing-keys`) when following a registry by URL."""
         if hub is None and settings.registry_url is None:
@@ -73,6 +75,8 @@ class RouterServer:
         self.settings = settings
         self._hub = hub
         self._publish_keys = publish_keys
+        # Confirmed intents to the registry (router/semantic/confirmations.py); over HTTP by default.
+        self._report_confirmation = report_confirmation
         # Canary rollbacks to the registry (router/rollback.py); over HTTP by default.
         self._write_policy = write_policy
         self.registries = Failover(settings.registry_url) if settings.registry_url is not None else None
@@ -107,6 +111,10 @@ class RouterServer:
             self.semantic = await SemanticRouter.create(self.mirror, self.settings.semantic)
         self.router = Router(self.mirror, forwarder, self.settings.routing, semantic=self.semantic)
         self.router.releases.write = self._policy_writer()
+        confirmations = self._confirmations()
+        if confirmations is not None:
+            self.router.confirmations = confirmations
+            self._tasks.append(asyncio.create_task(confirmations.run()))
         if self.settings.audit_path is not None:
             self.audit = AuditLog(self.settings.audit_path, self.settings.audit_retention_days)
             await self.audit.start()
@@ -125,7 +133,7 @@ class RouterServer:
         else:
             assert self.registries is not None
             feed = follow_http(self._session, self.registries, self.mirror, admin_key=self.settings.registry_key)
-        self._tasks = [asyncio.create_task(feed), asyncio.create_task(self._housekeeping())]
+        self._tasks += [asyncio.create_task(feed), asyncio.create_task(self._housekeeping())]
         if self.semantic is not None:
             self._tasks.append(asyncio.create_task(self.semantic.follow()))
         app = create_app(self.router, max_body=self.settings.max_body, auth=self.auth)
@@ -140,6 +148,15 @@ class RouterServer:
         session, registries, key = self._session, self.registries, self.settings.registry_key
         assert session is not None
         return lambda capability, policy: write_policy_over_http(session, registries.current, key, capability, policy)
+
+    def _confirmations(self) -> ConfirmationQueue | None:
+        report = self._report_confirmation
+        if report is None and self.registries is not None:
+            session, registries, key = self._session, self.registries, self.settings.registry_key
+            assert session is not None
+            report = lambda capability, confirmation: report_over_http(  # noqa: E731
+                session, registries.current, key, capability, confirmation)
+        return ConfirmationQueue(report) if report is not None else None
 
     def _authenticator(self) -> Authenticator:
         settings = self.settings

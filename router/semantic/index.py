@@ -16,6 +16,7 @@ import msgspec
 import numpy as np
 from agent_reach.registration import Capability
 
+from mesh.keyspace import KeySpace
 from router.semantic.embedder import AsyncEmbedder, unit_rows
 
 
@@ -36,6 +37,17 @@ def capability_text(name: str, texts: Iterable[str]) -> CapabilityText:
 def declared_texts(declared: Iterable[Capability]) -> list[str]:
     """Description and examples of every instance's declaration (instances may run different versions)."""
     return [text for capability in declared for text in (capability.description, *capability.examples)]
+
+
+def described_capabilities(keys: KeySpace) -> list[CapabilityText]:
+    """What every offered capability says about itself: its declarations and its accepted learned examples."""
+    wanted = []
+    for name, offers in sorted(keys.offers.items()):
+        learned = [example.text for example in keys.examples.get(name, {}).values() if example.state == "accepted"]
+        entry = capability_text(name, [*declared_texts(offers.values()), *learned])
+        if entry.texts:
+            wanted.append(entry)
+    return wanted
 
 
 class _Matrix(msgspec.Struct, frozen=True):

@@ -58,3 +58,12 @@ def decide(names: Sequence[str], scores: np.ndarray, rule: MatchRule) -> IntentM
         message = (f"The intent is ambiguous: {best.capability!r} ({best.score:.3f}) and {runner_up.capability!r} "
                    f"({runner_up.score:.3f}) are closer than the margin {rule.margin:.3f}; name the capability")
     return IntentRefusal(code=code, message=message, candidates=shown)
+
+
+def routed_to(names: Sequence[str], scores: np.ndarray, rule: MatchRule) -> str | None:
+    """The capability an intent with these scores is sent to, or None when it is refused."""
+    best = top_candidates(names, scores, 2)
+    if not best:
+        return None
+    return best[0].capability if verdict(best[0].score, best[1].score if len(best) > 1 else None, rule) is None \
+        else None

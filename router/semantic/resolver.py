@@ -15,7 +15,7 @@ from agent_reach.atp import ErrorCode
 from router.mirror import RegistryMirror
 from router.semantic.cache import LruCache, intent_key
 from router.semantic.embedder import AsyncEmbedder
-from router.semantic.index import CapabilityIndex, CapabilityText, capability_text, declared_texts
+from router.semantic.index import CapabilityIndex, described_capabilities
 from router.semantic.matcher import MatchRule, decide
 from router.semantic.outcome import IntentMatch, IntentRefusal
 from router.semantic.settings import SemanticSettings
@@ -63,7 +63,7 @@ class SemanticRouter:
             revision = self.mirror.revision
             if revision == self._revision:
                 return
-            wanted = self._described_capabilities()
+            wanted = described_capabilities(self.mirror.keys)
             self._described = len(wanted)
             await self.index.update(wanted if self.active else [])
             self._revision = revision
@@ -73,15 +73,6 @@ class SemanticRouter:
         while True:
             await self.refresh()
             await asyncio.sleep(interval)
-
-    def _described_capabilities(self) -> list[CapabilityText]:
-        wanted = []
-        for name in self.mirror.capability_names():
-            offers = self.mirror.offers(name) or []
-            entry = capability_text(name, declared_texts(offer.capability for offer in offers))
-            if entry.texts:
-                wanted.append(entry)
-        return wanted
 
     async def resolve(self, intent: str) -> IntentMatch | IntentRefusal:
         """The capability ``intent`` asks for, or a refusal listing the top candidates."""

@@ -55,6 +55,9 @@ class RequestFrame(msgspec.Struct, kw_only=True, omit_defaults=True):
     request_id: str = msgspec.field(default_factory=new_request_id)
     timeout_hint: int | None = None
     intent: str | None = None
+    # With intent and capability: the caller says the intent meant that capability (after a refusal
+    # listed it, say); routed as a named call, and the phrasing is kept as a learned example.
+    confirm_intent: bool = False
     # A constraint on the capability's version (">=3.2", "^3", "~3.2", "3.2.1", ">=3,<4"): only
     # instances whose version satisfies it are candidates (mesh/versions.py has the grammar).
     version: str | None = None

@@ -1,0 +1,96 @@
+"""Whether a learned example may join the index: it must send none of the mesh's labelled phrasings astray.
+
+The labelled phrasings are the mesh's own: every offered capability's declared examples and its
+accepted learned ones, each labelled with its capability. They are
+the one labelled set that speaks about the capabilities actually registered (the evaluation set in
+tests/semantic_eval describes capabilities a real mesh does not have), and the registry holds them.
+One of them counts against the example only if it routes to a wrong capability with the example
+and did not without it; the example itself, if it would still route to another capability (a refusal
+is never wrong).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from mesh.examples import phrasing
+from mesh.keyspace import KeySpace
+from router.semantic.cache import LruCache, intent_key
+from router.semantic.embedder import AsyncEmbedder
+from router.semantic.index import CapabilityIndex, CapabilityText, capability_text, described_capabilities
+from router.semantic.matcher import MatchRule, routed_to
+
+
+def labelled_phrasings(keys: KeySpace) -> list[tuple[str, str]]:
+    """(text, capability) for every declared example and accepted learned example of an offered capability."""
+    found: dict[str, tuple[str, str]] = {}
+    for name, offers in keys.offers.items():
+        learned = [e.text for e in keys.examples.get(name, {}).values() if e.state == "accepted"]
+        for text in [*(example for offered in offers.values() for example in offered.examples), *learned]:
+            found.setdefault(phrasing(text), (text, name))
+    return sorted(found.values())
+
+
+def with_example(capabilities: list[CapabilityText], capability: str, text: str) -> list[CapabilityText]:
+    return [capability_text(entry.name, (*entry.texts, text)) if entry.name == capability else entry
+            for entry in capabilities]
+
+
+class ExampleJudge:
+    """Loads the default model on first use (the registry rarely judges; most never need it)."""
+
+    def __init__(self, embedder: AsyncEmbedder | None = None, rule: MatchRule | None = None):
+        self._embedder = embedder
+        self._rule = rule
+        self._loading = asyncio.Lock()
+        self._vectors: LruCache[np.ndarray] = LruCache(10_000)
+        self._before: CapabilityIndex | None = None
+        self._after: CapabilityIndex | None = None
+
+    async def _ready(self) -> tuple[AsyncEmbedder, MatchRule, CapabilityIndex, CapabilityIndex]:
+        async with self._loading:
+            if self._embedder is None:
+                self._embedder = await AsyncEmbedder.load()
+            if self._rule is None:
+                model = self._embedder.model
+                self._rule = MatchRule(threshold=model.threshold, margin=model.margin)
+            if self._before is None or self._after is None:
+                self._before, self._after = CapabilityIndex(self._embedder), CapabilityIndex(self._embedder)
+            return self._embedder, self._rule, self._before, self._after
+
+    async def _vector(self, embedder: AsyncEmbedder, text: str) -> np.ndarray:
+        key = intent_key(text)
+        vector = self._vectors.get(key)
+        if vector is None:
+            vector = (await embedder.encode([key]))[0]
+            self._vectors.put(key, vector)
+        return vector
+
+    async def __call__(self, keys: KeySpace, capability: str, text: str) -> str | None:
+        """Why accepting ``text`` as an example of ``capability`` would route something wrongly, or None."""
+        if capability not in keys.offers:
+            return (f"No instance offers {capability!r} now: an example is checked against the capabilities "
+                    "it would compete with, so it can be accepted only while one does")
+        labelled = labelled_phrasings(keys)
+        for other_text, label in labelled:
+            if label != capability and phrasing(other_text) == phrasing(text):
+                return f"{text!r} is already an example of {label!r}"
+        embedder, rule, before, after = await self._ready()
+        capabilities = described_capabilities(keys)
+        await before.update(capabilities)
+        await after.update(with_example(capabilities, capability, text))
+        sent = routed_to(*after.scores(await self._vector(embedder, text)), rule)
+        if sent is not None and sent != capability:
+            return f"even with it, {text!r} would be routed to {sent!r}"
+        for intent, label in labelled:
+            vector = await self._vector(embedder, intent)
+            sent = routed_to(*after.scores(vector), rule)
+            if sent is not None and sent != label and sent != routed_to(*before.scores(vector), rule):
+                return f"with it, {intent!r} (an example of {label!r}) would be routed to {sent!r}"
+        return None
+
+    def close(self) -> None:
+        if self._embedder is not None:
+            self._embedder.close()
