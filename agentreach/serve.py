@@ -90,7 +90,8 @@ def _up(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         # publishes its token verifying keys straight into it (so routers started elsewhere accept its tokens).
         assert registry.registry is not None
         return await _started(RouterServer(router_settings(args, args.router_port, None), hub=registry.hub,
-                                           publish_keys=registry.registry.access.publish_keys))()
+                                           publish_keys=registry.registry.access.publish_keys,
+                                           report_confirmation=registry.registry.examples.confirm))()
 
     async def start_demo() -> DemoAgents:
         # Credentials are minted in process, once the registry (and its admin key) exist.

@@ -203,8 +203,7 @@ async def add_example(request: web.Request) -> web.Response:
 async def confirm_example(request: web.Request) -> web.Response:
     """A router reports a caller's confirmed intent (router/semantic/confirmations.py)."""
     capability = path_capability(request)
-    confirmation = await read_json(request, Confirmation)
-    view = await examples(request).confirm(capability, confirmation.text, confirmation.caller)
+    view = await examples(request).confirm(capability, await read_json(request, Confirmation))
     return json_response(view) if view is not None else web.Response(status=204)
 
 

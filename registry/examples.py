@@ -17,6 +17,7 @@ import msgspec
 from mesh.examples import (
     EXAMPLE_PREFIX,
     MAX_EXAMPLES_PER_CAPABILITY,
+    Confirmation,
     ExampleSettings,
     ExampleView,
     LearnedExample,
@@ -95,9 +96,10 @@ class Examples:
                                      created_at=self._wall_clock())
             return await self._write(capability, identifier, await self._judged(example))
 
-    async def confirm(self, capability: str, text: str, caller: str) -> ExampleView | None:
-        """A caller confirmed ``text`` meant ``capability``: counted once per distinct caller; None when the
-        capability has no room left for a new phrasing."""
+    async def confirm(self, capability: str, confirmation: Confirmation) -> ExampleView | None:
+        """A caller confirmed its intent meant ``capability``: counted once per distinct caller; None when the
+        capability has no room left for a new phrasing. A router reports these (in process or over HTTP)."""
+        text, caller = confirmation.text, confirmation.caller
         async with self._lock:
             identifier = example_id(text)
             example = self._stored(capability).get(identifier)

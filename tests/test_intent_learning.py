@@ -255,3 +255,27 @@ async def test_confirm_intent_needs_both_the_intent_and_the_capability(mesh: Any
     answer = await mesh.post({"payload": {}, **frame})
     assert answer.status == 400 and answer.body["error_code"] == "INVALID_FRAME", answer.body
     assert answer.body["field"] == "confirm_intent"
+
+
+async def test_a_router_in_process_reports_confirmations_straight_to_its_registry(
+        start_registry: Any, start_agent: Any, http: aiohttp.ClientSession) -> None:
+    """As `agentreach up` runs them: no HTTP between the two, auth off (one anonymous caller)."""
+    registry = await start_registry()
+    assert registry.registry is not None
+    router = RouterServer(RouterServerSettings(port=0, auth=False), hub=registry.hub,
+                          report_confirmation=registry.registry.examples.confirm)
+    await router.start()
+    try:
+        agent = await start_agent("weather")
+        body = {"agent_id": "weather", "capabilities": [capability("weather.forecast", agent.endpoint)]}
+        assert (await call(http, "POST", f"{registry.url}/register", None, body))[0] == 200
+        await wait_for(lambda: router.mirror.offers("weather.forecast"), timeout=5, what="the router to see it")
+        frame = {"capability": "weather.forecast", "intent": UMBRELLA, "confirm_intent": True, "payload": {}}
+        async with http.post(f"{router.url}/atp", json=frame) as response:
+            assert response.status == 200, await response.text()
+        listed = await wait_for(lambda: registry.registry.examples.list("weather.forecast"), timeout=5,
+                                what="the confirmation")
+        assert [(e.text, e.state, e.confirmations) for e in listed] == [(UMBRELLA, "pending", 1)]
+        assert registry.registry.state.keys.examples["weather.forecast"][listed[0].id].confirmed_by == ["anonymous"]
+    finally:
+        await router.stop()
