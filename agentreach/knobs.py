@@ -22,6 +22,8 @@ from router.semantic.settings import SemanticSettings
 from router.server import RouterServerSettings
 
 STORE_ENV = "AGENTREACH_STORE"
+WORKERS_ENV = "AGENTREACH_WORKERS"
+MAX_WORKERS = 64
 ETCD_ENDPOINTS_ENV = "AGENTREACH_ETCD_ENDPOINTS"
 
 
@@ -159,6 +161,9 @@ def add_router_knobs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-answer-bytes", type=int, default=DEFAULT_MAX_ANSWER_BYTES, metavar="BYTES",
                         help="an agent's answer past this many bytes is cut off while read and answered "
                              f"ANSWER_TOO_LARGE (default: {DEFAULT_MAX_ANSWER_BYTES}, 16 MiB)")
+    parser.add_argument("--workers", type=int, default=os.environ.get(WORKERS_ENV, "1"), metavar="N",
+                        help="N router processes sharing the port (SO_REUSEPORT), restarted when one dies; each "
+                             f"is a router of its own (default: 1, or ${WORKERS_ENV})")
 
 
 def check_router_knobs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -167,6 +172,11 @@ def check_router_knobs(args: argparse.Namespace, parser: argparse.ArgumentParser
     if args.traced_successes_per_second < 0:
         parser.error("--traced-successes-per-second must be 0 (trace every call) or more")
     _positive(args.max_answer_bytes, "--max-answer-bytes", parser)
+    if not 1 <= args.workers <= MAX_WORKERS:
+        parser.error(f"--workers must be from 1 to {MAX_WORKERS}")
+    port = args.router_port if args.command == "up" else args.port
+    if args.workers > 1 and port == 0:
+        parser.error("--workers N needs a port number: with port 0 each worker would listen on a port of its own")
 
 
 def router_settings(args: argparse.Namespace, port: int, registry_url: str | None,

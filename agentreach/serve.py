@@ -7,16 +7,19 @@ import asyncio
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from functools import partial
+from multiprocessing.connection import Connection
 from typing import Protocol, TypeVar
 
 from agentreach.demo import DemoAgents, demo_credentials
 from agentreach.knobs import console_settings, registry_settings, required_admin_key, router_settings
+from agentreach.workers import SupervisorLink, WorkerFailed, WorkerPool, check_port_free, worker_settings
 from auth.kek import SecretsKeyError
 from console.server import ConsoleServer
 from registry.access import admin_key_path
 from registry.server import RegistryServer
 from router.semantic.settings import SemanticUnavailable
-from router.server import RouterServer
+from router.server import RouterServer, RouterServerSettings
 from wal import WalError
 
 
@@ -60,7 +63,8 @@ async def _serve(*parts: Start) -> None:
 def _run(*parts: Start) -> int:
     try:
         asyncio.run(_serve(*parts))
-    except (WalError, SemanticUnavailable, SecretsKeyError, OSError) as exc:  # OSError: a full disk, a port taken
+    except (WalError, SemanticUnavailable, SecretsKeyError, WorkerFailed,
+            OSError) as exc:  # OSError: a full disk, a port taken
         print(f"agentreach: refusing to start: {exc}", file=sys.stderr)
         return 2
     return 0
@@ -79,6 +83,16 @@ def _started(server: P) -> Callable[[], Awaitable[P]]:
         await server.start()
         return server
     return start
+
+
+def _router_worker(settings: RouterServerSettings, index: int, link: Connection) -> int:
+    """One of `--workers N` routers, in its own process (spawned by a WorkerPool)."""
+    return _run(_started(RouterServer(worker_settings(settings, index))), _started(SupervisorLink(link)))
+
+
+async def _start_workers(settings: RouterServerSettings, count: int) -> WorkerPool:
+    check_port_free(settings.host, settings.port)
+    return await _started(WorkerPool(partial(_router_worker, settings), count))()
 
 
 def _up(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -106,7 +120,12 @@ def _up(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         # The admin key file exists once the registry has started.
         return await _started(ConsoleServer(console_settings(args, args.console_port, registry.url, router_url)))()
 
-    parts = [_registry_started(registry), start_router]
+    async def start_workers() -> WorkerPool:
+        # Router processes follow the registry over HTTP, with the admin key it has written by now.
+        return await _start_workers(router_settings(args, args.router_port, registry.url, required_admin_key(args)),
+                                    args.workers)
+
+    parts = [_registry_started(registry), start_router if args.workers == 1 else start_workers]
     if args.demo:
         parts.append(start_demo)
     parts.append(start_console)
@@ -119,6 +138,9 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return _up(args, parser)
     if args.command == "console":
         return _run(_started(ConsoleServer(console_settings(args, args.port, args.registry, args.router))))
+    if args.command == "router" and args.workers > 1:
+        settings = router_settings(args, args.port, args.registry, required_admin_key(args))
+        return _run(partial(_start_workers, settings, args.workers))
     if args.command == "router":
         return _run(_started(RouterServer(router_settings(args, args.port, args.registry,
                                                           required_admin_key(args)))))

@@ -35,6 +35,9 @@ DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
 # Codes that mean the caller was turned away before anything was forwarded.
 REFUSAL_CODES = frozenset({"UNAUTHENTICATED", "FORBIDDEN", "TRUST_LEVEL_INSUFFICIENT"})
+# Router workers (`--workers N`) share one file and SQLite takes one writer at a time: a batch waits this
+# long for another's commit (one fsync) before failing, and a failed batch is kept and retried.
+BUSY_TIMEOUT_SECONDS = 10.0
 
 
 class AuditEntry(msgspec.Struct, gc=False):
@@ -178,7 +181,7 @@ class AuditLog:
 
     async def start(self) -> None:
         create_private_file(self.path)  # 0600 before SQLite opens it: its -wal and -shm files copy the mode
-        self._db = await aiosqlite.connect(self.path)
+        self._db = await aiosqlite.connect(self.path, timeout=BUSY_TIMEOUT_SECONDS)
         await self._db.execute("PRAGMA journal_mode=WAL")
         # FULL: one fsync per committed batch, so a batch acknowledged as written survives power loss;
         # batching makes that a few fsyncs a second, on aiosqlite's thread, never on the event loop.

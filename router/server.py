@@ -60,6 +60,8 @@ class RouterServerSettings(msgspec.Struct, kw_only=True):
     # The audit trail's SQLite file; None keeps no audit trail.
     audit_path: Path | None = None
     audit_retention_days: float = 30.0
+    # SO_REUSEPORT: one of `--workers N` router processes sharing one port.
+    reuse_port: bool = False
 
 
 class RouterServer:
@@ -97,6 +99,14 @@ class RouterServer:
         return f"http://{self.settings.host}:{self.port}"
 
     async def start(self) -> None:
+        try:
+            await self._start()
+        except BaseException:
+            # Undo what started (the audit trail's SQLite thread would keep the process from ever exiting).
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
         self._session = aiohttp.ClientSession(connector=connector)
         forwarder = Forwarder(self._session)
@@ -138,6 +148,7 @@ class RouterServer:
             self._tasks.append(asyncio.create_task(self.semantic.follow()))
         app = create_app(self.router, max_body=self.settings.max_body, auth=self.auth)
         self._runner, self.port = await listen(app, self.settings.host, self.settings.port,
+                                               reuse_port=self.settings.reuse_port,
                                                max_line_size=MAX_HEADER_LINE, max_field_size=MAX_HEADER_LINE)
         forwarder.completion_url = f"{self.url}/completions"
         log.info("router listening", extra={"url": self.url, "registry": self.settings.registry_url or "in-process"})

@@ -117,10 +117,13 @@ async def steady_load(call: Call, *, rate: float, concurrency: int, deadline: fl
         await driving
 
 
-async def routes(http: aiohttp.ClientSession, router_url: str, capability: str) -> None:
-    """Wait until a call to ``capability`` through ``router_url`` succeeds (it follows the registry)."""
+async def routes(http: aiohttp.ClientSession, router_url: str, capability: str,
+                 headers: dict[str, str] | None = None) -> None:
+    """Wait until a call to ``capability`` (with ``headers``: a caller's key) through ``router_url``
+    succeeds: it follows the registry, and knows the caller."""
     async def answered() -> bool:
-        async with http.post(f"{router_url}/atp", json={"capability": capability, "payload": "ready?"}) as response:
+        async with http.post(f"{router_url}/atp", json={"capability": capability, "payload": "ready?"},
+                             headers=headers) as response:
             return response.status == 200
     await wait_for(answered, timeout=15, what=f"{router_url} to route {capability}")
 
@@ -171,13 +174,13 @@ async def child_process() -> AsyncIterator[StartChild]:
 
 
 @pytest.fixture
-def router_process(child_process: StartChild, tmp_path: Path) -> Callable[[str], Awaitable[ChildProcess]]:
-    """``await router_process("http://registry,...")``: `agentreach router` following those registries
-    (auth off, no audit)."""
-    async def start(registry: str) -> ChildProcess:
+def router_process(child_process: StartChild, tmp_path: Path) -> Callable[..., Awaitable[ChildProcess]]:
+    """``await router_process("http://registry,...", *flags)``: `agentreach router` following those
+    registries (no audit; auth off unless ``flags`` say ``--auth on --admin-key KEY``)."""
+    async def start(registry: str, *flags: str) -> ChildProcess:
         data_dir = tmp_path / f"router-{time.monotonic_ns()}"
         return await child_process([*AGENTREACH, "router", "--port", "0", "--registry", registry, "--auth", "off",
-                                    "--no-audit", "--data-dir", str(data_dir)], "router listening")
+                                    "--no-audit", "--data-dir", str(data_dir), *flags], "router listening")
 
     return start
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any, NamedTuple
 
 import aiohttp
 import pytest
 from agent_reach import ErrorCode, ReachClient, ReachError
 
 from agent_support import Agent
-from conftest import wait_for
+from conftest import admin_key, wait_for
 from failure_support import ChildProcess, Failed, routes, steady_load
 from router_support import capability
 
@@ -24,24 +25,48 @@ CALL_TIMEOUT = 5.0
 HANG = CALL_TIMEOUT + 5.0
 
 
+class TwoRouters(NamedTuple):
+    first: ChildProcess
+    second: ChildProcess
+    # With auth on: the caller's client_id, client_secret and api_key.
+    caller: dict[str, Any]
+
+
 @pytest.fixture
-async def two_routers(start_registry, start_agent: Callable[..., Awaitable[Agent]],
-                      router_process: Callable[[str], Awaitable[ChildProcess]],
-                      http: aiohttp.ClientSession) -> list[ChildProcess]:
+def start_two_routers(start_registry, start_agent: Callable[..., Awaitable[Agent]],
+                      router_process: Callable[..., Awaitable[ChildProcess]],
+                      http: aiohttp.ClientSession) -> Callable[..., Awaitable[TwoRouters]]:
     """Two router processes following one registry, both routing `echo` to one agent that takes 50 ms
-    a call (~10 calls in flight at any moment at RATE: a router that fails takes some down with it)."""
-    registry = await start_registry(silence_timeout=60.0, health_interval=60.0)
-    echo = await start_agent("echo-1")
-    echo.first_byte_delay = 0.05
-    body = {"agent_id": echo.name, "service": "echo", "capabilities": [capability("echo", echo.endpoint)]}
-    async with http.post(f"{registry.url}/register", json=body) as response:
-        assert response.status == 200, await response.text()
-    async with http.post(f"{registry.url}/heartbeat", json={"agent_id": echo.name}) as response:
-        assert response.status == 200, await response.text()
-    routers = list(await asyncio.gather(router_process(registry.url), router_process(registry.url)))
-    for router in routers:
-        await routes(http, router.url, "echo")
-    return routers
+    a call (~10 calls in flight at any moment at RATE: a router that fails takes some down with it);
+    ``auth=True``: callers authenticate, with a client made for them."""
+    async def start(auth: bool = False) -> TwoRouters:
+        registry = await start_registry(silence_timeout=60.0, health_interval=60.0, auth=auth)
+        admin = {"X-API-Key": admin_key(registry)} if auth else {}
+        echo = await start_agent("echo-1")
+        echo.first_byte_delay = 0.05
+        body = {"agent_id": echo.name, "service": "echo", "capabilities": [capability("echo", echo.endpoint)]}
+        for path, sent in (("register", body), ("heartbeat", {"agent_id": echo.name})):
+            async with http.post(f"{registry.url}/{path}", json=sent, headers=admin) as response:
+                assert response.status == 200, await response.text()
+        secrets: dict[str, Any] = {}
+        if auth:
+            new_client = {"name": "caller", "trust_level": "internal", "grants": ["echo"]}
+            async with http.post(f"{registry.url}/clients", json=new_client, headers=admin) as response:
+                assert response.status == 201, await response.text()
+                secrets = await response.json()
+        flags = ("--auth", "on", "--admin-key", admin["X-API-Key"]) if auth else ()
+        first, second = await asyncio.gather(router_process(registry.url, *flags),
+                                             router_process(registry.url, *flags))
+        for router in (first, second):
+            await routes(http, router.url, "echo", {"X-API-Key": secrets["api_key"]} if auth else None)
+        return TwoRouters(first, second, secrets)
+
+    return start
+
+
+@pytest.fixture
+async def two_routers(start_two_routers: Callable[..., Awaitable[TwoRouters]]) -> TwoRouters:
+    return await start_two_routers()
 
 
 def caller(client: ReachClient, timeout: float) -> Callable[[int], Awaitable[str]]:
@@ -58,7 +83,7 @@ def caller(client: ReachClient, timeout: float) -> Callable[[int], Awaitable[str
 
 
 async def test_a_router_killed_under_load_loses_no_call_the_client_could_retry(two_routers):
-    first, second = two_routers
+    first, second, _ = two_routers
     async with ReachClient([first.url, second.url]) as client, \
             steady_load(caller(client, CALL_TIMEOUT), rate=RATE, concurrency=32, deadline=HANG) as tally:
         await wait_for(lambda: tally.counts()[first.url] >= RATE, what="a second of calls via the first")
@@ -84,7 +109,7 @@ async def test_a_frozen_router_is_passed_over_once_it_let_a_call_time_out(two_ro
     """A SIGSTOPped router still completes TCP handshakes (the kernel does), so connecting cannot tell it
     from a live one; the calls sent to it run out their time and are reported (they were sent: never sent
     again). Once one has, the calls that follow go to the other router, not into the same silence."""
-    first, second = two_routers
+    first, second, _ = two_routers
     timeout = 2.0
     async with ReachClient([first.url, second.url]) as client, \
             steady_load(caller(client, timeout), rate=RATE, concurrency=64, deadline=timeout + 5) as tally:
@@ -111,11 +136,23 @@ async def test_a_call_on_a_kept_alive_connection_the_dead_router_closed_goes_to_
     to write the request: nothing was sent, so the call goes to the next router as a refused connect would
     (it was answered AGENT_ERROR). The call runs as a task started after the kill, as under load, so the
     loop reads the close between taking the connection and writing on it."""
-    first, second = two_routers
+    first, second, _ = two_routers
     async with ReachClient([first.url, second.url]) as client:
         await client.call("echo", "kept alive", timeout=CALL_TIMEOUT)
         assert client.router_url == first.url
         first.kill()
         assert await asyncio.create_task(client.call("echo", "after", timeout=CALL_TIMEOUT)) == {
             "echo": "after", "agent": "echo-1"}
+        assert client.router_url == second.url
+
+
+async def test_a_frozen_router_s_token_endpoint_is_passed_over(start_two_routers):
+    """A caller with OAuth2 client credentials first fetches a token from the router it is about to call.
+    A fetch that gets no answer (a frozen router) sent no call, and a token may be asked for again: the
+    call goes to the next router (it was answered UNAUTHENTICATED, as if the credentials were wrong)."""
+    first, second, secrets = await start_two_routers(auth=True)
+    first.pause()
+    async with ReachClient([first.url, second.url], client_id=secrets["client_id"],
+                           client_secret=secrets["client_secret"]) as client:
+        assert await client.call("echo", "token", timeout=1.0) == {"echo": "token", "agent": "echo-1"}
         assert client.router_url == second.url

@@ -192,8 +192,9 @@ class ReachClient:
         if credentials is not None:
             try:
                 headers["Authorization"] = await credentials.authorization(self.session, timeout)
-            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-                raise Unreachable(f"{credentials.token_url}: {exc}") from exc
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                # No call was sent, and a token may be asked for again: the next router is safe to try.
+                raise Unreachable(f"{credentials.token_url}: {exc!r}") from exc
         return headers
 
 

@@ -214,11 +214,15 @@ class GuardedHandler(RequestHandler):
 class GuardedSite(web.BaseSite):
     """A TCP listener whose connections are GuardedHandlers (a Refusal past the cap)."""
 
-    __slots__ = ("_gate", "_handler_args", "_host", "_limits", "_port")
+    __slots__ = ("_gate", "_handler_args", "_host", "_limits", "_port", "_reuse_port")
 
-    def __init__(self, runner: web.AppRunner, host: str, port: int, limits: Limits, **handler_args: Any):
+    def __init__(self, runner: web.AppRunner, host: str, port: int, limits: Limits, *, reuse_port: bool = False,
+                 **handler_args: Any):
+        """``reuse_port`` (SO_REUSEPORT) lets several processes listen on one port, the kernel spreading
+        new connections between them; every one of them must ask for it."""
         super().__init__(runner)
         self._host, self._port = host, port
+        self._reuse_port = reuse_port
         self._limits = limits
         self._gate = Gate(limits.max_connections)
         self._handler_args = handler_args
@@ -249,4 +253,5 @@ class GuardedSite(web.BaseSite):
     async def start(self) -> None:
         await super().start()
         self._server = await asyncio.get_running_loop().create_server(self._connection, self._host, self._port,
-                                                                      backlog=self._accept_batch())
+                                                                      backlog=self._accept_batch(),
+                                                                      reuse_port=self._reuse_port)

@@ -18,7 +18,8 @@ class TokenAnswer(msgspec.Struct):
 
 
 class TokenRefused(Exception):
-    """No token: the endpoint refused, answered nonsense, or broke off (connect failures propagate as is)."""
+    """No token: the endpoint refused or answered nonsense (transport failures propagate as is: asking
+    again, elsewhere, is always safe)."""
 
 
 class ClientCredentials:
@@ -30,7 +31,8 @@ class ClientCredentials:
         self._lock = asyncio.Lock()
 
     async def authorization(self, session: aiohttp.ClientSession, timeout: aiohttp.ClientTimeout) -> str:
-        """The ``Authorization`` header value; connection errors propagate so callers can fall back."""
+        """The ``Authorization`` header value; transport failures (no connection, no answer in time, a
+        connection broken off) propagate as aiohttp's errors or TimeoutError, so callers can fall back."""
         async with self._lock:
             if self._token is None or time.monotonic() >= self._expires:
                 answer = await self._fetch(session, timeout)
@@ -39,14 +41,9 @@ class ClientCredentials:
             return f"Bearer {self._token}"
 
     async def _fetch(self, session: aiohttp.ClientSession, timeout: aiohttp.ClientTimeout) -> TokenAnswer:
-        try:
-            async with session.post(self.token_url, data={"grant_type": "client_credentials"},
-                                    auth=self._auth, timeout=timeout) as response:
-                body = await response.read()
-        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError):
-            raise
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise TokenRefused(f"{self.token_url}: {exc!r}") from exc
+        async with session.post(self.token_url, data={"grant_type": "client_credentials"},
+                                auth=self._auth, timeout=timeout) as response:
+            body = await response.read()
         if response.status != 200:
             raise TokenRefused(f"{self.token_url} answered {response.status}: {body[:200]!r}")
         try:
