@@ -8,7 +8,7 @@ the capability the policy is stored under).
 from __future__ import annotations
 
 from itertools import pairwise
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from agent_reach.registration import Label, MetadataValue, Name, RoutingPolicy, TrustLevel
@@ -108,6 +108,18 @@ class RollbackConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_f
     window_seconds: Annotated[float, msgspec.Meta(gt=0, le=86_400)] = 60
 
 
+MAX_FLOOR_ANSWER_BYTES = 64 * 1024
+
+
+class DegradationConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """How far a failing capability may fall. L0: never (no fallback, no fixed answer, no pending or demoted
+    instance: fail fast); L1: may degrade, each degraded answer logged and alerted; L2: may degrade freely.
+    ``answer``: the last floor, answered as the result when everything else failed (null: none)."""
+
+    level: Literal["L0", "L1", "L2"] = "L2"
+    answer: Any = None
+
+
 class Policy(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """One capability's routing policy; ``policy=None`` defers to instance preference, then the default."""
 
@@ -121,6 +133,7 @@ class Policy(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=Tr
     rules: Annotated[list[Rule], msgspec.Meta(max_length=64)] = []
     split: Annotated[list[SplitShare], msgspec.Meta(max_length=16)] = []
     rollback: RollbackConfig | None = None
+    degradation: DegradationConfig = DegradationConfig()
 
 
 DEFAULT_POLICY = Policy()
@@ -145,6 +158,7 @@ def validate_policy(policy: Policy, capability_name: str) -> None:
         raise PolicyError(f"Capability {capability_name!r} cannot be its own fallback", "fallback_capability")
     validate_rules(policy.rules)
     validate_split(policy.split, policy.rollback)
+    validate_degradation(policy)
     timeout = policy.timeout
     # The default connect_ms is not the user's word: it is capped by the others, never a conflict.
     connect_ms = None if timeout.connect_ms == DEFAULT_CONNECT_MS else timeout.connect_ms
@@ -192,3 +206,20 @@ def validate_split(split: list[SplitShare], rollback: RollbackConfig | None) -> 
         raise PolicyError("split weights add up to 0: no version would take a call", "split")
     if rollback is not None and len(split) < 2:
         raise PolicyError("rollback needs a split with a canary beside the stable version", "rollback")
+
+
+def validate_degradation(policy: Policy) -> None:
+    """An L0 capability names no way to degrade; a fixed answer is bounded like any stored record."""
+    degradation = policy.degradation
+    if len(msgspec.json.encode(degradation.answer)) > MAX_FLOOR_ANSWER_BYTES:
+        raise PolicyError(f"degradation.answer is over {MAX_FLOOR_ANSWER_BYTES} bytes as JSON", "degradation.answer")
+    if degradation.level != "L0":
+        return
+    if policy.fallback_capability is not None:
+        raise PolicyError("an L0 capability never degrades, so it cannot have a fallback_capability",
+                          "fallback_capability")
+    if degradation.answer is not None:
+        raise PolicyError("an L0 capability never degrades, so it cannot have a fixed answer", "degradation.answer")
+    for index, rule in enumerate(policy.rules):
+        if rule.action == "degrade":
+            raise PolicyError(f"rules[{index}] degrades, and an L0 capability never degrades", f"rules[{index}].action")

@@ -367,7 +367,7 @@ async def rule_stats(request: web.Request) -> web.Response:
 async def alerts(request: web.Request) -> web.Response:
     router = request.app[ROUTER_KEY]
     return json_response({"alerts": router.ledger.alerts(time.time()), "config": router.ledger.alert_config,
-                          "rollbacks": list(router.releases.rollbacks)})
+                          "rollbacks": list(router.releases.rollbacks), "degraded": router.degradations.alerts()})
 
 
 async def traces(request: web.Request) -> web.Response:

@@ -27,6 +27,7 @@ from mesh.versions import instance_version
 from router.audit import AuditLog, entry_from_trace
 from router.auth import Caller, Refusal, Unauthenticated, authorize
 from router.canary import assign, share_point
+from router.degradation import DegradationAlerts
 from router.forward import DEFAULT_MAX_ANSWER_BYTES, AgentAnswer, Forwarder
 from router.instances import InstanceBook
 from router.mirror import Offer, RegistryMirror
@@ -130,6 +131,7 @@ class Router:
         self.decisions: Counter[str] = Counter()
         self.rules = RuleBook()
         self.releases = Releases()
+        self.degradations = DegradationAlerts()
         self.traces = TraceStore(successes_per_second=settings.traced_successes_per_second)
         # Set by the server when it keeps an audit trail: every call, refusals included, gets a row.
         self.audit: AuditLog | None = None
@@ -219,6 +221,14 @@ class Router:
             self.decisions["unknown_capability"] += 1
         else:
             self.ledger.record(frame.capability or "", outcome, code, (time.monotonic() - started) * 1000, time.time())
+        if outcome == "degraded":
+            self._degraded(frame, result.route)
+
+    def _degraded(self, frame: RequestFrame, route: RouteFacts) -> None:
+        """An L1 capability's degraded answer is logged and alerted; an L2 one's is only counted."""
+        policy = self.mirror.policy(frame.capability or "")
+        if policy is not None and policy.degradation.level == "L1":
+            self.degradations.degraded(frame.capability or "", route.reason, frame.request_id, time.time())
 
     def _admit(self, caller: Caller | Unauthenticated, started: float) -> Refusal | None:
         """The auth step before anything else: a credential, then the client's rate."""
@@ -387,10 +397,21 @@ class Router:
 
     async def _with_fallback(self, frame: RequestFrame, policy: Policy, attempts: _Attempts, started: float,
                              caller: Caller | Unauthenticated | None, flight: _InFlight) -> CallResult | None:
-        """For a failed call, the fallback capability's success (degraded); None to answer the failure."""
-        if not policy.fallback_capability or self._beyond_fallback(attempts) or flight.relay.delivered:
+        """For a failed call, the fallback capability's success, else the policy's fixed answer (both degraded);
+        None to answer the failure."""
+        if self._beyond_fallback(attempts) or flight.relay.delivered:
             return None
-        return await self._call_fallback(frame, policy.fallback_capability, started, caller, flight)
+        if policy.fallback_capability:
+            fallback = await self._call_fallback(frame, policy.fallback_capability, started, caller, flight)
+            if fallback is not None:
+                return fallback
+        floor = policy.degradation.answer
+        if floor is None or policy.degradation.level == "L0":
+            return None
+        self.decisions["fixed_answer"] += 1
+        answered = msgspec.structs.replace(attempts, answer=AgentAnswer(result=floor, sent=False), refusal=None,
+                                           instance=None, version=None, degraded=True, reason="fixed_answer")
+        return self._finish(frame, frame.capability or "", None, answered, started)
 
     async def _call_fallback(self, frame: RequestFrame, fallback: str, started: float,
                              caller: Caller | Unauthenticated | None, flight: _InFlight) -> CallResult | None:
@@ -424,7 +445,8 @@ class Router:
                           routing_hint=_with_zone(frame.context.get("routing_hint"), narrowed),
                           sticky_agent=self.sticky.get(sticky, now) if sticky else None,
                           rng=self._rng, panic_threshold=self.settings.panic_threshold,
-                          versions=narrowed.versions if narrowed else ())
+                          versions=narrowed.versions if narrowed else (),
+                          allow_degraded=policy.degradation.level != "L0")
         if isinstance(plan, RouteRefusal):
             return _Attempts(refusal=plan, policy=policy_name)
         sla_ms = by_id[plan.order[0].agent_id].capability.timeout_sla_ms

@@ -93,9 +93,11 @@ def plan_route(
     panic_threshold: float = 0.5,
     p2c_above: int = 8,
     versions: tuple[str, ...] = (),
+    allow_degraded: bool = True,
 ) -> RoutePlan | RouteRefusal:
     """Order the candidates to try for one call, or say why none may be tried. ``versions``: constraints
-    (already validated) every candidate's version must satisfy: the frame's, a rule's, a canary's."""
+    (already validated) every candidate's version must satisfy: the frame's, a rule's, a canary's.
+    ``allow_degraded`` False (an L0 capability): pending and demoted instances are never used."""
     if not candidates:
         return RouteRefusal(code=ErrorCode.NO_ROUTABLE_INSTANCE, reason="the capability has no registered instance")
     matching = candidates
@@ -112,6 +114,9 @@ def plan_route(
         matching = within
     tier = [candidate for candidate in matching if candidate.state == HEALTHY]
     degraded = not tier
+    if degraded and not allow_degraded:
+        return RouteRefusal(code=ErrorCode.NO_ROUTABLE_INSTANCE,
+                            reason="no instance is healthy (an L0 capability never uses pending or demoted ones)")
     if degraded:
         tier = [candidate for candidate in matching if candidate.state in DEGRADED_STATES]
     if not tier:
