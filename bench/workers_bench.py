@@ -1,0 +1,197 @@
+"""Router throughput with `--workers 2` beside `--workers 1`, one command:
+`python bench/workers_bench.py [--rounds 5] [--seconds 5] [--workers 2]`.
+
+One registry (auth off), one echo agent (bench/router_bench.py's, its own process) and two routers
+following the registry, both `--auth off --no-audit` (routing alone, as bench/router_ab.py):
+`agentreach router --workers 1` and `agentreach router --workers N`. wrk rounds (one thread, 64
+connections) alternate between them, the order reversed every other round, so a burst of load from
+the neighbours hits both alike. Per target: best and median calls/s, and the CPU time per call summed
+over the router's processes (the parent and every worker): steadier than calls/s on a shared
+machine, and what a reader multiplies out for more cores (one core serves about 1e6 / CPU-µs-per-call
+calls a second, before wrk, the agent and the kernel take their part). Results: a table on stdout and
+JSON in bench/results/workers_bench.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import aiohttp
+
+from common import (
+    RESULTS,
+    ROOT,
+    cpu_seconds,
+    free_port,
+    keep_alive,
+    machine,
+    post_script,
+    require,
+    spawn,
+    stop_processes,
+    wait_http,
+    wrk,
+)
+
+ROUTER_BENCH = str(Path(__file__).with_name("router_bench.py"))
+PAYLOAD = {"text": "hello, agent", "n": 1}  # router_bench's payload: the same calls
+ECHO_ID = "echo-1"
+CONNECTIONS = 64
+
+
+class Target(NamedTuple):
+    pid: int  # the `agentreach router` process: with workers, their parent
+    url: str
+
+
+def family(pid: int) -> list[int]:
+    """``pid`` and its children (the workers, and multiprocessing's resource tracker, which idles)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [pid, *(int(child) for child in children)]
+
+
+def run_round(target: Target, body: bytes, seconds: int) -> dict[str, Any]:
+    """One wrk run against ``target``; CPU per call summed over the router's processes."""
+    pids = family(target.pid)
+    before = sum(cpu_seconds(pid) for pid in pids)
+    run = wrk(target.url, post_script(body), CONNECTIONS, seconds)
+    spent = sum(cpu_seconds(pid) for pid in pids) - before
+    return {"rps": run.rps, "cpu_us_per_call": spent / run.calls * 1e6, "non_2xx": run.non_2xx,
+            "socket_errors": run.socket_errors, "p50_ms": run.latency_ms(50), "p99_ms": run.latency_ms(99),
+            "processes": len(pids)}
+
+
+async def wait_routable(url: str, body: bytes, timeout: float = 60) -> None:
+    """Until ``url`` answers 20 calls in a row 200, each on a connection of its own, so that every
+    worker (the kernel spreads connections) has seen the echo instance on its watch feed."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    in_a_row = 0
+    while in_a_row < 20:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session, \
+                session.post(url, data=body, headers={"Content-Type": "application/json"}) as response:
+            in_a_row = in_a_row + 1 if response.status == 200 else 0
+        if asyncio.get_running_loop().time() > deadline:
+            raise RuntimeError(f"{url} did not route calls (last status {response.status})")
+
+
+async def measure(targets: dict[str, Target], body: bytes, rounds: int,
+                  seconds: int) -> dict[str, list[dict[str, Any]]]:
+    """A warm-up run per target, then ``rounds`` alternating rounds."""
+    loop = asyncio.get_running_loop()
+    for target in targets.values():
+        await loop.run_in_executor(None, run_round, target, body, 2)
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
+    for index in range(rounds):
+        for name in list(targets) if index % 2 == 0 else list(reversed(targets)):
+            result = await loop.run_in_executor(None, run_round, targets[name], body, seconds)
+            results[name].append(result)
+            print(f"  round {index + 1} {name:>10}: {result['rps']:7.0f} calls/s, "
+                  f"{result['cpu_us_per_call']:6.1f} us CPU/call, non-2xx {result['non_2xx']}", file=sys.stderr)
+    return results
+
+
+async def bench(workers: int, rounds: int, seconds: int) -> dict[str, list[dict[str, Any]]]:
+    echo, registry = free_port(), free_port()
+    echo_url, registry_url = f"http://127.0.0.1:{echo}/echo", f"http://127.0.0.1:{registry}"
+    processes = [spawn(ROUTER_BENCH, "echo", "--port", str(echo))]
+    beat: asyncio.Task[None] | None = None
+    with tempfile.TemporaryDirectory(prefix="workers-bench-") as scratch:
+        try:
+            processes.append(spawn("-m", "agentreach.cli", "registry", "--port", str(registry), "--data-dir",
+                                   f"{scratch}/registry", "--log-level", "warning", "--auth", "off",
+                                   "--silence-timeout", "3600"))
+            await wait_http(f"http://127.0.0.1:{echo}/healthz")
+            await wait_http(f"{registry_url}/healthz")
+            registration = {"agent_id": ECHO_ID, "service": "echo", "capabilities": [
+                {"name": "echo", "protocol": "rest", "endpoint": echo_url, "timeout_sla_ms": 5000}]}
+            async with aiohttp.ClientSession() as session, \
+                    session.post(f"{registry_url}/register", json=registration) as response:
+                response.raise_for_status()
+            beat = asyncio.create_task(keep_alive(registry_url, ECHO_ID))
+            targets = {}
+            for count in (1, workers):
+                port = free_port()
+                processes.append(spawn("-m", "agentreach.cli", "router", "--workers", str(count), "--port", str(port),
+                                       "--registry", registry_url, "--log-level", "warning", "--auth", "off",
+                                       "--no-audit", "--data-dir", f"{scratch}/router-{count}"))
+                targets[f"workers={count}"] = Target(processes[-1].pid, f"http://127.0.0.1:{port}/atp")
+            body = json.dumps({"capability": "echo", "payload": PAYLOAD}).encode()
+            for target in targets.values():
+                await wait_http(target.url.replace("/atp", "/healthz"))
+                await wait_routable(target.url, body)
+            return await measure(targets, body, rounds, seconds)
+        finally:
+            if beat is not None:
+                beat.cancel()
+            stop_processes(processes)
+
+
+def summarize(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
+    """Per target: best and median calls/s and CPU per call; each beside `--workers 1`."""
+    summary = {}
+    for name, results in rounds.items():
+        rps = [r["rps"] for r in results]
+        cpu = [r["cpu_us_per_call"] for r in results]
+        summary[name] = {"best_rps": max(rps), "median_rps": statistics.median(rps), "best_cpu_us": min(cpu),
+                         "median_cpu_us": statistics.median(cpu),
+                         "median_p99_ms": statistics.median(r["p99_ms"] for r in results),
+                         "non_2xx": sum(r["non_2xx"] for r in results)}
+    one = summary["workers=1"]
+    for row in summary.values():
+        row["best_vs_one"] = row["best_rps"] / one["best_rps"]
+        row["median_vs_one"] = row["median_rps"] / one["median_rps"]
+        row["calls_per_core"] = 1e6 / row["median_cpu_us"]
+    return summary
+
+
+def load_average() -> str:
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+def print_table(info: dict[str, Any], summary: dict[str, dict[str, float]]) -> None:
+    print(f"machine: {info['cpu']}, {info['cores']} cores, Python {info['python']}, aiohttp {info['aiohttp']}, "
+          f"load {info['load_before']} before, {info['load_after']} after")
+    print()
+    print("| router | best calls/s | median calls/s | / workers=1 (best) | / workers=1 (median) | "
+          "CPU µs/call (median) | calls/s per core by CPU | p99 (median) | non-2xx |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, row in summary.items():
+        print(f"| {name} | {row['best_rps']:.0f} | {row['median_rps']:.0f} | {row['best_vs_one']:.2f}x | "
+              f"{row['median_vs_one']:.2f}x | {row['median_cpu_us']:.0f} | {row['calls_per_core']:.0f} | "
+              f"{row['median_p99_ms']:.1f} ms | {row['non_2xx']:.0f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, default=2, help="the worker count set beside 1 (default: 2)")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating wrk rounds per router")
+    parser.add_argument("--seconds", type=int, default=5, help="wrk duration per router and round")
+    parser.add_argument("--json", type=Path, default=RESULTS / "workers_bench.json")
+    args = parser.parse_args()
+    if args.workers < 2:
+        parser.error("--workers: 2 or more (it is measured beside --workers 1)")
+    require("wrk")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind like Ctrl-C: the processes stop
+    info = machine(load_before=load_average())
+    rounds = asyncio.run(bench(args.workers, args.rounds, args.seconds))
+    info["load_after"] = load_average()
+    summary = summarize(rounds)
+    print_table(info, summary)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"machine": info, "settings": {
+        "rounds": args.rounds, "seconds": args.seconds, "wrk_connections": CONNECTIONS, "workers": args.workers},
+        "summary": summary, "rounds": rounds}, indent=2) + "\n")
+    print(f"\nwrote {args.json.relative_to(ROOT) if args.json.is_relative_to(ROOT) else args.json}")
+
+
+if __name__ == "__main__":
+    main()
