@@ -62,7 +62,8 @@ async def test_quorum_lost_and_regained_under_load(etcd_cluster, etcd_registry, 
         status, body = await post(http, f"{nodes[n % 2].url}/register",
                                   registration(agent_id, "filler", service="filler"))
         if status != 200:
-            raise Failed(f"{status} {body.get('error')}", body.get("message", ""))
+            assert {"error", "message", "field"} <= set(body), body  # counted as "raised AssertionError"
+            raise Failed(f"{status} {body['error']}", body["message"])
         acknowledged.append(agent_id)
         return "200"
 
