@@ -120,6 +120,15 @@ class DegradationConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknow
     answer: Any = None
 
 
+class MirrorConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Copy ``percent`` of the calls to an instance of ``version``, compare, never answer with the copy.
+    A capability not declared idempotent is mirrored only with ``allow_non_idempotent``: a copy does the work twice."""
+
+    version: Constraint
+    percent: Annotated[float, msgspec.Meta(gt=0, le=100)]
+    allow_non_idempotent: bool = False
+
+
 class Policy(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """One capability's routing policy; ``policy=None`` defers to instance preference, then the default."""
 
@@ -134,6 +143,7 @@ class Policy(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=Tr
     split: Annotated[list[SplitShare], msgspec.Meta(max_length=16)] = []
     rollback: RollbackConfig | None = None
     degradation: DegradationConfig = DegradationConfig()
+    mirror: MirrorConfig | None = None
 
 
 DEFAULT_POLICY = Policy()
@@ -159,6 +169,8 @@ def validate_policy(policy: Policy, capability_name: str) -> None:
     validate_rules(policy.rules)
     validate_split(policy.split, policy.rollback)
     validate_degradation(policy)
+    if policy.mirror is not None and (problem := check_constraint(policy.mirror.version)) is not None:
+        raise PolicyError(f"mirror.version: {problem}", "mirror.version")
     timeout = policy.timeout
     # The default connect_ms is not the user's word: it is capped by the others, never a conflict.
     connect_ms = None if timeout.connect_ms == DEFAULT_CONNECT_MS else timeout.connect_ms

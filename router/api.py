@@ -361,7 +361,8 @@ async def reach(request: web.Request) -> web.Response:
 async def rule_stats(request: web.Request) -> web.Response:
     """Calls each live rule decided and each shadow rule's agreement with the live decisions, on this router."""
     book, capability = request.app[ROUTER_KEY].rules, request.query.get("capability")
-    return json_response({"hits": book.hits(capability), "shadow": book.shadows(capability)})
+    return json_response({"hits": book.hits(capability), "shadow": book.shadows(capability),
+                          "mirror": request.app[ROUTER_KEY].traffic_mirror.stats(capability)})
 
 
 async def alerts(request: web.Request) -> web.Response:

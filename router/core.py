@@ -23,7 +23,6 @@ from agent_reach.registration import RoutingPolicy
 
 from mesh.alerts import AlertConfig
 from mesh.policy import DEFAULT_POLICY, Policy, SplitShare
-from mesh.versions import instance_version
 from router.audit import AuditLog, entry_from_trace
 from router.auth import Caller, Refusal, Unauthenticated, authorize
 from router.canary import assign, share_point
@@ -45,6 +44,7 @@ from router.streaming import Relay
 from router.timeouts import ResolvedTimeouts, resolve_timeouts
 from router.tracecontext import CallSpan, ParentSpan, open_span
 from router.traces import AttemptTrace, CallTrace, TraceStore
+from router.traffic_mirror import TrafficMirror, mirrored, status_of
 
 if TYPE_CHECKING:
     from router.semantic.resolver import SemanticRouter
@@ -142,6 +142,7 @@ class Router:
         # Out of descriptors, every call fails alike: one log line per interval, not one per call.
         self._short_of_resources = Throttle()
         self._rng = rng or random.Random()
+        self.traffic_mirror = TrafficMirror(self._send_copy, self._rng)
 
     def limit_share(self) -> float:
         """This router's fraction of every client rate and instance max_qps: 1 / live routers."""
@@ -344,12 +345,25 @@ class Router:
             code = attempts.answer.error_code
             self.releases.record(capability, share.version, code is None or code in CALLER_ERRORS,
                                  (time.monotonic() - started) * 1000)
+        if policy.mirror is not None and routed == capability and \
+                mirrored(policy.mirror, capability, frame.request_id, declared.idempotent):
+            live = attempts.refusal.code.value if attempts.refusal else status_of(attempts.answer)
+            live_ms = (time.monotonic() - started) * 1000
+            self.traffic_mirror.copy(frame, capability, offers, policy.mirror, live, live_ms)
         if attempts.answer is not None and attempts.answer.ok:  # the common case: no coroutine for fallback
             return self._finish(frame, routed, declared.timeout_sla_ms, attempts, started)
         fallback = await self._with_fallback(frame, policy, attempts, started, caller, flight)
         if fallback is not None:
             return fallback
         return self._finish(frame, routed, declared.timeout_sla_ms, attempts, started)
+
+    async def _send_copy(self, frame: RequestFrame, offer: Offer) -> AgentAnswer:
+        """A mirrored copy, sent once to one instance: none of a live call's failover or accounting."""
+        policy = self.mirror.policy(frame.capability or "") or DEFAULT_POLICY
+        timeouts = resolve_timeouts(policy.timeout, offer.capability.timeout_sla_ms, None)
+        return await self.forwarder.send(offer.capability.endpoint, offer.capability.protocol, frame, timeouts,
+                                         self.mirror.auth.signing_key(offer.record.token_id), offer.record.agent_id,
+                                         self.settings.max_answer_bytes, span=open_span(frame.context, None))
 
     def _candidates_of(self, capability: str, policy: Policy, caller: Caller | Unauthenticated | None) -> CandidatesOf:
         """The instances of a capability as rules and splits judge them: none when the caller may not call it."""
@@ -519,7 +533,7 @@ class Router:
             metadata=offer.record.metadata, max_qps=max_qps,
             available=self.book.available(capability, agent_id, policy.circuit_breaker, now),
             has_capacity=self.book.bucket(agent_id, max_qps).available(now) >= 1,
-            version=instance_version(offer.capability.version, offer.record.metadata.get("semver")),
+            version=offer.version,
         )
 
     async def _send(self, frame: RequestFrame, capability: str, offer: Offer, timeouts: ResolvedTimeouts,

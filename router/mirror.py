@@ -18,6 +18,7 @@ from mesh.alerts import AlertConfig
 from mesh.keyspace import KeySpace
 from mesh.policy import Policy
 from mesh.records import InstanceRecord, instance_id
+from mesh.versions import instance_version
 from mesh.watch import Delete, InstanceState, Ping, Put, Reset, Routers, States, WatchEvent
 from router.ratelimit import limit_share
 
@@ -30,6 +31,11 @@ class Offer(msgspec.Struct, frozen=True):
     record: InstanceRecord
     capability: Capability
     state: InstanceState
+
+    @property
+    def version(self) -> str:
+        """The instance's version of this capability (mesh.versions.instance_version)."""
+        return instance_version(self.capability.version, self.record.metadata.get("semver"))
 
 
 def new_router_id() -> str:
