@@ -228,17 +228,26 @@ async def _relay_stream(response: aiohttp.ClientResponse, protocol: Protocol, re
             return AgentAnswer(error_code=ErrorCode.ANSWER_TOO_LARGE,
                                message=f"agent's streamed answer exceeds the router's limit of {stream.limit} bytes "
                                        f"after {stream.chunks} chunks")
+        # The chunks that arrived together go on together (one write), before anything more is read.
+        batch: list[msgspec.Raw] = []
+        ended: AgentAnswer | None = None
         for event in parser.feed(received):
             if event.name in (RESPONSE, ERROR):
-                return _final(protocol, event.name, event.data)
+                ended = _final(protocol, event.name, event.data)
+                break
             if event.name not in (CHUNK, MESSAGE):
                 continue  # an event of another kind (a keep-alive, say): nothing for the caller
             try:
-                last = _chunk_data(protocol, event.data)
+                batch.append(_chunk_data(protocol, event.data))
             except (msgspec.MsgspecError, UnicodeDecodeError) as exc:
-                return _malformed(f"a chunk is not JSON ({exc})")
-            await relay.pass_on(last)
-            stream.chunks += 1
+                ended = _malformed(f"a chunk is not JSON ({exc})")
+                break
+        if batch:
+            await relay.pass_on(batch)
+            stream.chunks += len(batch)
+            last = batch[-1]
+        if ended is not None:
+            return ended
 
 
 @functools.lru_cache(maxsize=1024)

@@ -2,7 +2,8 @@
 
 The forwarder reads an agent's events; every chunk goes through the call's ``Relay``, which counts it
 (the trace and the audit row say how many and how large) and passes it on at once to the caller's
-stream when the caller asked for one. Nothing is held back: a chunk is written before the next is read.
+stream when the caller asked for one. Nothing is held back: the chunks read together are written
+together, before anything more is read.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from agent_reach.sse import EventWriter, chunk_event, encode_event
 
 
 class ChunkSink(Protocol):
-    async def chunk(self, data: msgspec.Raw) -> None: ...
+    async def chunks(self, batch: list[msgspec.Raw]) -> None: ...
 
 
 class Relay:
@@ -36,11 +37,12 @@ class Relay:
         """Whether the caller has chunks already: then the call is neither failed over nor fallen back."""
         return self.sink is not None and self.chunks > 0
 
-    async def pass_on(self, data: msgspec.Raw) -> None:
-        self.chunks += 1
-        self.bytes += len(data)
+    async def pass_on(self, batch: list[msgspec.Raw]) -> None:
+        """Chunks that arrived together: counted, and written to the caller at once, together."""
+        self.chunks += len(batch)
+        self.bytes += sum(len(data) for data in batch)
         if self.sink is not None:
-            await self.sink.chunk(data)
+            await self.sink.chunks(batch)
 
 
 class CallerStream:
@@ -52,12 +54,13 @@ class CallerStream:
         self.request_id = request_id
         self.seq = 0
 
-    async def chunk(self, data: msgspec.Raw) -> None:
+    async def chunks(self, batch: list[msgspec.Raw]) -> None:
+        events = b"".join(chunk_event(self.request_id, self.seq + n, data) for n, data in enumerate(batch))
         try:
-            await self.writer.send(chunk_event(self.request_id, self.seq, data))
+            await self.writer.send(events)
         except ConnectionError:
             raise asyncio.CancelledError("the caller left while the answer streamed") from None
-        self.seq += 1
+        self.seq += len(batch)
 
     async def end(self, name: str, frame: bytes, status: int) -> None:
         await self.writer.end(encode_event(name, frame), status)
