@@ -149,15 +149,7 @@ def echo_app() -> web.Application:
 
     async def words(request: web.Request) -> web.StreamResponse:
         """A rest agent that streams: each word of the payload (a string) as one event, 50 ms apart."""
-        text = json.loads(await request.read() or b'""')
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for n, word in enumerate(str(text).split()):
-            if n:
-                await asyncio.sleep(0.05)
-            await response.write(b"data: " + json.dumps(word).encode() + b"\n\n")
-        await response.write_eof()
-        return response
+        return await stream_events(request, str(json.loads(await request.read() or b'""')).split(), 0.05)
 
     async def healthz(request: web.Request) -> web.Response:
         return web.json_response({"ok": True})
@@ -168,6 +160,21 @@ def echo_app() -> web.Application:
     app.router.add_post("/atp", atp)
     app.router.add_get("/healthz", healthz)
     return app
+
+
+async def stream_events(request: web.Request, chunks: list[Any], every_s: float, hold_s: float = 0.0
+                        ) -> web.StreamResponse:
+    """Answer ``text/event-stream`` as a rest agent may: each chunk a plain ``data:`` event, ``every_s``
+    apart, then ``hold_s`` of silence before the end."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for n, chunk in enumerate(chunks):
+        if n and every_s:
+            await asyncio.sleep(every_s)
+        await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+    await asyncio.sleep(hold_s)
+    await response.write_eof()
+    return response
 
 
 # --- processes ---------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ import aiohttp
 from agent_reach.sse import EventParser
 from aiohttp import web
 
-from common import RESULTS, free_port, keep_alive, machine, spawn, stop_processes, wait_http
+from common import RESULTS, free_port, keep_alive, machine, spawn, stop_processes, stream_events, wait_http
 
 SSE = {"Accept": "text/event-stream"}
 
@@ -46,17 +46,8 @@ def agent_app() -> web.Application:
         """``n`` chunks of a ``size``-character string, ``every_ms`` apart; then, with ``hold_s``, silence for
         that long before the stream ends (an open stream costing nothing but its connection)."""
         asked = json.loads(await request.read())
-        chunk = b"data: " + json.dumps("x" * asked.get("size", 16)).encode() + b"\n\n"
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        every = asked.get("every_ms", 0) / 1000
-        for n in range(asked.get("n", 1)):
-            if n and every:
-                await asyncio.sleep(every)
-            await response.write(chunk)
-        await asyncio.sleep(asked.get("hold_s", 0))
-        await response.write_eof()
-        return response
+        return await stream_events(request, ["x" * asked.get("size", 16)] * asked.get("n", 1),
+                                   asked.get("every_ms", 0) / 1000, asked.get("hold_s", 0))
 
     async def healthz(request: web.Request) -> web.Response:
         return web.json_response({"ok": True})
