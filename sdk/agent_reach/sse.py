@@ -62,17 +62,24 @@ def wants_stream(accept: str) -> bool:
 
 
 class EventParser:
-    """Events out of a byte stream fed as it arrives (``\\n``, ``\\r\\n`` or ``\\r`` line ends).
-    Comments and fields other than ``event`` and ``data`` are skipped, as the SSE standard says."""
+    """Events out of a byte stream fed as it arrives (``\\n``, ``\\r\\n`` or ``\\r`` line ends, cut anywhere).
+    Comments and fields other than ``event`` and ``data`` are skipped, as the SSE standard says. Pieces
+    without a line end are only kept, and joined once one comes: a long line costs linear time."""
 
     def __init__(self) -> None:
-        self._pending = b""
+        self._pending: list[bytes] = []
         self._name = ""
         self._data: list[bytes] = []
 
     def feed(self, received: bytes) -> list[Event]:
-        text = (self._pending + received).replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        *lines, self._pending = text.split(b"\n")
+        self._pending.append(received)
+        if b"\n" not in received and b"\r" not in received:
+            return []
+        text = b"".join(self._pending)
+        # A final \r may be the first half of \r\n: it is kept until the next byte says.
+        held = b"\r" if text.endswith(b"\r") else b""
+        *lines, rest = text[:len(text) - len(held)].replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+        self._pending = [rest + held] if rest or held else []
         events = []
         for line in lines:
             if not line:
