@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -34,6 +35,9 @@ if TYPE_CHECKING:
     from router.semantic.resolver import SemanticRouter
 
 log = logging.getLogger("agentreach.router")
+# A router sharing its port with sibling workers waits this long at most for its first view of the
+# registry before it takes calls; past it (the registry is down) it serves what it can, as any router does.
+SYNC_BEFORE_SHARING_SECONDS = 10.0
 
 
 class RouterServerSettings(msgspec.Struct, kw_only=True):
@@ -138,15 +142,21 @@ class RouterServer:
             await self._share_keys()
         else:
             log.warning("caller authentication is OFF: anyone can call any capability (development only)")
+        synced = asyncio.Event()
         if self._hub is not None:
             feed = follow_hub(self._hub, self.mirror)
         else:
             assert self.registries is not None
-            feed = follow_http(self._session, self.registries, self.mirror, admin_key=self.settings.registry_key)
+            feed = follow_http(self._session, self.registries, self.mirror, synced=synced,
+                               admin_key=self.settings.registry_key)
         self._tasks += [asyncio.create_task(feed), asyncio.create_task(self._housekeeping())]
         if self.semantic is not None:
             self._tasks.append(asyncio.create_task(self.semantic.follow()))
         app = create_app(self.router, max_body=self.settings.max_body, auth=self.auth)
+        if self.settings.reuse_port and self._hub is None:
+            # Siblings serve this port already: the kernel would hand this router calls it cannot route yet.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(synced.wait(), SYNC_BEFORE_SHARING_SECONDS)
         self._runner, self.port = await listen(app, self.settings.host, self.settings.port,
                                                reuse_port=self.settings.reuse_port,
                                                max_line_size=MAX_HEADER_LINE, max_field_size=MAX_HEADER_LINE)

@@ -22,6 +22,7 @@ from aiohttp import web
 
 from agentreach.workers import FIRST_RESTART_DELAY, MAX_RESTART_DELAY, restart_delay, worker_settings
 from conftest import admin_key, wait_for
+from recording_support import Received, RecordingServer
 from registry.server import RegistryServer
 from router.server import RouterServerSettings
 from router_support import capability
@@ -369,3 +370,46 @@ async def test_a_router_that_cannot_start_exits_rather_than_hang(tmp_path: Path)
         assert "refusing to start" in "".join(router.text)
     finally:
         await router.close()
+
+
+async def test_a_worker_takes_calls_only_once_it_has_the_registrys_view(
+        registry: RegistryServer, start_agent: Callable[..., Any], tmp_path: Path) -> None:
+    """Its siblings serve the port already (a restart), so a worker that listened before its first sync
+    would answer the calls the kernel hands it with errors no caller can retry. Here each worker's watch
+    stream is held at a stand-in registry in front of the real one until the test lets it through."""
+    agent = await start_agent("echo-1")
+    body = {"agent_id": agent.name, "service": "echo", "capabilities": [capability("echo", agent.endpoint)]}
+    async with aiohttp.ClientSession() as http:
+        for path, payload in (("/register", body), ("/heartbeat", {"agent_id": agent.name})):
+            async with http.post(f"{registry.url}{path}", json=payload) as response:
+                assert response.status == 200, await response.text()
+    gate = asyncio.Event()
+
+    async def watch_after_the_gate(request: web.Request, received: Received) -> web.StreamResponse:
+        await gate.wait()
+        answer = web.StreamResponse()
+        await answer.prepare(request)
+        async with aiohttp.ClientSession() as session, session.get(f"{registry.url}{request.path_qs}") as upstream:
+            async for line in upstream.content:
+                await answer.write(line)
+        return answer
+
+    stand_in = await RecordingServer(watch_after_the_gate).start()
+    port = free_port()
+    router = await Supervised.start("router", "--workers", "2", "--port", str(port), "--registry", stand_in.url,
+                                    "--auth", "off", "--data-dir", str(tmp_path))
+    try:
+        await wait_for(lambda: len(stand_in.at("/watch")) == 2, timeout=START_TIMEOUT,
+                       what="both workers to ask for the watch feed")
+        too_early = Caller(f"http://127.0.0.1:{port}", "")
+        await too_early.call("too-early")
+        assert too_early.failures[0].startswith("ClientConnectorError"), too_early.failures  # nobody listens yet
+        gate.set()
+        await router.wait_logged("workers ready")
+        caller = Caller(f"http://127.0.0.1:{port}", "")
+        await caller.calls("synced", 20)
+        assert caller.failures == [] and len(caller.answered) == 20
+    finally:
+        gate.set()
+        await router.close()
+        await stand_in.stop()
