@@ -210,6 +210,11 @@ class _Stream:
         self.idle_armed = idle_at < self.ends_at
         deadline.reschedule(min(idle_at, self.ends_at))
 
+    def disarm(self, deadline: asyncio.Timeout) -> None:
+        """While the caller takes the chunks, only the total runs: a slow reader is not an idle agent."""
+        self.idle_armed = False
+        deadline.reschedule(self.ends_at)
+
 
 async def _relay_stream(response: aiohttp.ClientResponse, protocol: Protocol, relay: Relay, stream: _Stream,
                         deadline: asyncio.Timeout) -> AgentAnswer:
@@ -243,6 +248,7 @@ async def _relay_stream(response: aiohttp.ClientResponse, protocol: Protocol, re
                 ended = _malformed(f"a chunk is not JSON ({exc})")
                 break
         if batch:
+            stream.disarm(deadline)
             await relay.pass_on(batch)
             stream.chunks += len(batch)
             last = batch[-1]

@@ -205,3 +205,24 @@ async def test_a_failover_happens_before_the_first_chunk_and_never_after(mesh, s
     assert name == "error" and error["error_code"] == "AGENT_ERROR"
     assert error["route"]["attempts"] == 1 and error["route"]["instance"] == "first-1"
     assert len(second.received) == called  # the broken stream did not go on elsewhere
+
+
+async def test_a_caller_slow_to_read_is_not_an_idle_agent(start_mesh, start_streaming_agent, http):
+    mesh = await start_mesh(routing=RouterSettings(max_answer_bytes=128 * 1024 * 1024))
+    big = "y" * (1024 * 1024)
+
+    async def script(response):
+        for _ in range(40):  # 40 MiB: more than the sockets between router and caller hold
+            await response.write(sse("chunk", big))
+
+    agent = await start_streaming_agent("fast-1", script)
+    await mesh.add(agent, "stream.fast")
+    await mesh.put_policy("stream.fast", {"timeout": {"idle_ms": 300, "total_ms": 60_000}})
+
+    async def slow_reader(streamed) -> bool:
+        if len(streamed.chunks) == 1:
+            await asyncio.sleep(1.5)  # the caller, not the agent, is slow: the router's writes wait on it
+        return False
+
+    streamed = await read_stream(http, f"{mesh.url}/atp", {"capability": "stream.fast"}, on_chunk=slow_reader)
+    assert len(streamed.chunks) == 40 and streamed.final[0] == "response", streamed.final
