@@ -308,9 +308,12 @@ class Router:
             return await self._with_fallback(frame, policy, empty, started, caller, flight) or \
                 self._finish(frame, capability, None, empty, started)
         policy = self.mirror.policy(capability) or DEFAULT_POLICY
-        decision = self._decide(frame, capability, policy, caller) if policy.rules else \
-            Decision(capability=capability, versions=(frame.version,) if frame.version else ())
-        share = self._share(frame, capability, policy, caller, decision) if policy.split and not decision.rule else None
+        # Built once per call and shared by the rules, the split and the attempt; None: neither is configured.
+        candidates_of = self._candidates_of(capability, policy, caller) if policy.rules or policy.split else None
+        decision = self._decide(frame, capability, policy, caller, candidates_of) if candidates_of and policy.rules \
+            else Decision(capability=capability, versions=(frame.version,) if frame.version else ())
+        share = self._share(frame, capability, policy, decision, candidates_of) \
+            if candidates_of and policy.split and not decision.rule else None
         if share is not None:
             total = sum(each.weight for each in policy.split)
             decision = msgspec.structs.replace(decision, versions=(*decision.versions, share.version),
@@ -332,7 +335,8 @@ class Router:
         capability_breaker = self.book.breaker("", routed, routed_policy.circuit_breaker)
         if capability_breaker.allow(now):
             sent = frame if routed == capability else msgspec.structs.replace(frame, capability=routed)
-            attempts = await self._attempt(sent, routed, offers, routed_policy, started, flight, decision)
+            attempts = await self._attempt(sent, routed, offers, routed_policy, started, flight, decision,
+                                           candidates_of(routed) if candidates_of else None)
             self.observer.observe_capability(capability_breaker, attempts.answer, time.monotonic())
         else:
             attempts = _Attempts(answer=AgentAnswer(error_code=ErrorCode.CIRCUIT_OPEN, sent=False,
@@ -366,44 +370,54 @@ class Router:
                                          self.settings.max_answer_bytes, span=open_span(frame.context, None))
 
     def _candidates_of(self, capability: str, policy: Policy, caller: Caller | Unauthenticated | None) -> CandidatesOf:
-        """The instances of a capability as rules and splits judge them: none when the caller may not call it."""
+        """The instances of a capability as rules, splits and the attempt see them during one call (built on first
+        use, then kept); none when the caller may not call it."""
         now = time.monotonic()
+        known: dict[str, list[Candidate]] = {}
 
         def candidates_of(name: str) -> list[Candidate]:
+            found = known.get(name)
+            if found is not None:
+                return found
             offers = self.mirror.offers(name)
             if offers is None or (isinstance(caller, Caller) and authorize(caller, name, offers) is not None):
-                return []
-            named_policy = policy if name == capability else self.mirror.policy(name) or DEFAULT_POLICY
-            return [self._candidate(offer, name, named_policy, now) for offer in offers]
+                found = []
+            else:
+                named_policy = policy if name == capability else self.mirror.policy(name) or DEFAULT_POLICY
+                found = [self._candidate(offer, name, named_policy, now) for offer in offers]
+            known[name] = found
+            return found
         return candidates_of
 
-    def _share(self, frame: RequestFrame, capability: str, policy: Policy, caller: Caller | Unauthenticated | None,
-               decision: Decision) -> SplitShare | None:
+    def _share(self, frame: RequestFrame, capability: str, policy: Policy, decision: Decision,
+               candidates_of: CandidatesOf) -> SplitShare | None:
         """The split share this call's session belongs to; when that share has no instance to serve it, the
         heaviest share that has one (none has: the assigned share, whose refusal names the versions offered)."""
         index = assign(policy.split, share_point(capability, session_hash_key(frame.context, frame.request_id)))
         if index is None:
             return None
-        candidates_of = self._candidates_of(capability, policy, caller)
-        by_weight = sorted((share for share in policy.split if share.weight), key=lambda share: -share.weight)
-        for share in [policy.split[index], *by_weight]:
-            narrowed = msgspec.structs.replace(decision, versions=(*decision.versions, share.version))
-            if serviceable(narrowed, candidates_of):
-                return share
-        return policy.split[index]
+        assigned = policy.split[index]
 
-    def _decide(self, frame: RequestFrame, capability: str, policy: Policy,
-                caller: Caller | Unauthenticated | None) -> Decision:
+        def serves(share: SplitShare) -> bool:
+            return serviceable(msgspec.structs.replace(decision, versions=(*decision.versions, share.version)),
+                               candidates_of)
+        if serves(assigned):
+            return assigned
+        heaviest_first = sorted((share for share in policy.split if share.weight), key=lambda share: -share.weight)
+        return next((share for share in heaviest_first if serves(share)), assigned)
+
+    def _decide(self, frame: RequestFrame, capability: str, policy: Policy, caller: Caller | Unauthenticated | None,
+                candidates_of: CandidatesOf) -> Decision:
         """The rule table's decision for this call; shadow rules are judged once the call is answered."""
-        rules = ordered(policy.rules)
+        table = ordered(policy.rules)
+        rules = table.rules
         facts = CallerFacts(client_id=caller.client_id, trust_level=caller.trust_level) \
             if isinstance(caller, Caller) else CallerFacts()
-        candidates_of = self._candidates_of(capability, policy, caller)
         decision = decide(rules, capability, frame.context, frame.version, facts, candidates_of)
         self.decisions["rule" if decision.rule else "no_rule"] += 1
         if decision.rule is not None:
             self.rules.hit(capability, decision.rule)
-        if any(rule.mode == "shadow" for rule in rules):
+        if table.has_shadow:
             # After this call's answer is on its way: shadow rules cost the live call nothing.
             asyncio.get_running_loop().call_soon(self.rules.judge, rules, capability, frame.context,
                                                  frame.version, facts, candidates_of, decision)
@@ -446,10 +460,13 @@ class Router:
         return self._finish(frame, fallback, offers[0].capability.timeout_sla_ms, attempts, started)
 
     async def _attempt(self, frame: RequestFrame, capability: str, offers: list[Offer], policy: Policy,
-                       started: float, flight: _InFlight, narrowed: Decision | None = None) -> _Attempts:
+                       started: float, flight: _InFlight, narrowed: Decision | None = None,
+                       candidates: list[Candidate] | None = None) -> _Attempts:
+        """``candidates``: the offers as this call's rules or split already saw them (built here when None)."""
         now = time.monotonic()
         by_id = {offer.record.agent_id: offer for offer in offers}
-        candidates = [self._candidate(offer, capability, policy, now) for offer in offers]
+        if candidates is None:
+            candidates = [self._candidate(offer, capability, policy, now) for offer in offers]
         policy_name = choose_policy(policy.policy, [o.record.metadata.get("routing_policy") for o in offers],
                                     self.settings.default_policy)
         sticky = sticky_key(capability, frame.context, policy.affinity.key) if policy.affinity.enabled else None

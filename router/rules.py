@@ -9,7 +9,7 @@ only, after the live decision, and never change it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, Literal
 
 import msgspec
@@ -44,6 +44,7 @@ class Decision(msgspec.Struct, frozen=True):
 
 
 CandidatesOf = Callable[[str], list[Candidate]]
+_ABSENT = object()
 
 
 def matches(rule: Rule, context: dict[str, Any], caller: CallerFacts) -> bool:
@@ -53,12 +54,34 @@ def matches(rule: Rule, context: dict[str, Any], caller: CallerFacts) -> bool:
         return False
     if when.trust_level is not None and when.trust_level != caller.trust_level:
         return False
-    return all(key in context and context[key] == value and type(context[key]) is type(value)
-               for key, value in when.context.items())
+    for key, value in when.context.items():  # a loop, not all(generator): this runs for every rule of every call
+        got = context.get(key, _ABSENT)
+        if got != value or type(got) is not type(value):
+            return False
+    return True
 
 
-def ordered(rules: Iterable[Rule]) -> list[Rule]:
-    return sorted(rules, key=lambda rule: rule.priority)
+class RuleTable(msgspec.Struct, frozen=True):
+    rules: list[Rule]  # by ascending priority
+    has_shadow: bool
+
+
+_TABLES: dict[int, tuple[list[Rule], RuleTable]] = {}
+_TABLES_KEPT = 1024
+
+
+def ordered(rules: list[Rule]) -> RuleTable:
+    """A policy's rules in priority order, sorted once per stored policy rather than once per call: the
+    cache holds the list it was built from, so a new list at a reused address is never mistaken for it."""
+    cached = _TABLES.get(id(rules))
+    if cached is not None and cached[0] is rules:
+        return cached[1]
+    if len(_TABLES) >= _TABLES_KEPT:
+        _TABLES.clear()
+    table = RuleTable(rules=sorted(rules, key=lambda rule: rule.priority),
+                      has_shadow=any(rule.mode == "shadow" for rule in rules))
+    _TABLES[id(rules)] = (rules, table)
+    return table
 
 
 def decide(rules: list[Rule], capability: str, context: dict[str, Any], frame_version: str | None,

@@ -136,8 +136,15 @@ def plan_route(
 def versions_filter(candidates: list[Candidate], versions: tuple[str, ...]) -> list[Candidate]:
     """The candidates whose version satisfies every constraint."""
     intervals = [parse_constraint(text) for text in versions]
-    return [candidate for candidate in candidates
-            if all(satisfies(parse_version(candidate.version), interval) for interval in intervals)]
+    kept = []
+    for candidate in candidates:  # loops, not all(generator): this runs on every call with a constraint
+        version = parse_version(candidate.version)
+        for interval in intervals:
+            if not satisfies(version, interval):
+                break
+        else:
+            kept.append(candidate)
+    return kept
 
 
 def _by_load(pool: list[Candidate], candidates: list[Candidate], hash_key: str, rng: random.Random,

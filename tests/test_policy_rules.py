@@ -36,7 +36,7 @@ TABLE = ordered([
     rule(id="r30", priority=30, match={"context": {"sensitivity": "high"}}, action="refuse"),
     rule(id="r35", priority=35, match={"client": "cl_partner", "trust_level": "public"}, action="degrade",
          target={"version": "^1"}),
-])
+]).rules
 
 
 ANONYMOUS = CallerFacts()
@@ -87,7 +87,7 @@ def test_the_frames_version_binds_its_own_capability_only():
 
 def test_shadow_rules_never_decide_but_say_where_they_would_have_sent():
     table = ordered([*TABLE, rule(id="s5", priority=5, mode="shadow", match={"context": {"type": "intent"}},
-                                  target={"version": "^2"})])
+                                  target={"version": "^2"})]).rules
     live = decide(table, "summarize", {"type": "intent"}, None, CallerFacts(), lambda name: POOLS.get(name, []))
     assert live.rule == "r10"
     [(rule_id, would)] = shadow_verdicts(table, "summarize", {"type": "intent"}, None, CallerFacts(),
@@ -220,3 +220,12 @@ async def test_an_audit_trail_from_before_rules_gains_the_column(tmp_path: Path)
         assert (old.request_id, old.rule) == ("old-1", None)
     finally:
         await audit.stop()
+
+
+def test_a_rule_table_is_sorted_once_per_stored_list():
+    rules = [rule(id="b", priority=20), rule(id="a", priority=10, mode="shadow")]
+    table = ordered(rules)
+    assert [r.id for r in table.rules] == ["a", "b"] and table.has_shadow
+    assert ordered(rules) is table
+    other = ordered([rule(id="c", priority=5)])
+    assert [r.id for r in other.rules] == ["c"] and not other.has_shadow
