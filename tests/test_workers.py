@@ -114,17 +114,14 @@ def connected_to(pid: int, port: int) -> bool:
     return False
 
 
-async def registered_agent(http: aiohttp.ClientSession, registry: RegistryServer, start_agent: Callable[..., Any],
-                           key: str) -> Any:
-    """An echo agent registered (with a registration token) and heartbeating once: healthy."""
-    agent = await start_agent("echo-1")
-    token = (await issue_token(http, registry.url, key, "echo"))["token"]
-    headers = {"Authorization": f"Bearer {token}"}
+async def register_echo(registry_url: str, agent: Any, token: str | None = None) -> None:
+    """``agent`` registered as `echo` (with a registration token when auth is on), heartbeating once: healthy."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     body = {"agent_id": agent.name, "service": "echo", "capabilities": [capability("echo", agent.endpoint)]}
-    for path, payload in (("/register", body), ("/heartbeat", {"agent_id": agent.name})):
-        async with http.post(f"{registry.url}{path}", json=payload, headers=headers) as response:
-            assert response.status == 200, await response.text()
-    return agent
+    async with aiohttp.ClientSession() as http:
+        for path, payload in (("/register", body), ("/heartbeat", {"agent_id": agent.name})):
+            async with http.post(f"{registry_url}{path}", json=payload, headers=headers) as response:
+                assert response.status == 200, await response.text()
 
 
 async def new_client(http: aiohttp.ClientSession, registry: RegistryServer, key: str) -> str:
@@ -188,7 +185,8 @@ async def test_two_workers_share_the_port_and_a_killed_worker_is_restarted(
         http: aiohttp.ClientSession, tmp_path: Path) -> None:
     registry = await start_registry(auth=True, silence_timeout=60.0, health_interval=60.0)
     key = admin_key(registry)
-    agent = await registered_agent(http, registry, start_agent, key)
+    agent = await start_agent("echo-1")
+    await register_echo(registry.url, agent, (await issue_token(http, registry.url, key, "echo"))["token"])
     api_key = await new_client(http, registry, key)
     port = free_port()
     router = await Supervised.start(
@@ -334,11 +332,7 @@ async def test_up_with_workers_runs_the_routers_as_processes_following_the_regis
         pids = (await up.wait_logged("workers ready"))["pids"]
         await up.wait_logged("console listening")
         agent = await start_agent("echo-1")
-        body = {"agent_id": agent.name, "service": "echo", "capabilities": [capability("echo", agent.endpoint)]}
-        async with aiohttp.ClientSession() as http:
-            for path, payload in (("/register", body), ("/heartbeat", {"agent_id": agent.name})):
-                async with http.post(f"http://127.0.0.1:{registry_port}{path}", json=payload) as response:
-                    assert response.status == 200, await response.text()
+        await register_echo(f"http://127.0.0.1:{registry_port}", agent)
         await until_forwarding(Caller(f"http://127.0.0.1:{router_port}", ""), pids, agent.port, up)
         up.process.send_signal(signal.SIGTERM)
         assert await up.exit_code() == 0
@@ -378,11 +372,7 @@ async def test_a_worker_takes_calls_only_once_it_has_the_registrys_view(
     would answer the calls the kernel hands it with errors no caller can retry. Here each worker's watch
     stream is held at a stand-in registry in front of the real one until the test lets it through."""
     agent = await start_agent("echo-1")
-    body = {"agent_id": agent.name, "service": "echo", "capabilities": [capability("echo", agent.endpoint)]}
-    async with aiohttp.ClientSession() as http:
-        for path, payload in (("/register", body), ("/heartbeat", {"agent_id": agent.name})):
-            async with http.post(f"{registry.url}{path}", json=payload) as response:
-                assert response.status == 200, await response.text()
+    await register_echo(registry.url, agent)
     gate = asyncio.Event()
 
     async def watch_after_the_gate(request: web.Request, received: Received) -> web.StreamResponse:
