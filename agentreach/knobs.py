@@ -25,9 +25,9 @@ STORE_ENV = "AGENTREACH_STORE"
 WORKERS_ENV = "AGENTREACH_WORKERS"
 MAX_WORKERS = 64
 ETCD_ENDPOINTS_ENV = "AGENTREACH_ETCD_ENDPOINTS"
-
-
 ADVERTISE_URL_ENV = "AGENTREACH_ADVERTISE_URL"
+
+
 class NoAdminKey(Exception):
     """A part that must present the admin key has none: a usage error, exit 2."""
 
@@ -78,14 +78,14 @@ def add_registry_knobs(parser: argparse.ArgumentParser) -> None:
                         help=f"etcd client URLs, tried in turn when one fails (default: ${ETCD_ENDPOINTS_ENV})")
     parser.add_argument("--etcd-prefix", default="/agentreach/", metavar="PREFIX",
                         help="the key prefix every record lives under (default: /agentreach/)")
-
-
     parser.add_argument("--advertise-url", default=os.environ.get(ADVERTISE_URL_ENV), metavar="URL",
                         help="etcd mode: the URL other registry nodes reach this one at (default: http://HOST:PORT, "
                              f"or ${ADVERTISE_URL_ENV}); needed when listening on 0.0.0.0")
     parser.add_argument("--node-ttl", type=int, default=5, metavar="SECONDS",
                         help="etcd mode: this node's lease; a dead node leaves the cluster, and a dead leader is "
                              "replaced, within it (default: 5)")
+
+
 def _etcd_endpoints(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
     """Checked here, so a typo is a usage error rather than a registry that never starts."""
     if args.store not in ("wal", "etcd"):
@@ -98,8 +98,6 @@ def _etcd_endpoints(args: argparse.Namespace, parser: argparse.ArgumentParser) -
             parser.error(f"--etcd-endpoints: {url!r} is not an http:// or https:// URL")
     if not args.etcd_prefix:
         parser.error("--etcd-prefix must not be empty: the registry would own every key in the cluster")
-    return endpoints
-
     if args.store == "etcd" and args.host in ("0.0.0.0", "::") and not args.advertise_url:
         parser.error(f"--store etcd on {args.host} needs --advertise-url (or ${ADVERTISE_URL_ENV}): the URL the "
                      "other registry nodes reach this one at")
@@ -107,6 +105,8 @@ def _etcd_endpoints(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         parser.error(f"--advertise-url: {args.advertise_url!r} is not an http:// or https:// URL")
     if not 2 <= args.node_ttl <= 600:
         parser.error("--node-ttl must be from 2 to 600 seconds")
+    return endpoints
+
 
 def _positive(value: float, flag: str, parser: argparse.ArgumentParser) -> None:
     """nan compares false with everything, so it would pass a plain ``<= 0`` and stop every timer."""
