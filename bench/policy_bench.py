@@ -26,12 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
 from common import (
     RESULTS,
     ROOT,
-    echo_app,
     free_port,
     keep_alive,
     machine,
@@ -73,7 +71,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     router = f"http://127.0.0.1:{ports['router']}"
     with tempfile.TemporaryDirectory() as data_dir:
         processes = [
-            spawn(__file__, "echo", "--port", str(ports["echo"])),
+            spawn(str(ROOT / "bench" / "router_bench.py"), "echo", "--port", str(ports["echo"])),  # its echo agent
             spawn("-m", "agentreach.cli", "router", "--port", str(ports["router"]), "--registry", registry,
                   "--log-level", "warning", "--auth", "off", "--data-dir", data_dir, "--no-audit"),
             spawn("-m", "agentreach.cli", "registry", "--port", str(ports["registry"]), "--data-dir", data_dir,
@@ -150,18 +148,10 @@ def print_table(info: dict[str, str], summary: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = parser.add_subparsers(dest="command")
-    run = commands.add_parser("run", help="the whole benchmark (the default)")
-    for command in (parser, run):
-        command.add_argument("--wrk-seconds", type=int, default=5, help="wrk duration per target and round")
-        command.add_argument("--wrk-rounds", type=int, default=3, help="alternating wrk rounds (best counts)")
-        command.add_argument("--json", type=Path, default=RESULTS / "policy_bench.json")
-    echo = commands.add_parser("echo", help="run the echo agent")
-    echo.add_argument("--port", type=int, default=9000)
+    parser.add_argument("--wrk-seconds", type=int, default=5, help="wrk duration per target and round")
+    parser.add_argument("--wrk-rounds", type=int, default=3, help="alternating wrk rounds (best counts)")
+    parser.add_argument("--json", type=Path, default=RESULTS / "policy_bench.json")
     args = parser.parse_args()
-    if args.command == "echo":
-        web.run_app(echo_app(), host="127.0.0.1", port=args.port, access_log=None, print=None)
-        return
     require("wrk")
     info = machine()
     raw = asyncio.run(bench(args))

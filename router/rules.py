@@ -85,11 +85,12 @@ def ordered(rules: list[Rule]) -> RuleTable:
 
 
 def decide(rules: list[Rule], capability: str, context: dict[str, Any], frame_version: str | None,
-           caller: CallerFacts, candidates_of: CandidatesOf) -> Decision:
-    """The live decision for one call; ``rules`` in priority order (``ordered``)."""
+           caller: CallerFacts, candidates_of: CandidatesOf, promoted: str | None = None) -> Decision:
+    """The live decision for one call; ``rules`` in priority order (``ordered``). ``promoted``: a shadow
+    rule's id to treat as live (where the call would have gone had it been)."""
     skipped: list[str] = []
     for rule in rules:
-        if rule.mode != "live" or not matches(rule, context, caller):
+        if (rule.mode != "live" and rule.id != promoted) or not matches(rule, context, caller):
             continue
         decision = _decision(rule, capability, frame_version, skipped)
         if decision.action == "refuse" or serviceable(decision, candidates_of):
@@ -101,14 +102,10 @@ def decide(rules: list[Rule], capability: str, context: dict[str, Any], frame_ve
 
 
 def shadow_verdicts(rules: list[Rule], capability: str, context: dict[str, Any], frame_version: str | None,
-                    caller: CallerFacts, candidates_of: CandidatesOf, live: Decision) -> list[tuple[str, Decision]]:
+                    caller: CallerFacts, candidates_of: CandidatesOf) -> list[tuple[str, Decision]]:
     """For every shadow rule the call matches, where the call would have gone had that rule been live."""
-    verdicts = []
-    for rule in rules:
-        if rule.mode == "shadow" and matches(rule, context, caller):
-            promoted = [msgspec.structs.replace(r, mode="live") if r is rule else r for r in rules]
-            verdicts.append((rule.id, decide(promoted, capability, context, frame_version, caller, candidates_of)))
-    return verdicts
+    return [(rule.id, decide(rules, capability, context, frame_version, caller, candidates_of, promoted=rule.id))
+            for rule in rules if rule.mode == "shadow" and matches(rule, context, caller)]
 
 
 def serviceable(decision: Decision, candidates_of: CandidatesOf) -> bool:

@@ -52,7 +52,7 @@ class RuleBook:
     def judge(self, rules: list[Rule], capability: str, context: dict[str, Any], frame_version: str | None,
               caller: CallerFacts, candidates_of: CandidatesOf, live: Decision) -> None:
         """Count one call against every shadow rule it matches."""
-        for rule_id, would in shadow_verdicts(rules, capability, context, frame_version, caller, candidates_of, live):
+        for rule_id, would in shadow_verdicts(rules, capability, context, frame_version, caller, candidates_of):
             stats = self._stats.get((capability, rule_id))
             if stats is None:
                 stats = self._stats[(capability, rule_id)] = ShadowStats(capability=capability, rule=rule_id)

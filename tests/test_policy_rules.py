@@ -91,7 +91,7 @@ def test_shadow_rules_never_decide_but_say_where_they_would_have_sent():
     live = decide(table, "summarize", {"type": "intent"}, None, CallerFacts(), lambda name: POOLS.get(name, []))
     assert live.rule == "r10"
     [(rule_id, would)] = shadow_verdicts(table, "summarize", {"type": "intent"}, None, CallerFacts(),
-                                         lambda name: POOLS.get(name, []), live)
+                                         lambda name: POOLS.get(name, []))
     assert (rule_id, would.rule, would.versions) == ("s5", "s5", ("^2",)) and not would.same_target(live)
 
 
