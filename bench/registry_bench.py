@@ -53,17 +53,19 @@ def wrk_latency(url: str, script: str, connections: int, seconds: int) -> dict[s
     return {"rps": run.rps, **{f"p{p}": run.latency_ms(p) for p in (50, 90, 99)}, "errors": run.non_2xx}
 
 
-async def register_many(url: str, count: int, prefix: str) -> None:
-    def body(i: int) -> dict:
-        return {"agent_id": f"{prefix}-{i}", "service": "hb",
-                "capabilities": [{"name": "hb.cap", "protocol": "rest", "endpoint": "http://127.0.0.1:9/x"}],
-                "metadata": {"zone": "z", "model": "m", "max_qps": 100, "semver": "1.0.0"}}
+def registration(agent_id: str) -> dict:
+    """The body registering one heartbeating instance (service hb, capability hb.cap)."""
+    return {"agent_id": agent_id, "service": "hb",
+            "capabilities": [{"name": "hb.cap", "protocol": "rest", "endpoint": "http://127.0.0.1:9/x"}],
+            "metadata": {"zone": "z", "model": "m", "max_qps": 100, "semver": "1.0.0"}}
 
+
+async def register_many(url: str, count: int, prefix: str) -> None:
     queue = iter(range(count))
 
     async def worker(session: aiohttp.ClientSession) -> None:
         for i in queue:
-            async with session.post(f"{url}/register", json=body(i)) as response:
+            async with session.post(f"{url}/register", json=registration(f"{prefix}-{i}")) as response:
                 assert response.status == 200, await response.text()
 
     async with aiohttp.ClientSession() as session:
