@@ -24,7 +24,7 @@ from router.mirror import RegistryMirror
 log = logging.getLogger("agentreach.router")
 
 # Stores a capability's policy in the registry (PUT /policies/{capability}, or in process).
-WritePolicy = Callable[[str, Policy], Awaitable[None]]
+WritePolicy = Callable[[str, Policy], Awaitable[object]]
 ROLLBACKS_KEPT = 50
 
 

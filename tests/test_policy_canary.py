@@ -5,12 +5,14 @@ router, with an alert."""
 import asyncio
 from typing import Any
 
+import aiohttp
 import msgspec
 import pytest
 
 from conftest import wait_for
 from mesh.policy import Policy, RollbackConfig, SplitShare
 from router.canary import WindowFigures, assign, rollback_reason, share_point, stable_index
+from router.server import RouterServer, RouterServerSettings
 from router_support import Mesh, StartMesh
 
 SPLIT = [SplitShare(version="3.2", weight=95), SplitShare(version="3.3", weight=5)]
@@ -97,10 +99,8 @@ async def test_a_canary_without_instances_sends_its_sessions_to_stable(mesh: Mes
         assert answer.status == 200 and answer.route["version"] == "3.2.4"
 
 
-async def test_a_failing_canary_is_rolled_back_and_every_router_follows(start_mesh: StartMesh, start_agent: Any):
-    first = await start_mesh(follow="http")
-    second = await start_mesh(follow="http", registry=first.registry)
-    agents = await two_versions(first, start_agent)
+async def fail_the_canary_until_rolled_back(first: Mesh, second: Mesh, agents: dict[str, Any]) -> None:
+    """Make the canary fail and call through ``first`` until ``second`` holds the canary's weight 0."""
     await wait_for(lambda: second.router.mirror.offers("echo") is not None and
                    len(second.router.mirror.offers("echo") or []) == 2, timeout=5, what="the second router's view")
     agents["canary"].status = 500
@@ -119,6 +119,13 @@ async def test_a_failing_canary_is_rolled_back_and_every_router_follows(start_me
         policy = second.router.mirror.policy("echo")
         return policy is not None and policy.split[1].weight == 0
     await wait_for(rolled_back, timeout=20, interval=0, what="the canary's rollback to reach the second router")
+
+
+async def test_a_failing_canary_is_rolled_back_and_every_router_follows(start_mesh: StartMesh, start_agent: Any):
+    first = await start_mesh(follow="http")
+    second = await start_mesh(follow="http", registry=first.registry)
+    agents = await two_versions(first, start_agent)
+    await fail_the_canary_until_rolled_back(first, second, agents)
     async with first.http.get(f"{first.registry.url}/policies/echo") as response:
         stored = msgspec.convert(await response.json(), Policy)
     assert [(share.version, share.weight) for share in stored.split] == [("3.2", 80), ("3.3", 0)]
@@ -132,3 +139,23 @@ async def test_a_failing_canary_is_rolled_back_and_every_router_follows(start_me
             answer = await router.call("echo", {}, context={"session_id": f"after-{k}"})
             assert answer.status == 200 and answer.route["version"] == "3.2.4"
     assert agents["canary"].calls == canary_calls
+
+
+async def test_a_router_beside_its_registry_writes_the_rollback_in_process(start_mesh: StartMesh, start_agent: Any,
+                                                                          http: aiohttp.ClientSession):
+    """As `agentreach up` runs it: following the hub, writing through the registry's own put_policy."""
+    second = await start_mesh()
+    registry = second.registry
+    assert registry.registry is not None
+    server = RouterServer(RouterServerSettings(port=0, auth=False), hub=registry.hub,
+                          write_policy=registry.registry.put_policy)
+    await server.start()
+    first = Mesh(registry, server, http)
+    try:
+        await wait_for(lambda: server.mirror.synced, timeout=5, what="the in-process router to load the registry")
+        agents = await two_versions(second, start_agent)
+        await wait_for(lambda: len(server.mirror.offers("echo") or []) == 2, timeout=5, what="both instances")
+        await fail_the_canary_until_rolled_back(first, second, agents)
+        assert [alert["written"] for alert in (await first.get("/alerts"))["rollbacks"]] == [True]
+    finally:
+        await first.close()
