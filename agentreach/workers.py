@@ -15,6 +15,7 @@ import contextlib
 import gc
 import logging
 import multiprocessing
+import os
 import signal
 import socket
 import sys
@@ -100,6 +101,9 @@ class ProcessSetup(msgspec.Struct, frozen=True):
 
 
 def _child(setup: ProcessSetup, target: Target, index: int, link: Connection) -> None:
+    # Out of the parent's process group, so a terminal's Ctrl-C (sent to the whole group) reaches the
+    # parent alone, which stops the workers itself instead of racing them and restarting the first to go.
+    os.setpgrp()
     setup.apply(index)
     sys.exit(target(index, link))
 

@@ -44,10 +44,11 @@ class Supervised:
         self._reader = asyncio.create_task(self._read())
 
     @classmethod
-    async def start(cls, *args: str, env: dict[str, str] | None = None) -> Self:
+    async def start(cls, *args: str, env: dict[str, str] | None = None, own_group: bool = False) -> Self:
+        """``own_group``: in a process group of its own, as a shell runs a command in the foreground."""
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "agentreach.cli", *args, cwd=ROOT, stderr=asyncio.subprocess.PIPE,
-            env={**os.environ, **(env or {})})
+            env={**os.environ, **(env or {})}, process_group=0 if own_group else None)
         return cls(process)
 
     async def _read(self) -> None:
@@ -403,3 +404,21 @@ async def test_a_worker_takes_calls_only_once_it_has_the_registrys_view(
         gate.set()
         await router.close()
         await stand_in.stop()
+
+
+async def test_ctrl_c_reaches_the_parent_which_stops_the_workers(registry: RegistryServer, tmp_path: Path) -> None:
+    """A terminal sends Ctrl-C's SIGINT to its whole foreground process group. Workers in that group
+    would stop on their own, racing the parent, which would log them as dead and restart them; in a
+    group of their own they stop when the parent tells them to, one by one."""
+    router = await Supervised.start("router", "--workers", "2", "--port", str(free_port()), "--registry", registry.url,
+                                    "--auth", "off", "--data-dir", str(tmp_path), own_group=True)
+    try:
+        pids = (await router.wait_logged("workers ready"))["pids"]
+        group = os.getpgid(router.process.pid)
+        assert all(os.getpgid(pid) != group for pid in pids)
+        os.killpg(group, signal.SIGINT)
+        assert await router.exit_code() == 0
+        assert [record["pid"] for record in router.logged("worker stopped")] == pids
+        assert router.logged("worker died unexpectedly; restarting") == []
+    finally:
+        await router.close()
