@@ -120,7 +120,8 @@ def _decision(rule: Rule, capability: str, frame_version: str | None, skipped: l
     target: RuleTarget = rule.target
     elsewhere = target.capability is not None and target.capability != capability
     # The frame's constraint is on the capability it named: it does not bind another capability's versions.
-    versions = tuple(v for v in (None if elsewhere else frame_version, target.version) if v)
+    own = () if elsewhere or not frame_version else (frame_version,)
+    versions = (*own, target.version) if target.version else own
     said = rule.reason or _explain(rule)
     if skipped:
         said = f"{said} ({_skipped(skipped)})"
