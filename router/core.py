@@ -342,7 +342,7 @@ class Router:
             attempts = _Attempts(answer=AgentAnswer(error_code=ErrorCode.CIRCUIT_OPEN, sent=False,
                                                     message=f"circuit open for capability {routed!r}"),
                                  reason="capability_circuit_open")
-        if decision.rule is not None or share is not None:
+        if decision.reason is not None:  # a rule or the split decided, or rules were skipped: route says which
             attempts.rule, attempts.reason = decision.rule, attempts.reason or decision.reason
             attempts.degraded = attempts.degraded or decision.action == "degrade"
         if share is not None and attempts.answer is not None:

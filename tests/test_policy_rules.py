@@ -229,3 +229,12 @@ def test_a_rule_table_is_sorted_once_per_stored_list():
     assert ordered(rules) is table
     other = ordered([rule(id="c", priority=5)])
     assert [r.id for r in other.rules] == ["c"] and not other.has_shadow
+
+
+async def test_a_rule_never_sends_a_caller_where_its_grants_do_not_reach(start_mesh: Any, start_agent: Any):
+    mesh = await start_mesh(auth=True)
+    agents = await summarize_mesh(mesh, start_agent)
+    caller = await mesh.new_client(["summarize"])
+    answer = await mesh.call("summarize", {}, context={"type": "summary"}, headers={"X-API-Key": caller["api_key"]})
+    assert answer.status == 200 and answer.route["capability"] == "summarize", answer.body
+    assert "skipped r40" in answer.route["reason"] and agents["cloud-1"].calls == 0
