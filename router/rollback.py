@@ -42,6 +42,8 @@ class Releases:
         self.windows = CanaryWindows()
         self.rollbacks: deque[RollbackAlert] = deque(maxlen=ROLLBACKS_KEPT)
         self.write: WritePolicy | None = None
+        # Canaries judged failing whose weight 0 could not be written yet: alerted once, retried every tick.
+        self._unwritten: set[tuple[str, str]] = set()
 
     def record(self, capability: str, version: str, ok: bool, ms: float) -> None:
         self.windows.record(capability, version, Sample(time.monotonic(), ok, ms))
@@ -76,6 +78,11 @@ class Releases:
                                                                 "error": repr(exc)})
         if written:
             self.windows.forget(capability, version)
+            self._unwritten.discard((capability, version))
+        elif (capability, version) in self._unwritten:
+            return
+        else:
+            self._unwritten.add((capability, version))
         self.rollbacks.appendleft(RollbackAlert(capability=capability, version=version, stable=stable, reason=reason,
                                                 at=time.time(), written=written))
         log.error("canary_rollback", extra={"capability": capability, "version": version, "stable": stable,

@@ -11,7 +11,11 @@ import pytest
 
 from conftest import wait_for
 from mesh.policy import Policy, RollbackConfig, SplitShare
+from mesh.records import policy_key
+from mesh.watch import Reset
 from router.canary import WindowFigures, assign, rollback_reason, share_point, stable_index
+from router.mirror import RegistryMirror
+from router.rollback import Releases
 from router.server import RouterServer, RouterServerSettings
 from router_support import Mesh, StartMesh
 
@@ -159,3 +163,28 @@ async def test_a_router_beside_its_registry_writes_the_rollback_in_process(start
         assert [alert["written"] for alert in (await first.get("/alerts"))["rollbacks"]] == [True]
     finally:
         await first.close()
+
+
+async def test_a_rollback_the_registry_refuses_is_alerted_once_and_retried():
+    mirror = RegistryMirror()
+    policy = Policy(split=SPLIT, rollback=RollbackConfig(worse_than_stable_by=0.1, min_calls=5, window_seconds=60))
+    mirror.apply(Reset(revision=1, records={policy_key("echo"): policy}, states={}))
+    releases, tries = Releases(), []
+
+    async def refuse(capability: str, written: Policy) -> None:
+        tries.append(written)
+        raise RuntimeError("registry answered 503")
+    releases.write = refuse
+    for _ in range(5):
+        releases.record("echo", "3.2", True, 1.0)
+        releases.record("echo", "3.3", False, 1.0)
+    await releases.judge(mirror)
+    await releases.judge(mirror)
+    assert [(share.version, share.weight) for share in tries[-1].split] == [("3.2", 95), ("3.3", 0)]
+    assert len(tries) == 2 and [alert.written for alert in releases.rollbacks] == [False]
+
+    async def accept(capability: str, written: Policy) -> None:
+        tries.append(written)
+    releases.write = accept
+    await releases.judge(mirror)
+    assert [alert.written for alert in releases.rollbacks] == [True, False] and len(tries) == 3
