@@ -36,6 +36,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from mesh.versions import check_constraint
 from router import jsonrpc
+from router.a2a.endpoint import A2AEndpoint
 from router.audit import AuditLog
 from router.audit_query import FilterError, parse_filters
 from router.auth import Authenticator, Caller, Unauthenticated
@@ -468,7 +469,8 @@ def create_app(router: Router, *, max_body: int = DEFAULT_MAX_BODY,
     app[ROUTER_KEY] = router
     app[METRICS_KEY] = prometheus = CollectorRegistry(auto_describe=False)
     prometheus.register(RouterCollector(router))
-    open_routes = [("POST", "/atp", Atp(router, auth, max_body).handle), *OPEN]
+    open_routes = [("POST", "/atp", Atp(router, auth, max_body).handle), *OPEN,
+                   *A2AEndpoint(router, auth, checked, too_deep).routes()]
     admin_routes = list(ADMIN_ONLY)
     if router.audit is not None:
         app[AUDIT_KEY] = router.audit

@@ -1,0 +1,68 @@
+"""Agent Cards, built from the registry's view: one per capability, and the router's catalog of them.
+
+A capability's card names the router as its endpoint (``{router}/a2a/{capability}``), its registration's
+description, version and examples (one skill), and the credentials the router takes: an API key in
+X-API-Key, or an OAuth2 client-credentials token from the router's /oauth/token. The catalog card lists
+each capability the caller may call as one skill; its endpoint takes ``metadata.capability``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mesh.versions import parse_version
+from router.mirror import Offer
+
+PROTOCOL_VERSION = "1.0"
+MODES = ["application/json", "text/plain"]
+CATALOG_NAME = "agentreach"
+
+
+def _newest(offers: list[Offer]) -> Offer:
+    """The offer of the highest version (one that is no version orders below every version)."""
+    return max(offers, key=lambda offer: (0, (0, 0, 0, ()), offer.version) if (parsed := parse_version(
+        offer.version)) is None else (1, parsed, offer.version))
+
+
+def skill_of(name: str, offers: list[Offer]) -> dict[str, Any]:
+    """A capability as a skill: the description and examples of its newest registration."""
+    newest = _newest(offers).capability
+    return {"id": name, "name": name, "description": newest.description or f"The mesh capability {name}",
+            "tags": [name.split(".")[0]], "examples": list(newest.examples)}
+
+
+def _security(base_url: str) -> dict[str, Any]:
+    return {
+        "securitySchemes": {
+            "apiKey": {"apiKeySecurityScheme": {"location": "header", "name": "X-API-Key",
+                                                "description": "A client API key issued by the registry"}},
+            "oauth2": {"oauth2SecurityScheme": {"flows": {"clientCredentials": {
+                "tokenUrl": f"{base_url}/oauth/token", "scopes": {}}}}},
+        },
+        "securityRequirements": [{"schemes": {"apiKey": {"list": []}}}, {"schemes": {"oauth2": {"list": []}}}],
+    }
+
+
+def _card(name: str, description: str, version: str, endpoint: str, skills: list[dict[str, Any]],
+          base_url: str, auth: bool) -> dict[str, Any]:
+    card: dict[str, Any] = {
+        "name": name, "description": description, "version": version,
+        "supportedInterfaces": [{"url": endpoint, "protocolBinding": "JSONRPC", "protocolVersion": PROTOCOL_VERSION}],
+        # v0.3 clients read the endpoint here.
+        "url": endpoint, "preferredTransport": "JSONRPC",
+        "provider": {"organization": "Agent Reach mesh", "url": base_url},
+        "capabilities": {"streaming": True, "pushNotifications": False},
+        "defaultInputModes": MODES, "defaultOutputModes": MODES, "skills": skills,
+    }
+    return {**card, **_security(base_url)} if auth else card
+
+
+def capability_card(name: str, offers: list[Offer], base_url: str, auth: bool) -> dict[str, Any]:
+    skill = skill_of(name, offers)
+    version = _newest(offers).version
+    return _card(name, skill["description"], version, f"{base_url}/a2a/{name}", [skill], base_url, auth)
+
+
+def catalog_card(skills: list[dict[str, Any]], base_url: str, auth: bool) -> dict[str, Any]:
+    return _card(CATALOG_NAME, "The capabilities of an Agent Reach mesh; name one in metadata.capability",
+                 PROTOCOL_VERSION, f"{base_url}/a2a", skills, base_url, auth)
