@@ -12,7 +12,8 @@ capabilities that differ only in their policy, so the only difference between th
 wrk (closed loop, 64 connections, alternating rounds, the best counts) gives calls/s per target and the
 router's CPU time per call; the table puts each policy beside plain (target: >= 0.9x plain's calls/s).
 In process, without sockets (the steadier figure on a busy machine): `Router.call` in a loop with a stub
-forwarder, microseconds per call for each policy (`--inproc-calls`, best of five passes).
+forwarder, microseconds per call for each policy, shadow verdicts included (`--inproc-calls`, best of five
+interleaved passes).
 What a shadow rule adds to the live call's latency comes from router_bench's open-loop generator at a
 fixed rate (`--rate`, 200/s), rules against shadow, alternating (`--latency-rounds`). JSON in
 bench/results/policy_bench.json.
@@ -174,9 +175,9 @@ async def in_process(calls: int) -> dict[str, float]:
             for n in range(calls):
                 await router.call(RequestFrame(capability=target, payload={"text": "hello, agent"},
                                                context={"type": "summary", "session_id": f"s-{n}"}))
+                await asyncio.sleep(0)  # a turn of the loop, as between real calls: shadow verdicts run here
             spent = (time.perf_counter() - started) / calls * 1e6
             best[target] = min(best.get(target, spent), spent)
-    await asyncio.sleep(0)  # let the shadow verdicts scheduled by the last calls run
     return best
 
 
