@@ -457,6 +457,8 @@ def print_registrations(title: str, rows: list[dict[str, Any]]) -> None:
               f"{row['non_2xx']:>7}{row['registry_cpu_us']:>11.0f}{row['etcd_cpu_us']:>12.0f}"
               f"{etcd['requests']['Txn'] / row['calls']:>9.1f}{etcd['revisions'] / etcd['seconds']:>8.0f}"
               f"{per_fsync:>12.1f}{etcd['fsync_mean_ms']:>9.2f}{etcd['backend_commit_mean_ms']:>10.2f}")
+        for errors in filter(None, row["socket_errors"]):  # a wrk timeout (2 s) leaves p99 short of the truth
+            print(f"    wrk: {errors}")
 
 
 def print_results(results: dict[str, Any]) -> None:
