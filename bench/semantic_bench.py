@@ -35,12 +35,16 @@ import numpy as np
 from agent_reach.registration import Capability
 
 from common import RESULTS, ROOT, machine, rank_at
+from mesh.examples import LearnedExample, example_id, example_key
+from mesh.keyspace import KeySpace
 from mesh.records import InstanceRecord, instance_key
 from mesh.watch import Reset
 from router.mirror import RegistryMirror
 from router.semantic.calibrate import EvalCapability, EvalSet, accuracy, is_calibration, load_eval_set, rank
 from router.semantic.embedder import DEFAULT_MODEL, MODELS, AsyncEmbedder
 from router.semantic.index import CapabilityIndex
+from router.semantic.index import described_capabilities as described_capabilities_of
+from router.semantic.judge import ExampleJudge
 from router.semantic.matcher import MatchRule
 from router.semantic.resolver import SemanticRouter
 from router.semantic.settings import SemanticSettings
@@ -156,29 +160,49 @@ async def evaluate(embedder: AsyncEmbedder, rule: MatchRule) -> list[dict[str, A
     return rows
 
 
-def with_learned(evaluation: EvalSet, per_capability: int) -> EvalSet:
-    """The set as if the first ``per_capability`` calibration phrasings of each capability (in file order)
-    had been confirmed and accepted as learned examples."""
+def learned_phrasings(evaluation: EvalSet, per_capability: int) -> dict[str, list[str]]:
+    """The first ``per_capability`` calibration phrasings of each capability (in file order): what callers
+    would confirm."""
     learned: dict[str, list[str]] = {}
     for intent in evaluation.intents:
         if intent.label is not None and is_calibration(intent) and len(learned.setdefault(intent.label, [])) < \
                 per_capability:
             learned[intent.label].append(intent.text)
-    return EvalSet([EvalCapability(c.name, c.description, [*c.examples, *learned.get(c.name, [])])
-                    for c in evaluation.capabilities], evaluation.intents)
+    return learned
+
+
+async def judged(embedder: AsyncEmbedder, rule: MatchRule, learned: dict[str, list[str]]) -> KeySpace:
+    """The evaluation set's capabilities with the learned phrasings the registry's judge accepts, judged
+    one by one against the calibration half (as the registry would with it as its evaluation set)."""
+    keys = mirror_with(described_capabilities(len(EVAL.capabilities))).keys
+    judge = ExampleJudge(embedder, rule, [(i.text, i.label) for i in EVAL.intents if is_calibration(i)])
+    for capability, texts in learned.items():
+        for text in texts:
+            reason = await judge(keys, capability, text)
+            keys.put(example_key(capability, example_id(text)), LearnedExample(
+                capability=capability, text=text, source="confirmed", state="rejected" if reason else "accepted"))
+    return keys
 
 
 async def learning_curve(embedder: AsyncEmbedder, rule: MatchRule) -> list[dict[str, Any]]:
+    """Held-out recall after learning: every phrasing accepted, and only those the judge lets through."""
     held_out = [intent for intent in EVAL.intents if not is_calibration(intent)]
     rows = []
-    for learned in LEARNED_PER_CAPABILITY:
-        index = CapabilityIndex(embedder)
-        await index.update(with_learned(EVAL, learned).capability_texts())
-        ranked = await rank(embedder, index, held_out)
-        row: dict[str, Any] = {"learned_per_capability": learned}
-        for lang in ("en", "zh"):
-            result = accuracy([item for item in ranked if item.intent.lang == lang], rule)
-            row[lang] = {"recall": round(result.recall, 4), "wrong": result.wrong}
+    for per_capability in LEARNED_PER_CAPABILITY:
+        learned = learned_phrasings(EVAL, per_capability)
+        everything = EvalSet([EvalCapability(c.name, c.description, [*c.examples, *learned.get(c.name, [])])
+                              for c in EVAL.capabilities], EVAL.intents).capability_texts()
+        keys = await judged(embedder, rule, learned)
+        row: dict[str, Any] = {"learned_per_capability": per_capability,
+                               "rejected_by_judge": sum(e.state == "rejected" for examples in keys.examples.values()
+                                                        for e in examples.values())}
+        for name, texts in (("all_accepted", everything), ("judged", described_capabilities_of(keys))):
+            index = CapabilityIndex(embedder)
+            await index.update(texts)
+            ranked = await rank(embedder, index, held_out)
+            for lang in ("en", "zh"):
+                result = accuracy([item for item in ranked if item.intent.lang == lang], rule)
+                row[f"{name}_{lang}"] = {"recall": round(result.recall, 4), "wrong": result.wrong}
         rows.append(row)
     return rows
 
@@ -239,12 +263,15 @@ def print_tables(info: dict[str, Any], results: list[dict[str, Any]]) -> None:
                   f"{row['refused_listed']} | {row['refused_unroutable']} |")
     for r in results:
         print()
-        print(f"{r['model']}: learning curve on the held-out half (learned examples from the calibration half)")
-        print("| learned per capability | English recall | English wrong | Chinese recall | Chinese wrong |")
-        print("|---:|---:|---:|---:|---:|")
+        print(f"{r['model']}: learning curve on the held-out half (learned examples from the calibration half; "
+              "judged: only those the registry's judge accepts, with the calibration half as its evaluation set)")
+        print("| learned per capability | all accepted: English recall / wrong | Chinese recall / wrong | "
+              "judged: English recall / wrong | Chinese recall / wrong | rejected by the judge |")
+        print("|---:|---:|---:|---:|---:|---:|")
         for row in r["learning_curve"]:
-            print(f"| {row['learned_per_capability']} | {row['en']['recall']:.3f} | {row['en']['wrong']} | "
-                  f"{row['zh']['recall']:.3f} | {row['zh']['wrong']} |")
+            cells = " | ".join(f"{row[part]['recall']:.3f} / {row[part]['wrong']}"
+                               for part in ("all_accepted_en", "all_accepted_zh", "judged_en", "judged_zh"))
+            print(f"| {row['learned_per_capability']} | {cells} | {row['rejected_by_judge']} |")
     default = next((r for r in results if r["model"] == DEFAULT_MODEL), None)
     if default is not None:
         print()

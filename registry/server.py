@@ -30,14 +30,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("agentreach.registry")
 
 
-def example_judge() -> ExampleJudge | None:
-    """The check learned examples pass at acceptance; None without the embed extra (accepted unchecked)."""
+def example_judge(evaluation: Path | None) -> ExampleJudge | None:
+    """The check learned examples pass at acceptance; None without the embed extra (accepted unchecked).
+    ``evaluation``: an intents.json whose phrasings no example may send to a wrong capability."""
     try:
+        from router.semantic.calibrate import load_labelled_intents
         from router.semantic.judge import ExampleJudge
     except ImportError:
         log.warning("no embed extra: learned examples will be accepted without checking what they would misroute")
         return None
-    return ExampleJudge()
+    intents = load_labelled_intents(evaluation) if evaluation is not None else []
+    return ExampleJudge(evaluation=[(intent.text, intent.label) for intent in intents])
 
 
 class RegistrySettings(msgspec.Struct, kw_only=True):
@@ -63,6 +66,8 @@ class RegistrySettings(msgspec.Struct, kw_only=True):
     # etcd mode: how often the nodes' list and leader are read, and soft state is sent to the other nodes.
     cluster_poll: float = 0.5
     gossip_interval: float = 0.5
+    # An intents.json (tests/semantic_eval's layout) that learned examples are checked against at acceptance.
+    example_evaluation: Path | None = None
 
 
 class RegistryServer:
@@ -100,7 +105,7 @@ class RegistryServer:
             self.replay = await asyncio.get_running_loop().run_in_executor(None, self.store.open)
         self.registry = Registry(self.store, self.settings.lifecycle)
         self.registry.access.ensure_secrets(self.settings.data_dir)
-        self.registry.examples.judge = self._judge = example_judge()
+        self.registry.examples.judge = self._judge = example_judge(self.settings.example_evaluation)
         if isinstance(self.store, WalStore):
             # Sealing clear keys is a WAL-era migration: etcd never held clear signing keys.
             await reseal(self.registry.access, self.store, self.settings.data_dir)

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import admin_key, call, wait_for
 from mesh.examples import MAX_EXAMPLES_PER_CAPABILITY, example_id
-from registry.server import RegistryServer
+from registry.server import RegistryServer, RegistrySettings
 from router.semantic.settings import SemanticSettings
 from router.server import RouterServer, RouterServerSettings
 from router_support import capability
@@ -279,3 +279,28 @@ async def test_a_router_in_process_reports_confirmations_straight_to_its_registr
         assert registry.registry.state.keys.examples["weather.forecast"][listed[0].id].confirmed_by == ["anonymous"]
     finally:
         await router.stop()
+
+
+async def test_an_evaluation_set_given_to_the_registry_guards_acceptance(tmp_path: Any,
+                                                                        http: aiohttp.ClientSession) -> None:
+    """Only an evaluation set holds phrasings that must route nowhere: the near misses an example pulls in."""
+    evaluation = tmp_path / "intents.json"
+    evaluation.write_text('[{"label": null, "lang": "en", "texts": ["how many requests per second does the search '
+                          'API get"]}]')
+    registry = RegistryServer(RegistrySettings(data_dir=tmp_path / "data", port=0, auth=False,
+                                               example_evaluation=evaluation))
+    await registry.start()
+    try:
+        for name, (description, examples) in CAPABILITIES.items():
+            body = {"agent_id": name, "capabilities": [capability(name, "http://127.0.0.1:9/call",
+                                                                  description=description, examples=examples)]}
+            assert (await call(http, "POST", f"{registry.url}/register", None, body))[0] == 200
+        url = f"{registry.url}/examples/order.qps"
+        status, body = await call(http, "POST", url, None, {"text": "how many requests per second"})
+        assert status == 201 and body["state"] == "rejected", body
+        assert body["reason"] == ("with it, 'how many requests per second does the search API get' (labelled to "
+                                  "route nowhere) would be routed to 'order.qps'")
+        status, body = await call(http, "POST", url, None, {"text": "order service QPS right now"})
+        assert status == 201 and body["state"] == "accepted", body
+    finally:
+        await registry.stop()

@@ -61,15 +61,21 @@ class EvalSet(msgspec.Struct):
         return EvalSet(kept, [i for i in self.intents if i.label is None or i.label in names])
 
 
+def load_labelled_intents(path: Path) -> list[LabelledIntent]:
+    """An intents.json: groups of texts, each with the capability that should serve them (null: none)."""
+    groups = msgspec.json.decode(path.read_bytes(), type=list[_IntentGroup])
+    return [LabelledIntent(text, g.label, g.lang) for g in groups for text in g.texts]
+
+
 def load_eval_set(directory: Path) -> EvalSet:
     """capabilities.json (name, description, examples) and intents.json (groups of texts with a label)."""
     capabilities = msgspec.json.decode((directory / "capabilities.json").read_bytes(), type=list[EvalCapability])
-    groups = msgspec.json.decode((directory / "intents.json").read_bytes(), type=list[_IntentGroup])
+    intents = load_labelled_intents(directory / "intents.json")
     known = {c.name for c in capabilities}
-    unknown = {g.label for g in groups if g.label is not None and g.label not in known}
+    unknown = {i.label for i in intents if i.label is not None and i.label not in known}
     if unknown:
         raise ValueError(f"intents labelled with capabilities the set does not have: {sorted(unknown)}")
-    return EvalSet(capabilities, [LabelledIntent(text, g.label, g.lang) for g in groups for text in g.texts])
+    return EvalSet(capabilities, intents)
 
 
 def is_calibration(intent: LabelledIntent) -> bool:

@@ -1,17 +1,23 @@
-"""Whether a learned example may join the index: it must send none of the mesh's labelled phrasings astray.
+"""Whether a learned example may join the index: it must send no labelled phrasing astray.
 
-The labelled phrasings are the mesh's own: every offered capability's declared examples and its
-accepted learned ones, each labelled with its capability. They are
-the one labelled set that speaks about the capabilities actually registered (the evaluation set in
-tests/semantic_eval describes capabilities a real mesh does not have), and the registry holds them.
-One of them counts against the example only if it routes to a wrong capability with the example
-and did not without it; the example itself, if it would still route to another capability (a refusal
+The labelled phrasings are the mesh's own (every offered capability's declared examples and its
+accepted learned ones, each labelled with its capability) and, when the operator gives the registry
+one, an evaluation set (an intents.json as in tests/semantic_eval: texts labelled with the capability
+that should serve them, or null for none). The mesh's own phrasings speak about the capabilities
+actually registered; only an evaluation set holds phrasings that must route nowhere, the near misses
+a learned example pulls over the threshold (on tests/semantic_eval, an accepted order.qps phrasing
+sends "what is the QPS of the search service" to order.qps). An intent labelled with a capability
+no instance offers is one that must route nowhere here.
+
+A phrasing counts against the example only if it routes to a wrong capability with the example and
+did not without it; the example itself, if it would still route to another capability (a refusal
 is never wrong).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -21,6 +27,9 @@ from router.semantic.cache import LruCache, intent_key
 from router.semantic.embedder import AsyncEmbedder
 from router.semantic.index import CapabilityIndex, CapabilityText, capability_text, described_capabilities
 from router.semantic.matcher import MatchRule, routed_to
+
+# (text, the capability that should serve it, or None for none).
+Labelled = tuple[str, str | None]
 
 
 def labelled_phrasings(keys: KeySpace) -> list[tuple[str, str]]:
@@ -41,8 +50,10 @@ def with_example(capabilities: list[CapabilityText], capability: str, text: str)
 class ExampleJudge:
     """Loads the default model on first use (the registry rarely judges; most never need it)."""
 
-    def __init__(self, embedder: AsyncEmbedder | None = None, rule: MatchRule | None = None):
+    def __init__(self, embedder: AsyncEmbedder | None = None, rule: MatchRule | None = None,
+                 evaluation: Sequence[Labelled] = ()):
         self._embedder = embedder
+        self._evaluation = list(evaluation)
         self._rule = rule
         self._loading = asyncio.Lock()
         self._vectors: LruCache[np.ndarray] = LruCache(10_000)
@@ -73,10 +84,10 @@ class ExampleJudge:
         if capability not in keys.offers:
             return (f"No instance offers {capability!r} now: an example is checked against the capabilities "
                     "it would compete with, so it can be accepted only while one does")
-        labelled = labelled_phrasings(keys)
+        labelled: list[Labelled] = [*labelled_phrasings(keys), *self._evaluation]
         for other_text, label in labelled:
             if label != capability and phrasing(other_text) == phrasing(text):
-                return f"{text!r} is already an example of {label!r}"
+                return f"{text!r} is labelled {label!r}" if label else f"{text!r} is labelled to route nowhere"
         embedder, rule, before, after = await self._ready()
         capabilities = described_capabilities(keys)
         await before.update(capabilities)
@@ -88,7 +99,8 @@ class ExampleJudge:
             vector = await self._vector(embedder, intent)
             sent = routed_to(*after.scores(vector), rule)
             if sent is not None and sent != label and sent != routed_to(*before.scores(vector), rule):
-                return f"with it, {intent!r} (an example of {label!r}) would be routed to {sent!r}"
+                meant = f"labelled {label!r}" if label else "labelled to route nowhere"
+                return f"with it, {intent!r} ({meant}) would be routed to {sent!r}"
         return None
 
     def close(self) -> None:
