@@ -16,6 +16,8 @@ EXAMPLE_PREFIX = "examples/"
 EXAMPLE_SETTINGS_PREFIX = "example-settings/"
 # Every example of one capability, any state: rejected ones are kept so the same words stay rejected.
 MAX_EXAMPLES_PER_CAPABILITY = 200
+# New phrasings one caller alone may have pending per capability: one caller cannot fill the bound.
+MAX_PENDING_PER_CALLER = 10
 # As long as an intent may be (router/api.py MAX_INTENT_CHARS): any confirmed intent fits.
 MAX_EXAMPLE_CHARS = 1024
 # Distinct callers remembered per example; auto-acceptance can ask for at most this many.

@@ -17,6 +17,7 @@ import msgspec
 from mesh.examples import (
     EXAMPLE_PREFIX,
     MAX_EXAMPLES_PER_CAPABILITY,
+    MAX_PENDING_PER_CALLER,
     Confirmation,
     ExampleSettings,
     ExampleView,
@@ -67,6 +68,14 @@ class Examples:
             raise ApiError(409, "examples_full", f"{capability!r} holds {MAX_EXAMPLES_PER_CAPABILITY} examples, "
                            "the most kept per capability: delete some first", "text")
 
+    def _no_room_for(self, capability: str, caller: str) -> str | None:
+        """Why a new phrasing confirmed by ``caller`` is not kept, if it is not."""
+        stored = self._stored(capability).values()
+        if len(stored) >= MAX_EXAMPLES_PER_CAPABILITY:
+            return "examples full"
+        alone = sum(example.state == "pending" and example.confirmed_by == [caller] for example in stored)
+        return "the caller's own pending phrasings are at the limit" if alone >= MAX_PENDING_PER_CALLER else None
+
     async def _write(self, capability: str, identifier: str, example: LearnedExample) -> ExampleView:
         # Another registry node may have written this capability's examples since memory was read: retry then.
         while True:
@@ -97,15 +106,17 @@ class Examples:
             return await self._write(capability, identifier, await self._judged(example))
 
     async def confirm(self, capability: str, confirmation: Confirmation) -> ExampleView | None:
-        """A caller confirmed its intent meant ``capability``: counted once per distinct caller; None when the
-        capability has no room left for a new phrasing. A router reports these (in process or over HTTP)."""
+        """A caller confirmed its intent meant ``capability``: counted once per distinct caller; None when a
+        new phrasing is not kept (no room left, or this caller alone already has its share pending). A router
+        reports these (in process or over HTTP)."""
         text, caller = confirmation.text, confirmation.caller
         async with self._lock:
             identifier = example_id(text)
             example = self._stored(capability).get(identifier)
             if example is None:
-                if len(self._stored(capability)) >= MAX_EXAMPLES_PER_CAPABILITY:
-                    log.info("confirmation not kept: examples full", extra={"capability": capability})
+                refusal = self._no_room_for(capability, caller)
+                if refusal is not None:
+                    log.info("confirmation not kept", extra={"capability": capability, "reason": refusal})
                     return None
                 example = LearnedExample(capability=capability, text=text.strip(), state="pending",
                                          source="confirmed", created_at=self._wall_clock())

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from conftest import admin_key, call, wait_for
-from mesh.examples import MAX_EXAMPLES_PER_CAPABILITY, example_id
+from mesh.examples import MAX_EXAMPLES_PER_CAPABILITY, MAX_PENDING_PER_CALLER, example_id
 from registry.server import RegistryServer, RegistrySettings
 from router.semantic.settings import SemanticSettings
 from router.server import RouterServer, RouterServerSettings
@@ -223,8 +223,8 @@ async def test_examples_are_bounded_per_capability_and_survive_a_restart(start_r
     key = admin_key(registry)
     url = f"{registry.url}/examples/order.query"
     for i in range(MAX_EXAMPLES_PER_CAPABILITY):
-        assert (await call(http, "POST", f"{url}/confirmations", key, {"text": f"phrasing {i}", "caller": "c"}))[0] \
-            == 200
+        assert (await call(http, "POST", f"{url}/confirmations", key, {"text": f"phrasing {i}",
+                                                                      "caller": f"c-{i}"}))[0] == 200
     # The same words again, spaced and cased otherwise, count on the same example: no room needed.
     status, again = await call(http, "POST", f"{url}/confirmations", key, {"text": " PHRASING   7", "caller": "d"})
     assert status == 200 and again["text"] == "phrasing 7" and again["confirmations"] == 2
@@ -304,3 +304,18 @@ async def test_an_evaluation_set_given_to_the_registry_guards_acceptance(tmp_pat
         assert status == 201 and body["state"] == "accepted", body
     finally:
         await registry.stop()
+
+
+async def test_one_caller_alone_cannot_fill_a_capabilitys_examples(registry: RegistryServer,
+                                                                  http: aiohttp.ClientSession) -> None:
+    url = f"{registry.url}/examples/order.query/confirmations"
+    for i in range(MAX_PENDING_PER_CALLER):
+        assert (await call(http, "POST", url, None, {"text": f"junk {i}", "caller": "flooder"}))[0] == 200
+    async with http.post(url, json={"text": "one more junk", "caller": "flooder"}) as response:
+        assert response.status == 204
+    # Another caller's phrasing is kept, and a second caller confirming junk frees the flooder's share.
+    assert (await call(http, "POST", url, None, {"text": "where is my parcel", "caller": "someone"}))[0] == 200
+    assert (await call(http, "POST", url, None, {"text": "junk 0", "caller": "someone"}))[1]["confirmations"] == 2
+    assert (await call(http, "POST", url, None, {"text": "one more junk", "caller": "flooder"}))[0] == 200
+    listed = (await call(http, "GET", f"{registry.url}/examples/order.query"))[1]
+    assert len(listed) == MAX_PENDING_PER_CALLER + 2
