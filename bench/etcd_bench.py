@@ -11,7 +11,9 @@ beside the embedded registry (`agentreach registry`, its WAL), measured side by 
    its raft proposals per fsync and the CPU each part spent per registration: what bounds the rate.
 2. Heartbeats/s per node with 10,000 instances: wrk -c 64 at each etcd-mode node and at the
    embedded registry in alternating rounds (the best round counts), with CPU per heartbeat; and
-   registrations/s (2 connections) with those 10,000 present, etcd mode beside the embedded one.
+   registrations/s (2 connections) with those 10,000 present, etcd mode beside the embedded one;
+   and what the ownership check's compare costs etcd: one put txn at a time, guarded by a compare
+   on its own key or on every instance key, with no instance stored and with 10,000.
 3. etcd writes per minute with 10,000 healthy instances heartbeating every 3 s (half to each node,
    each instance on its own timer as an SDK agent, the default 10 s silence timeout) and nothing
    changing: the growth of etcd's
@@ -203,6 +205,24 @@ async def seed(session: aiohttp.ClientSession, endpoint: str, etcd_prefix: str,
         await etcd_post(session, endpoint, "/v3/kv/txn", {"success": puts})
 
 
+async def compare_cost(session: aiohttp.ClientSession, endpoint: str, prefix: str,
+                       rounds: int = 100) -> dict[str, float]:
+    """Milliseconds per put txn, one at a time, guarded by a compare on its own key against one on every
+    key under ``prefix``instances/ (what an ownership check compares, decision 33)."""
+    costs = {}
+    for scope in ("one key", "whole prefix"):
+        started = time.monotonic()
+        for n in range(rounds):
+            key = _b64(f"/compare/{scope}/{n}")
+            compared = ({"key": _b64(prefix + "instances/"), "range_end": _b64(prefix + "instances0")}
+                        if scope == "whole prefix" else {"key": key})
+            await etcd_post(session, endpoint, "/v3/kv/txn", {
+                "compare": [{**compared, "target": "MOD", "result": "LESS", "mod_revision": 2**62}],
+                "success": [{"request_put": {"key": key, "value": _b64("x")}}]})
+        costs[scope] = 1000 * (time.monotonic() - started) / rounds
+    return costs
+
+
 def seeded(script: str, seed: int) -> str:
     """REGISTER_LUA draws its agent_ids from math.random, which LuaJIT does not seed: two wrk processes
     would register the same ids. A seed per process keeps every registration a new agent."""
@@ -270,7 +290,9 @@ async def bench_heartbeats(session: aiohttp.ClientSession, work: Path, cluster: 
     """Heartbeats per node; and, while the instances are there, registrations with that many present."""
     script = HEARTBEAT_LUA % instances
     registering = [seeded(REGISTER_LUA, seed) for seed in (3, 4)]
+    compared = {"empty": await compare_cost(session, cluster.endpoints[0], "/hb/")}
     await seed(session, cluster.endpoints[0], "/hb/", instance_records("hb", instances))
+    compared[f"{instances} instances"] = await compare_cost(session, cluster.endpoints[0], "/hb/")
     async with etcd_nodes(work, cluster, "/hb/") as nodes, embedded(work, "hb-wal") as wal:
         targets = {"etcd node 1": nodes[0], "etcd node 2": nodes[1], "embedded (WAL)": wal}
         await register_many(wal.url, instances, "hb")
@@ -287,7 +309,8 @@ async def bench_heartbeats(session: aiohttp.ClientSession, work: Path, cluster: 
                 results[target].append({"rps": run.rps, "cpu_us_per_call": run.cpu_seconds / run.calls * 1e6,
                                         "non_2xx": run.non_2xx, "p99_ms": run.latency_ms(99)})
                 print(f"  {target:<16} {run.rps:>8.0f} heartbeats/s", file=sys.stderr)
-    return {"instances": instances, "registrations_when_populated": populated, "targets": best_rounds(results)}
+    return {"instances": instances, "txn_ms_by_compare": compared, "registrations_when_populated": populated,
+            "targets": best_rounds(results)}
 
 
 # --- 3. etcd writes while nothing changes ------------------------------------------------------
@@ -472,6 +495,7 @@ def print_results(results: dict[str, Any]) -> None:
         print(f"{target:<18}{best['rps']:>9.0f}/s {best['cpu_us_per_call']:>6.0f} us CPU/heartbeat  "
               f"{best['rps'] / wal['rps']:.2f}x the embedded registry (target >= 0.8x)")
     print_registrations(f"with {hb['instances']} present", hb["registrations_when_populated"])
+    print(f"one put txn at a time, ms, by what it compares: {json.dumps(hb['txn_ms_by_compare'])}")
     idle = results["idle"]
     print(f"\n3. {idle['instances']} healthy instances heartbeating every {idle['interval']:.0f} s, "
           f"{idle['window_seconds']:.0f} s window (all healthy after {idle['seconds_to_all_healthy']} s)")
