@@ -228,8 +228,15 @@ class RegistryProcess:
              str(data_dir), "--log-level", "warning", "--silence-timeout", "3600", "--auth", "off", *extra], cwd=ROOT)
 
     async def wait_ready(self, timeout: float = 120) -> float:
-        """Seconds until /healthz answers: the restart time when the data dir holds a log."""
-        return await wait_http(f"{self.url}/healthz", timeout)
+        """Seconds until /healthz answers: the restart time when the data dir holds a log. A registry that
+        exits first (a flag it refuses, a traceback) stops the wait at once instead of after ``timeout``."""
+        waiting = asyncio.ensure_future(wait_http(f"{self.url}/healthz", timeout))
+        while not waiting.done():
+            if self.process.poll() is not None:
+                waiting.cancel()
+                raise RuntimeError(f"registry on port {self.port} exited with {self.process.returncode}")
+            await asyncio.wait({waiting}, timeout=0.1)
+        return waiting.result()
 
     def rss_bytes(self) -> int:
         status = Path(f"/proc/{self.process.pid}/status").read_text()
