@@ -213,6 +213,11 @@ class ConsoleApi:
                    for name in sorted(owners.keys() | stored.keys())]
         return json_response({"policies": entries})
 
+    async def rule_stats(self, request: web.Request) -> web.Response:
+        """Hits per live rule, shadow rules' agreement and mirrored copies, as the router counts them."""
+        capability = request.query.get("capability")
+        return relay(await self.router.get("/rules/stats", {"capability": capability} if capability else None))
+
     async def put_policy(self, request: web.Request) -> web.Response:
         return relay(await self.registry.request("PUT", f"/policies/{segment(request.match_info['capability'])}",
                                                  await request.read()))
@@ -305,6 +310,7 @@ class ConsoleApi:
         routes.add_get("/api/policies", self.policies)
         routes.add_put("/api/policies/{capability}", self.put_policy)
         routes.add_delete("/api/policies/{capability}", self.delete_policy)
+        routes.add_get("/api/rules/stats", self.rule_stats)
         routes.add_get("/api/cluster", self.cluster)
         routes.add_get("/api/alerts", self.alerts)
         routes.add_get("/api/settings/alerts", self.alert_settings)

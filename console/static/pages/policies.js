@@ -1,9 +1,10 @@
 // Routing policies: each capability's policy, affinity, timeouts, retry, circuit breaker and
 // fallback, edited here and saved through the registry; the registry's validation errors are
-// shown next to the field they name.
+// shown next to the field they name. Rules, version splits, mirroring and degradation are edited as
+// JSON, and the rule table is shown with the calls each rule decided (or, in shadow, agreed with).
 
 import { call, get } from "../lib/api.js";
-import { h, replace, card, table, field, clearFieldErrors, showRefusal } from "../lib/dom.js";
+import { h, replace, card, table, field, clearFieldErrors, setFieldError, showRefusal } from "../lib/dom.js";
 import * as fmt from "../lib/format.js";
 
 // [path, label, kind, hint]
@@ -35,6 +36,9 @@ const FIELDS = [
   ]],
 ];
 
+// Edited as one JSON object: the registry names the member at fault (e.g. "rules[1].priority").
+const RELEASE_KEYS = ["rules", "split", "rollback", "mirror", "degradation"];
+
 function read(policy, path) {
   return path.split(".").reduce((value, key) => (value == null ? undefined : value[key]), policy);
 }
@@ -59,10 +63,12 @@ function input(path, kind, value) {
   return h("input", attrs);
 }
 
-// The form's values as a policy body; a number field that does not parse is sent as written so
-// the registry, the one place that validates, names it.
-function collect(form) {
-  const body = {};
+// The form's values over the stored policy (so members the form does not show are kept), as a policy
+// body; a number field that does not parse is sent as written so the registry, the one place that
+// validates, names it. Throws SyntaxError when the releases JSON does not parse.
+function collect(form, stored) {
+  const body = structuredClone(stored);
+  Object.assign(body, JSON.parse(form.elements.namedItem("releases").value || "{}"));
   for (const [, fields] of FIELDS) {
     for (const [path, , kind] of fields) {
       const el = form.elements.namedItem(path);
@@ -91,6 +97,11 @@ function editor(entry, names, onSaved) {
         if (kind === "bool") wrapped.classList.add("field-check");
         return wrapped;
       })))),
+    h("fieldset", {}, h("legend", { text: "Rules, versions and releases (JSON)" }),
+      field("Rules, split, rollback, mirror, degradation", h("textarea", {
+        class: "code", rows: 12, spellcheck: "false",
+        text: fmt.json(Object.fromEntries(RELEASE_KEYS.map((key) => [key, entry.policy[key] ?? null]))),
+      }), { name: "releases", hint: "docs/atp.md, Rules, versions, canaries, mirroring and degradation." })),
     h("datalist", { id: "known-capabilities" }, names.filter((n) => n !== entry.capability).map((n) => h("option", { value: n }))),
     h("div", { class: "form-actions" },
       h("button", { type: "submit", class: "btn btn-primary", text: "Save policy" }),
@@ -102,7 +113,16 @@ function editor(entry, names, onSaved) {
     clearFieldErrors(form);
     summary.hidden = true;
     status.textContent = "Saving…";
-    const answer = await call(`/api/policies/${encodeURIComponent(entry.capability)}`, { method: "PUT", body: collect(form) });
+    let body;
+    try {
+      body = collect(form, entry.policy);
+    } catch (error) {
+      status.textContent = "";
+      setFieldError(form, "releases", `Not JSON: ${error.message}`);
+      form.elements.namedItem("releases").focus();
+      return;
+    }
+    const answer = await call(`/api/policies/${encodeURIComponent(entry.capability)}`, { method: "PUT", body });
     if (answer.ok) {
       status.textContent = "Saved in the registry. Routers apply it within a second.";
       preview.textContent = fmt.json(answer.body);
@@ -111,6 +131,11 @@ function editor(entry, names, onSaved) {
     }
     status.textContent = "";
     showRefusal(form, summary, answer);
+    const named = answer.body?.field;
+    if (named && RELEASE_KEYS.some((key) => named === key || named.startsWith(`${key}[`) || named.startsWith(`${key}.`))) {
+      setFieldError(form, "releases", `${named}: ${answer.body.message}`);
+      form.elements.namedItem("releases").focus();
+    }
   }
 
   async function reset() {
@@ -121,6 +146,31 @@ function editor(entry, names, onSaved) {
 
   form.addEventListener("submit", save);
   return h("div", { class: "editor" }, form, h("details", { class: "chart-data" }, h("summary", { text: "Stored JSON" }), preview));
+}
+
+// The rule table in priority order with what the router counted: calls each live rule decided, and
+// each shadow rule's agreement with the live decisions.
+async function rulesCard(entry) {
+  const rules = [...(entry.policy.rules || [])].sort((a, b) => a.priority - b.priority);
+  const answer = await call(`/api/rules/stats?capability=${encodeURIComponent(entry.capability)}`);
+  const stats = answer.ok ? answer.body : { hits: [], shadow: [] };
+  const hits = Object.fromEntries(stats.hits.map((row) => [row.rule, row.calls]));
+  const shadow = Object.fromEntries(stats.shadow.map((row) => [row.rule, row]));
+  const conditions = (rule) => [
+    ...Object.entries(rule.match?.context || {}).map(([key, value]) => `context.${key} = ${JSON.stringify(value)}`),
+    rule.match?.client ? `client = ${rule.match.client}` : null, rule.match?.trust_level ? `trust level = ${rule.match.trust_level}` : null,
+  ].filter(Boolean).join(", ") || "every call";
+  const target = (rule) => Object.entries(rule.target || {}).filter(([, v]) => v != null).map(([k, v]) => `${k} ${v}`).join(", ") || fmt.DASH;
+  return card("Rules", { id: "rules", note: answer.ok ? "Counted by the router since it started." : "The router did not answer: no counts." },
+    table([
+      { label: "Priority", numeric: true, cell: (r) => String(r.priority) },
+      { label: "Rule", rowHeader: true, cell: (r) => h("code", { text: r.id }) },
+      { label: "Mode", cell: (r) => r.mode },
+      { label: "When", cell: conditions },
+      { label: "Action", cell: (r) => `${r.action}${r.action === "refuse" ? "" : ` → ${target(r)}`}` },
+      { label: "Calls decided", numeric: true, cell: (r) => (r.mode === "live" ? String(hits[r.id] ?? 0) : fmt.DASH) },
+      { label: "Shadow agree / disagree", numeric: true, cell: (r) => (r.mode === "shadow" ? `${shadow[r.id]?.agree ?? 0} / ${shadow[r.id]?.disagree ?? 0}` : fmt.DASH) },
+    ], rules, { caption: `Rules of ${entry.capability}`, empty: "No rules: the policy alone routes.", rowKey: (r) => r.id }));
 }
 
 export async function render(main, { params }) {
@@ -151,7 +201,7 @@ export async function render(main, { params }) {
     } else {
       replace(editorHolder, h("div", { class: "card-head" }, h("h2", { id: "editor-title" }, "Policy of ", h("code", { text: entry.capability })),
         h("p", { class: "card-note", text: entry.stored ? "Stored in the registry." : "No policy stored: showing the defaults." })),
-      editor(entry, policies.map((p) => p.capability), () => load(true)));
+      editor(entry, policies.map((p) => p.capability), () => load(true)), await rulesCard(entry));
     }
   }
   await load(false);
