@@ -225,6 +225,14 @@ class ConsoleApi:
     async def delete_policy(self, request: web.Request) -> web.Response:
         return relay(await self.registry.request("DELETE", f"/policies/{segment(request.match_info['capability'])}"))
 
+    async def examples(self, request: web.Request) -> web.Response:
+        """Learned examples: the request relayed to the registry's /examples as it came (registry/examples.py)."""
+        parts = [segment(part) for part in request.match_info.get("tail", "").split("/") if part]
+        if {".", ".."} & set(parts):
+            raise ApiError(404, "not_found", "No such examples path", None)
+        body = await request.read() if request.can_read_body else None
+        return relay(await self.registry.request(request.method, "/".join(["/examples", *parts]), body))
+
     async def cluster(self, request: web.Request) -> web.Response:
         """The registry's /cluster as the first registry that answers sees it (the console sends its admin key)."""
         return relay(await self.registry.get("/cluster"))
@@ -312,6 +320,9 @@ class ConsoleApi:
         routes.add_delete("/api/policies/{capability}", self.delete_policy)
         routes.add_get("/api/rules/stats", self.rule_stats)
         routes.add_get("/api/cluster", self.cluster)
+        routes.add_get("/api/examples", self.examples)
+        for method in ("GET", "POST", "PUT", "DELETE"):
+            routes.add_route(method, "/api/examples/{tail:.+}", self.examples)
         routes.add_get("/api/alerts", self.alerts)
         routes.add_get("/api/settings/alerts", self.alert_settings)
         routes.add_put("/api/settings/alerts", self.put_alert_settings)

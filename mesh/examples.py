@@ -59,6 +59,16 @@ class ExampleView(msgspec.Struct, kw_only=True, omit_defaults=True):
     reason: str | None = None
 
 
+class ExampleSummary(msgspec.Struct, kw_only=True):
+    """One capability's examples counted by state, for a review queue."""
+
+    capability: str
+    pending: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    auto_accept_at: int | None = None
+
+
 class NewExample(msgspec.Struct, forbid_unknown_fields=True):
     text: ExampleText
 

@@ -191,6 +191,10 @@ def example_ref(request: web.Request) -> tuple[str, str]:
     return path_capability(request), request.match_info["example_id"]
 
 
+async def example_summary(request: web.Request) -> web.Response:
+    return json_response(examples(request).summary())
+
+
 async def list_examples(request: web.Request) -> web.Response:
     return json_response(examples(request).list(path_capability(request)))
 
@@ -330,6 +334,7 @@ ADMIN_ONLY: list[tuple[str, str, Handler]] = [
     ("GET", "/policies", policies), ("GET", "/policies/{capability}", get_policy),
     ("PUT", "/policies/{capability}", put_policy), ("DELETE", "/policies/{capability}", delete_policy),
     ("GET", "/settings/alerts", get_alert_settings), ("PUT", "/settings/alerts", put_alert_settings),
+    ("GET", "/examples", example_summary),
     ("GET", "/examples/{capability}", list_examples), ("POST", "/examples/{capability}", add_example),
     ("POST", "/examples/{capability}/confirmations", confirm_example),
     ("GET", "/examples/{capability}/settings", get_example_settings),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable
 
 import msgspec
@@ -20,6 +21,7 @@ from mesh.examples import (
     MAX_PENDING_PER_CALLER,
     Confirmation,
     ExampleSettings,
+    ExampleSummary,
     ExampleView,
     LearnedExample,
     confirmed,
@@ -52,6 +54,17 @@ class Examples:
 
     def _stored(self, capability: str) -> dict[str, LearnedExample]:
         return self._state.keys.examples.get(capability, {})
+
+    def summary(self) -> list[ExampleSummary]:
+        """Every capability with examples or example settings, its examples counted by state."""
+        keys = self._state.keys
+        found = []
+        for capability in sorted(keys.examples.keys() | keys.example_settings.keys()):
+            states = Counter(example.state for example in keys.examples.get(capability, {}).values())
+            found.append(ExampleSummary(capability=capability, pending=states["pending"], accepted=states["accepted"],
+                                        rejected=states["rejected"],
+                                        auto_accept_at=self.settings(capability).auto_accept_at))
+        return found
 
     def list(self, capability: str) -> list[ExampleView]:
         stored = self._stored(capability)

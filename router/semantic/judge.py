@@ -43,8 +43,10 @@ def labelled_phrasings(keys: KeySpace) -> list[tuple[str, str]]:
 
 
 def with_example(capabilities: list[CapabilityText], capability: str, text: str) -> list[CapabilityText]:
-    return [capability_text(entry.name, (*entry.texts, text)) if entry.name == capability else entry
-            for entry in capabilities]
+    """The index's capabilities with ``text`` among ``capability``'s (its first text if it had none)."""
+    others = [entry for entry in capabilities if entry.name != capability]
+    own = next((entry.texts for entry in capabilities if entry.name == capability), ())
+    return [*others, capability_text(capability, (*own, text))]
 
 
 class ExampleJudge:
