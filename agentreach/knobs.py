@@ -84,6 +84,9 @@ def add_registry_knobs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-ttl", type=int, default=5, metavar="SECONDS",
                         help="etcd mode: this node's lease; a dead node leaves the cluster, and a dead leader is "
                              "replaced, within it (default: 5)")
+    parser.add_argument("--example-evaluation", type=Path, default=None, metavar="INTENTS_JSON",
+                        help="labelled intents (tests/semantic_eval/intents.json's layout) no learned example may "
+                             "send to a wrong capability: checked at acceptance, with the embed extra")
 
 
 def _etcd_endpoints(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
@@ -126,6 +129,8 @@ def registry_settings(args: argparse.Namespace, port: int, parser: argparse.Argu
     _positive(args.evict_after, "--evict-after", parser)
     _at_least_zero(args.evicted_history, "--evicted-history", parser)
     _at_least_zero(args.evicted_history_hours, "--evicted-history-hours", parser)
+    if args.example_evaluation is not None and not args.example_evaluation.is_file():
+        parser.error(f"--example-evaluation: no file {str(args.example_evaluation)!r}")
     lifecycle = LifecycleConfig(silence_timeout=args.silence_timeout, health_interval=args.health_interval,
                                 evict_after=args.evict_after, kept_evicted=args.evicted_history,
                                 evicted_max_age=args.evicted_history_hours * 3600)
@@ -133,7 +138,7 @@ def registry_settings(args: argparse.Namespace, port: int, parser: argparse.Argu
                             group_commit=args.group_commit, auth=args.auth == "on", store=args.store,
                             etcd_endpoints=_etcd_endpoints(args, parser), etcd_prefix=args.etcd_prefix,
                             advertise_url=args.advertise_url and args.advertise_url.rstrip("/"),
-                            node_ttl=args.node_ttl)
+                            node_ttl=args.node_ttl, example_evaluation=args.example_evaluation)
 
 
 def add_router_knobs(parser: argparse.ArgumentParser) -> None:

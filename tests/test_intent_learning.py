@@ -3,12 +3,14 @@ routed by every router once accepted. Real registry, real routers over HTTP, the
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import pytest
 
+from agentreach.knobs import add_auth_switch, add_registry_knobs, registry_settings
 from conftest import admin_key, call, wait_for
 from mesh.examples import MAX_EXAMPLES_PER_CAPABILITY, MAX_PENDING_PER_CALLER, example_id
 from registry.server import RegistryServer, RegistrySettings
@@ -319,3 +321,15 @@ async def test_one_caller_alone_cannot_fill_a_capabilitys_examples(registry: Reg
     assert (await call(http, "POST", url, None, {"text": "one more junk", "caller": "flooder"}))[0] == 200
     listed = (await call(http, "GET", f"{registry.url}/examples/order.query"))[1]
     assert len(listed) == MAX_PENDING_PER_CALLER + 2
+
+
+def test_the_registry_takes_its_evaluation_set_from_the_command_line(tmp_path: Any) -> None:
+    parser = argparse.ArgumentParser()
+    add_registry_knobs(parser)
+    add_auth_switch(parser, "auth")
+    evaluation = tmp_path / "intents.json"
+    evaluation.write_text("[]")
+    settings = registry_settings(parser.parse_args(["--example-evaluation", str(evaluation)]), 0, parser)
+    assert settings.example_evaluation == evaluation
+    with pytest.raises(SystemExit):
+        registry_settings(parser.parse_args(["--example-evaluation", str(tmp_path / "missing.json")]), 0, parser)
