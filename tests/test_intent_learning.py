@@ -12,7 +12,18 @@ import pytest
 
 from agentreach.knobs import add_auth_switch, add_registry_knobs, registry_settings
 from conftest import admin_key, call, wait_for
-from mesh.examples import MAX_EXAMPLES_PER_CAPABILITY, MAX_PENDING_PER_CALLER, example_id
+from mesh.examples import (
+    MAX_EXAMPLES_PER_CAPABILITY,
+    MAX_PENDING_PER_CALLER,
+    ExampleSettings,
+    LearnedExample,
+    example_id,
+    example_key,
+    example_settings_key,
+)
+from mesh.keyspace import KeySpace
+from mesh.records import decode_value, encode_value
+from mesh.watch import Put, decode_event, encode_event
 from registry.server import RegistryServer, RegistrySettings
 from router.semantic.settings import SemanticSettings
 from router.server import RouterServer, RouterServerSettings
@@ -333,3 +344,25 @@ def test_the_registry_takes_its_evaluation_set_from_the_command_line(tmp_path: A
     assert settings.example_evaluation == evaluation
     with pytest.raises(SystemExit):
         registry_settings(parser.parse_args(["--example-evaluation", str(tmp_path / "missing.json")]), 0, parser)
+
+
+def test_learned_examples_keep_their_stored_and_feed_layout() -> None:
+    """A stored format (the WAL replays these bytes, routers decode these lines): pinned like mesh_contract's."""
+    example = LearnedExample(capability="order.query", text="where is my parcel", state="accepted",
+                             source="confirmed", confirmed_by=["c-1", "c-2"], created_at=1.5)
+    stored = (b"\x86\xaacapability\xaborder.query\xa4text\xb2where is my parcel\xa5state\xa8accepted\xa6source"
+              b"\xa9confirmed\xacconfirmed_by\x92\xa3c-1\xa3c-2\xaacreated_at\xcb?\xf8\x00\x00\x00\x00\x00\x00")
+    key = example_key("order.query", example_id(example.text))
+    assert encode_value(example) == stored and decode_value(key, stored) == example
+    assert decode_value(example_settings_key("order.query"), b"\x81\xaeauto_accept_at\x03") == \
+        ExampleSettings(auto_accept_at=3)
+    line = (b'{"type":"put","revision":7,"key":"' + key.encode() + b'","value":{"capability":"order.query",'
+            b'"text":"where is my parcel","state":"accepted","source":"confirmed","confirmed_by":["c-1","c-2"],'
+            b'"created_at":1.5}}')
+    event = decode_event(line)
+    assert event == Put(revision=7, key=key, value=example) and encode_event(event) == line + b"\n"
+    keys = KeySpace()
+    keys.put(key, example)
+    assert keys.examples == {"order.query": {example_id(example.text): example}}
+    keys.delete(key)
+    assert keys.examples == {}
