@@ -12,8 +12,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 from agent_reach.registration import Label, MetadataValue, Name, RoutingPolicy, TrustLevel
-
-from mesh.versions import check_constraint, overlap
+from agent_reach.versions import check_constraint, overlap
+from msgspec import UNSET, UnsetType
 
 Milliseconds = Annotated[int, msgspec.Meta(gt=0, le=3_600_000)]
 DEFAULT_CONNECT_MS = 1000
@@ -120,6 +120,9 @@ class DegradationConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknow
     answer: Any = None
 
 
+DEFAULT_DEGRADATION = DegradationConfig()
+
+
 class MirrorConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """Copy ``percent`` of the calls to an instance of ``version``, compare, never answer with the copy.
     A capability not declared idempotent is mirrored only with ``allow_non_idempotent``: a copy does the work twice."""
@@ -139,11 +142,34 @@ class Policy(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=Tr
     retry: RetryConfig = RetryConfig()
     circuit_breaker: BreakerConfig = BreakerConfig()
     fallback_capability: Name | None = None
-    rules: Annotated[list[Rule], msgspec.Meta(max_length=64)] = []
-    split: Annotated[list[SplitShare], msgspec.Meta(max_length=16)] = []
-    rollback: RollbackConfig | None = None
-    degradation: DegradationConfig = DegradationConfig()
-    mirror: MirrorConfig | None = None
+    # Added after the stored layout was fixed (tests/test_mesh_contract.py): UNSET until given, and then
+    # never encoded, so a policy that does not use them keeps its bytes and its feed line, and routers
+    # that predate them still read it. Read them through the properties below.
+    rules: Annotated[list[Rule], msgspec.Meta(max_length=64)] | UnsetType = UNSET
+    split: Annotated[list[SplitShare], msgspec.Meta(max_length=16)] | UnsetType = UNSET
+    rollback: RollbackConfig | UnsetType | None = UNSET
+    degradation: DegradationConfig | UnsetType = UNSET
+    mirror: MirrorConfig | UnsetType | None = UNSET
+
+    @property
+    def rule_list(self) -> list[Rule]:
+        return self.rules if not isinstance(self.rules, UnsetType) else []
+
+    @property
+    def shares(self) -> list[SplitShare]:
+        return self.split if not isinstance(self.split, UnsetType) else []
+
+    @property
+    def rollback_config(self) -> RollbackConfig | None:
+        return self.rollback if not isinstance(self.rollback, UnsetType) else None
+
+    @property
+    def degradation_config(self) -> DegradationConfig:
+        return self.degradation if not isinstance(self.degradation, UnsetType) else DEFAULT_DEGRADATION
+
+    @property
+    def mirror_config(self) -> MirrorConfig | None:
+        return self.mirror if not isinstance(self.mirror, UnsetType) else None
 
 
 DEFAULT_POLICY = Policy()
@@ -166,10 +192,11 @@ def validate_policy(policy: Policy, capability_name: str) -> None:
         )
     if policy.fallback_capability == capability_name:
         raise PolicyError(f"Capability {capability_name!r} cannot be its own fallback", "fallback_capability")
-    validate_rules(policy.rules)
-    validate_split(policy.split, policy.rollback)
+    validate_rules(policy.rule_list)
+    validate_split(policy.shares, policy.rollback_config)
     validate_degradation(policy)
-    if policy.mirror is not None and (problem := check_constraint(policy.mirror.version)) is not None:
+    mirror = policy.mirror_config
+    if mirror is not None and (problem := check_constraint(mirror.version)) is not None:
         raise PolicyError(f"mirror.version: {problem}", "mirror.version")
     timeout = policy.timeout
     # The default connect_ms is not the user's word: it is capped by the others, never a conflict.
@@ -222,7 +249,7 @@ def validate_split(split: list[SplitShare], rollback: RollbackConfig | None) -> 
 
 def validate_degradation(policy: Policy) -> None:
     """An L0 capability names no way to degrade; a fixed answer is bounded like any stored record."""
-    degradation = policy.degradation
+    degradation = policy.degradation_config
     if len(msgspec.json.encode(degradation.answer)) > MAX_FLOOR_ANSWER_BYTES:
         raise PolicyError(f"degradation.answer is over {MAX_FLOOR_ANSWER_BYTES} bytes as JSON", "degradation.answer")
     if degradation.level != "L0":
@@ -232,6 +259,6 @@ def validate_degradation(policy: Policy) -> None:
                           "fallback_capability")
     if degradation.answer is not None:
         raise PolicyError("an L0 capability never degrades, so it cannot have a fixed answer", "degradation.answer")
-    for index, rule in enumerate(policy.rules):
+    for index, rule in enumerate(policy.rule_list):
         if rule.action == "degrade":
             raise PolicyError(f"rules[{index}] degrades, and an L0 capability never degrades", f"rules[{index}].action")

@@ -29,12 +29,12 @@ from agent_reach.atp import (
 )
 from agent_reach.headers import REQUEST_ID_HEADER, ROUTE_HEADERS, TRACEPARENT_HEADER, TRACESTATE_HEADER
 from agent_reach.sse import ERROR, RESPONSE, EventWriter, on_disconnect, wants_stream
+from agent_reach.versions import check_constraint
 from aiohttp import web
 from aiohttp.typedefs import Handler
 from multidict import MultiMapping
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from mesh.versions import check_constraint
 from router import jsonrpc
 from router.a2a.endpoint import A2AEndpoint
 from router.audit import AuditLog

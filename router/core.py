@@ -228,7 +228,7 @@ class Router:
     def _degraded(self, frame: RequestFrame, route: RouteFacts) -> None:
         """An L1 capability's degraded answer is logged and alerted; an L2 one's is only counted."""
         policy = self.mirror.policy(frame.capability or "")
-        if policy is not None and policy.degradation.level == "L1":
+        if policy is not None and policy.degradation_config.level == "L1":
             self.degradations.degraded(frame.capability or "", route.reason, frame.request_id, time.time())
 
     def _admit(self, caller: Caller | Unauthenticated, started: float) -> Refusal | None:
@@ -309,13 +309,14 @@ class Router:
                 self._finish(frame, capability, None, empty, started)
         policy = self.mirror.policy(capability) or DEFAULT_POLICY
         # Built once per call and shared by the rules, the split and the attempt; None: neither is configured.
-        candidates_of = self._candidates_of(capability, policy, caller) if policy.rules or policy.split else None
-        decision = self._decide(frame, capability, policy, caller, candidates_of) if candidates_of and policy.rules \
-            else Decision(capability=capability, versions=(frame.version,) if frame.version else ())
+        candidates_of = self._candidates_of(capability, policy, caller) if policy.rule_list or policy.shares else None
+        decision = self._decide(frame, capability, policy, caller, candidates_of) \
+            if candidates_of and policy.rule_list else \
+            Decision(capability=capability, versions=(frame.version,) if frame.version else ())
         share = self._share(frame, capability, policy, decision, candidates_of) \
-            if candidates_of and policy.split and not decision.rule else None
+            if candidates_of and policy.shares and not decision.rule else None
         if share is not None:
-            total = sum(each.weight for each in policy.split)
+            total = sum(each.weight for each in policy.shares)
             decision = msgspec.structs.replace(decision, versions=(*decision.versions, share.version),
                                                reason=f"split: version {share.version} ({share.weight} of {total})")
         if decision.action == "refuse":
@@ -349,11 +350,12 @@ class Router:
             code = attempts.answer.error_code
             self.releases.record(capability, share.version, code is None or code in CALLER_ERRORS,
                                  (time.monotonic() - started) * 1000)
-        if policy.mirror is not None and routed == capability and \
-                mirrored(policy.mirror, capability, frame.request_id, declared.idempotent):
+        mirror = policy.mirror_config
+        if mirror is not None and routed == capability and \
+                mirrored(mirror, capability, frame.request_id, declared.idempotent):
             live = attempts.refusal.code.value if attempts.refusal else status_of(attempts.answer)
             live_ms = (time.monotonic() - started) * 1000
-            self.traffic_mirror.copy(frame, capability, offers, policy.mirror, live, live_ms)
+            self.traffic_mirror.copy(frame, capability, offers, mirror, live, live_ms)
         if attempts.answer is not None and attempts.answer.ok:  # the common case: no coroutine for fallback
             return self._finish(frame, routed, declared.timeout_sla_ms, attempts, started)
         fallback = await self._with_fallback(frame, policy, attempts, started, caller, flight)
@@ -393,23 +395,23 @@ class Router:
                candidates_of: CandidatesOf) -> SplitShare | None:
         """The split share this call's session belongs to; when that share has no instance to serve it, the
         heaviest share that has one (none has: the assigned share, whose refusal names the versions offered)."""
-        index = assign(policy.split, share_point(capability, session_hash_key(frame.context, frame.request_id)))
+        index = assign(policy.shares, share_point(capability, session_hash_key(frame.context, frame.request_id)))
         if index is None:
             return None
-        assigned = policy.split[index]
+        assigned = policy.shares[index]
 
         def serves(share: SplitShare) -> bool:
             return serviceable(msgspec.structs.replace(decision, versions=(*decision.versions, share.version)),
                                candidates_of)
         if serves(assigned):
             return assigned
-        heaviest_first = sorted((share for share in policy.split if share.weight), key=lambda share: -share.weight)
+        heaviest_first = sorted((share for share in policy.shares if share.weight), key=lambda share: -share.weight)
         return next((share for share in heaviest_first if serves(share)), assigned)
 
     def _decide(self, frame: RequestFrame, capability: str, policy: Policy, caller: Caller | Unauthenticated | None,
                 candidates_of: CandidatesOf) -> Decision:
         """The rule table's decision for this call; shadow rules are judged once the call is answered."""
-        table = ordered(policy.rules)
+        table = ordered(policy.rule_list)
         rules = table.rules
         facts = CallerFacts(client_id=caller.client_id, trust_level=caller.trust_level) \
             if isinstance(caller, Caller) else CallerFacts()
@@ -433,8 +435,8 @@ class Router:
             fallback = await self._call_fallback(frame, policy.fallback_capability, started, caller, flight)
             if fallback is not None:
                 return fallback
-        floor = policy.degradation.answer
-        if floor is None or policy.degradation.level == "L0":
+        floor = policy.degradation_config.answer
+        if floor is None or policy.degradation_config.level == "L0":
             return None
         self.decisions["fixed_answer"] += 1
         answered = msgspec.structs.replace(attempts, answer=AgentAnswer(result=floor, sent=False), refusal=None,
@@ -477,7 +479,7 @@ class Router:
                           sticky_agent=self.sticky.get(sticky, now) if sticky else None,
                           rng=self._rng, panic_threshold=self.settings.panic_threshold,
                           versions=narrowed.versions if narrowed else (),
-                          allow_degraded=policy.degradation.level != "L0")
+                          allow_degraded=policy.degradation_config.level != "L0")
         if isinstance(plan, RouteRefusal):
             return _Attempts(refusal=plan, policy=policy_name)
         sla_ms = by_id[plan.order[0].agent_id].capability.timeout_sla_ms

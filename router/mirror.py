@@ -12,13 +12,13 @@ import socket
 
 import msgspec
 from agent_reach.registration import Capability
+from agent_reach.versions import instance_version
 
 from auth.book import AuthBook
 from mesh.alerts import AlertConfig
 from mesh.keyspace import KeySpace
 from mesh.policy import Policy
 from mesh.records import InstanceRecord, instance_id
-from mesh.versions import instance_version
 from mesh.watch import Delete, InstanceState, Ping, Put, Reset, Routers, States, WatchEvent
 from router.ratelimit import limit_share
 
@@ -34,7 +34,7 @@ class Offer(msgspec.Struct, frozen=True):
 
     @property
     def version(self) -> str:
-        """The instance's version of this capability (mesh.versions.instance_version)."""
+        """The instance's version of this capability (agent_reach.versions.instance_version)."""
         return instance_version(self.capability.version, self.record.metadata.get("semver"))
 
 

@@ -52,12 +52,12 @@ class Releases:
         """Roll back every canary worse than its stable share; one pass over the policies with a rollback."""
         now = time.monotonic()
         for capability, policy in list(mirror.keys.policies.items()):
-            if policy.rollback is None or len(policy.split) < 2:
+            config, shares = policy.rollback_config, policy.shares
+            if config is None or len(shares) < 2:
                 continue
-            stable = policy.split[stable_index(policy.split)]
-            config = policy.rollback
+            stable = shares[stable_index(shares)]
             baseline = figures(self.windows.window(capability, stable.version, now, config.window_seconds))
-            for share in policy.split:
+            for share in shares:
                 if share is stable or share.weight == 0:
                     continue
                 canary = figures(self.windows.window(capability, share.version, now, config.window_seconds))
@@ -67,7 +67,7 @@ class Releases:
 
     async def _roll_back(self, capability: str, policy: Policy, version: str, stable: str, reason: str) -> None:
         split = [msgspec.structs.replace(share, weight=0) if share.version == version else share
-                 for share in policy.split]
+                 for share in policy.shares]
         written = False
         if self.write is not None:
             try:

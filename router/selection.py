@@ -17,8 +17,8 @@ import msgspec
 from agent_reach.atp import ErrorCode
 from agent_reach.hint import matches_hint, unsatisfied_hint
 from agent_reach.registration import Protocol, RoutingPolicy
+from agent_reach.versions import parse_constraint, parse_version, satisfies
 
-from mesh.versions import parse_constraint, parse_version, satisfies
 from router.hashring import HashRing
 
 HEALTHY = "healthy"
@@ -40,7 +40,7 @@ class Candidate(msgspec.Struct, kw_only=True):
     max_qps: float = 0.0  # 0 = unlimited
     available: bool = True  # False: breaker open or passively ejected (the I/O side decides)
     has_capacity: bool = True  # False: its max_qps token bucket is empty right now
-    version: str = ""  # its version of the capability (mesh.versions.instance_version)
+    version: str = ""  # its version of the capability (agent_reach.versions.instance_version)
 
 
 class RoutePlan(msgspec.Struct, kw_only=True):

@@ -17,9 +17,9 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 from agent_reach.atp import RequestFrame, new_request_id
+from agent_reach.versions import parse_constraint, parse_version, satisfies
 
 from mesh.policy import MirrorConfig
-from mesh.versions import parse_constraint, parse_version, satisfies
 from router.canary import share_point
 from router.forward import AgentAnswer
 from router.mirror import Offer

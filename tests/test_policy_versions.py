@@ -1,14 +1,17 @@
 """Version constraints: the grammar, a seeded property test of plan_route against a reference, and calls
 through a real registry, router and agents on loopback."""
 
+import asyncio
 import random
 from typing import Any
 
 import pytest
+from agent_reach import ReachClient, ReachError, SyncReachClient
+from agent_reach.versions import check_constraint, instance_version, parse_constraint, parse_version, satisfies
 
-from mesh.versions import check_constraint, instance_version, parse_constraint, parse_version, satisfies
 from router.selection import Candidate, RouteRefusal, plan_route
 from router_support import Mesh
+from sdk_support import free_port, wait_state
 
 SATISFIED = [
     (">=3.2", "3.2.0"), (">=3.2", "3.10.1"), ("^3", "3.9.1"), ("~3.2", "3.2.9"), ("3.2.1", "3.2.1"),
@@ -121,3 +124,42 @@ async def test_a_malformed_constraint_is_an_invalid_frame(mesh: Mesh, start_agen
     answer = await mesh.call("echo", {}, version=constraint)
     assert answer.status == 400
     assert answer.body["error_code"] == "INVALID_FRAME" and answer.body["field"] == "version"
+
+
+async def test_the_sdk_client_sends_a_constraint_and_the_direct_fallback_honours_it(registry, make_agent, http):
+    """With the router down, the SDK's direct call filters versions as the router does: a hard filter."""
+    called: dict[str, int] = {"geo-3": 0, "geo-4": 0}
+    for agent_id, semver in (("geo-3", "3.9.0"), ("geo-4", "4.1.0")):
+        agent = make_agent(agent_id, registry.url, service="geo", metadata={"semver": semver}, direct_fallback=True)
+
+        @agent.capability("geo.where")
+        async def where(payload: Any, ctx: Any, agent_id: str = agent_id) -> str:
+            called[agent_id] += 1
+            return agent_id
+
+        await agent.start()
+        await wait_state(http, registry.url, agent_id, "healthy")
+    async with ReachClient(f"http://127.0.0.1:{free_port()}", direct_fallback=True,
+                           registry_url=registry.url) as client:
+        for _ in range(6):
+            assert await client.call("geo.where", None, version="^4") == "geo-4"
+        assert called == {"geo-3": 0, "geo-4": 6}
+        with pytest.raises(ReachError) as caught:
+            await client.call("geo.where", None, version=">=5")
+        assert (caught.value.error_code, caught.value.can_retry) == ("VERSION_UNSATISFIABLE", False)
+        with pytest.raises(ReachError) as caught:
+            await client.call("geo.where", None, version="latest")
+        assert caught.value.error_code == "INVALID_FRAME"
+    assert called == {"geo-3": 0, "geo-4": 6}
+
+
+async def test_the_sync_client_sends_the_constraint_to_the_router(mesh: Mesh, start_agent: Any):
+    await three_versions(mesh, start_agent)
+    answer = await asyncio.to_thread(sync_call, mesh.url)
+    assert answer == ("v32", "3.2.0")
+
+
+def sync_call(url: str) -> tuple[str, str | None]:
+    with SyncReachClient(url) as client:
+        result = client.call("echo", {}, version=">=3.2,<4")
+        return result["agent"], client.last_route.version if client.last_route else None

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mesh.versions import parse_version
+from agent_reach.versions import parse_version
+
 from router.mirror import Offer
 
 PROTOCOL_VERSION = "1.0"

@@ -59,7 +59,7 @@ class RequestFrame(msgspec.Struct, kw_only=True, omit_defaults=True):
     # listed it, say); routed as a named call, and the phrasing is kept as a learned example.
     confirm_intent: bool = False
     # A constraint on the capability's version (">=3.2", "^3", "~3.2", "3.2.1", ">=3,<4"): only
-    # instances whose version satisfies it are candidates (mesh/versions.py has the grammar).
+    # instances whose version satisfies it are candidates (agent_reach/versions.py has the grammar).
     version: str | None = None
     # Answer as server-sent events: chunks as the agent produces them, then the final frame (docs/atp.md).
     stream: bool = False

@@ -105,19 +105,21 @@ class ReachClient:
         await self.close()
 
     async def call(self, capability: str, payload: Any, context: Mapping[str, Any] | None = None,
-                   timeout: float | None = None) -> Any:
-        """The capability's result; raises ReachError when the call did not succeed."""
-        answer = await self.send(_frame(capability, payload, context, timeout))
+                   timeout: float | None = None, version: str | None = None) -> Any:
+        """The capability's result; raises ReachError when the call did not succeed. ``version``: a
+        constraint on the capability's version (">=3.2", "^3", "~3.2", "3.2.1", ">=3,<4")."""
+        answer = await self.send(_frame(capability, payload, context, timeout, version=version))
         self._answered(answer)
         return result_of(answer)
 
     async def stream(self, capability: str, payload: Any, context: Mapping[str, Any] | None = None,
-                     timeout: float | None = None) -> AsyncGenerator[ChunkFrame | ResponseFrame, None]:
+                     timeout: float | None = None,
+                     version: str | None = None) -> AsyncGenerator[ChunkFrame | ResponseFrame, None]:
         """The capability's answer as it is produced: each chunk as it arrives, then the final frame;
         raises ReachError when the call did not succeed (after the chunks that came before). Closing it
         early hangs up, which cancels the call at the agent: leave the loop inside
         ``async with contextlib.aclosing(client.stream(...))`` (else the hang-up waits for the collector)."""
-        frame = _frame(capability, payload, context, timeout, stream=True)
+        frame = _frame(capability, payload, context, timeout, stream=True, version=version)
         async for item in self.send_stream(frame):
             if isinstance(item, ChunkFrame):
                 yield item
@@ -199,11 +201,12 @@ class ReachClient:
 
 
 def _frame(capability: str, payload: Any, context: Mapping[str, Any] | None, timeout: float | None,
-           stream: bool = False) -> RequestFrame:
+           stream: bool = False, version: str | None = None) -> RequestFrame:
     """A call's frame: the context and the deadline inherited inside a handler (agent_reach.context)."""
     timeout = remaining_budget(timeout)
     return RequestFrame(capability=capability, payload=payload, context=outgoing_context(context),
-                        timeout_hint=None if timeout is None else int(timeout * 1000), stream=stream)
+                        timeout_hint=None if timeout is None else int(timeout * 1000), stream=stream,
+                        version=version)
 
 
 def _client_timeout(frame: RequestFrame, connect_timeout: float) -> aiohttp.ClientTimeout:
@@ -223,16 +226,16 @@ class SyncReachClient:
         return self._client.last_route
 
     def call(self, capability: str, payload: Any, context: Mapping[str, Any] | None = None,
-             timeout: float | None = None) -> Any:
-        return self._loop.run_until_complete(self._client.call(capability, payload, context, timeout))
+             timeout: float | None = None, version: str | None = None) -> Any:
+        return self._loop.run_until_complete(self._client.call(capability, payload, context, timeout, version))
 
     def send(self, frame: RequestFrame) -> Answer:
         return self._loop.run_until_complete(self._client.send(frame))
 
     def stream(self, capability: str, payload: Any, context: Mapping[str, Any] | None = None,
-               timeout: float | None = None) -> Iterator[ChunkFrame | ResponseFrame]:
+               timeout: float | None = None, version: str | None = None) -> Iterator[ChunkFrame | ResponseFrame]:
         """``ReachClient.stream``, as a plain iterator; leaving it early (or closing it) hangs up."""
-        chunks = self._client.stream(capability, payload, context, timeout)
+        chunks = self._client.stream(capability, payload, context, timeout, version)
         try:
             while True:
                 try:

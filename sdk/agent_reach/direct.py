@@ -21,6 +21,14 @@ from agent_reach.atp import ErrorCode, RequestFrame, RouteFacts, error_frame, va
 from agent_reach.headers import DIRECT_HEADER
 from agent_reach.hint import matches_hint, unsatisfied_hint
 from agent_reach.transport import Answer, Unreachable, post
+from agent_reach.versions import (
+    DEFAULT_CAPABILITY_VERSION,
+    check_constraint,
+    instance_version,
+    parse_constraint,
+    parse_version,
+    satisfies,
+)
 
 log = logging.getLogger("agentreach.sdk")
 
@@ -34,6 +42,7 @@ class Instance(msgspec.Struct, kw_only=True):
     timeout_sla_ms: int
     direct_fallback: bool = False
     metadata: dict[str, Any] = {}
+    version: str = DEFAULT_CAPABILITY_VERSION
 
 
 class QueryAnswer(msgspec.Struct):
@@ -87,6 +96,17 @@ class DirectRoute:
             if not found:
                 return error_frame(frame.request_id, ErrorCode.ROUTING_HINT_UNSATISFIABLE,
                                    f"Router unreachable ({reason}) and, for {capability!r}, {unsatisfied_hint(hint)}")
+        if frame.version is not None:
+            # A hard filter, as at the router: never a version outside the caller's constraint.
+            if (problem := check_constraint(frame.version)) is not None:
+                return error_frame(frame.request_id, ErrorCode.INVALID_FRAME, f"version: {problem}", "version")
+            within = parse_constraint(frame.version)
+            found = [instance for instance in found if satisfies(parse_version(
+                instance_version(instance.version, instance.metadata.get("semver"))), within)]
+            if not found:
+                return error_frame(frame.request_id, ErrorCode.VERSION_UNSATISFIABLE,
+                                   f"Router unreachable ({reason}) and no instance of {capability!r} has a version "
+                                   f"satisfying {frame.version}")
         direct = [instance for instance in found if instance.direct_fallback]
         for attempt, instance in enumerate(direct, start=1):
             try:

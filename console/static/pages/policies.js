@@ -100,7 +100,7 @@ function editor(entry, names, onSaved) {
     h("fieldset", {}, h("legend", { text: "Rules, versions and releases (JSON)" }),
       field("Rules, split, rollback, mirror, degradation", h("textarea", {
         class: "code", rows: 12, spellcheck: "false",
-        text: fmt.json(Object.fromEntries(RELEASE_KEYS.map((key) => [key, entry.policy[key] ?? null]))),
+        text: fmt.json(Object.fromEntries(RELEASE_KEYS.filter((key) => key in entry.policy).map((key) => [key, entry.policy[key]]))),
       }), { name: "releases", hint: "docs/atp.md, Rules, versions, canaries, mirroring and degradation." })),
     h("datalist", { id: "known-capabilities" }, names.filter((n) => n !== entry.capability).map((n) => h("option", { value: n }))),
     h("div", { class: "form-actions" },
