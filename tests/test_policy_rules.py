@@ -11,6 +11,7 @@ import pytest
 
 from conftest import wait_for
 from mesh.policy import Policy, PolicyError, Rule, validate_policy
+from mesh.records import decode_value, encode_value, policy_key
 from router.audit import AuditFilter, AuditLog
 from router.rules import CallerFacts, Decision, decide, ordered, shadow_verdicts
 from router.selection import Candidate
@@ -238,3 +239,13 @@ async def test_a_rule_never_sends_a_caller_where_its_grants_do_not_reach(start_m
     answer = await mesh.call("summarize", {}, context={"type": "summary"}, headers={"X-API-Key": caller["api_key"]})
     assert answer.status == 200 and answer.route["capability"] == "summarize", answer.body
     assert "skipped r40" in answer.route["reason"] and agents["cloud-1"].calls == 0
+
+
+def test_the_new_members_are_stored_only_when_given():
+    plain = msgspec.convert({"policy": "hash"}, Policy)
+    assert b"rules" not in encode_value(plain) and b"degradation" not in msgspec.json.encode(plain)
+    assert (plain.rule_list, plain.shares, plain.rollback_config, plain.mirror_config) == ([], [], None, None)
+    assert plain.degradation_config.level == "L2"
+    ruled = msgspec.convert({"rules": [{"id": "r1", "priority": 1}], "degradation": {"level": "L1"}}, Policy)
+    assert decode_value(policy_key("echo"), encode_value(ruled)) == ruled
+    assert [rule.id for rule in ruled.rule_list] == ["r1"] and ruled.degradation_config.level == "L1"
