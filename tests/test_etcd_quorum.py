@@ -116,6 +116,10 @@ async def test_quorum_lost_and_regained_under_load(etcd_cluster, etcd_registry, 
     for node in nodes:
         await wait_for(lambda: set(acknowledged) <= set(node.registry.state.records),  # noqa: B023
                        what=f"{node.url} to hold every acknowledged registration")
+    # One node leads again (the sweep and evictions run somewhere), and the views are current.
+    await wait_for(lambda: [node.membership.leads() for node in nodes].count(True) == 1, timeout=20,
+                   what="one node to lead once quorum is back")
+    assert all(node.membership.stale_seconds() is None for node in nodes)
     # The router follows again: it learns what was registered once quorum was back.
     await wait_for(lambda: set(acknowledged) <= set(router.mirror.instances), timeout=20,
                    what="the router to follow the registries again")
