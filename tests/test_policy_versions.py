@@ -129,15 +129,19 @@ async def test_a_malformed_constraint_is_an_invalid_frame(mesh: Mesh, start_agen
 async def test_the_sdk_client_sends_a_constraint_and_the_direct_fallback_honours_it(registry, make_agent, http):
     """With the router down, the SDK's direct call filters versions as the router does: a hard filter."""
     called: dict[str, int] = {"geo-3": 0, "geo-4": 0}
-    for agent_id, semver in (("geo-3", "3.9.0"), ("geo-4", "4.1.0")):
-        agent = make_agent(agent_id, registry.url, service="geo", metadata={"semver": semver}, direct_fallback=True)
 
-        @agent.capability("geo.where")
-        async def where(payload: Any, ctx: Any, agent_id: str = agent_id) -> str:
+    def answering(agent_id: str) -> Any:
+        async def where(payload: Any, ctx: Any) -> str:
             called[agent_id] += 1
             return agent_id
-
+        return where
+    versions = {"geo-3": "3.9.0", "geo-4": "4.1.0"}
+    agents = {agent_id: make_agent(agent_id, registry.url, service="geo", metadata={"semver": semver},
+                                   direct_fallback=True) for agent_id, semver in versions.items()}
+    for agent_id, agent in agents.items():
+        agent.capability("geo.where")(answering(agent_id))
         await agent.start()
+    for agent_id in agents:
         await wait_state(http, registry.url, agent_id, "healthy")
     async with ReachClient(f"http://127.0.0.1:{free_port()}", direct_fallback=True,
                            registry_url=registry.url) as client:
