@@ -33,8 +33,10 @@ class TimeoutConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     connect_ms: Milliseconds = DEFAULT_CONNECT_MS
     first_byte_ms: Milliseconds | None = None
     total_ms: Milliseconds | None = None
-    # A streamed answer's longest silence between chunks; None: router/timeouts.py's default.
-    idle_ms: Milliseconds | None = None
+    # A streamed answer's longest silence between chunks; unset or None: router/timeouts.py's default.
+    # Added after the stored layout was fixed: UNSET until given, so a policy that does not set it keeps
+    # its stored bytes and older routers (which refuse unknown fields) can still read it.
+    idle_ms: Milliseconds | UnsetType | None = UNSET
 
 
 class RetryConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):

@@ -31,6 +31,6 @@ def resolve_timeouts(config: TimeoutConfig, timeout_sla_ms: int, timeout_hint_ms
         total_ms = min(total_ms, timeout_hint_ms)
     first_byte_ms = min(config.first_byte_ms if config.first_byte_ms is not None else total_ms, total_ms)
     connect_ms = min(config.connect_ms, first_byte_ms)
-    idle_ms = config.idle_ms if config.idle_ms is not None else DEFAULT_IDLE_MS
+    idle_ms = config.idle_ms if isinstance(config.idle_ms, int) else DEFAULT_IDLE_MS
     return ResolvedTimeouts(connect_s=connect_ms / 1000, first_byte_s=first_byte_ms / 1000, total_s=total_ms / 1000,
                             idle_s=idle_ms / 1000)
