@@ -51,10 +51,10 @@ from registry.access import read_admin_key
 WAYS = ("off", "api_key", "jwt", "audited")
 BODY = json.dumps({"capability": "echo", "payload": {"text": "hello, agent", "n": 1}})
 
-async def prepare(session: aiohttp.ClientSession, registry: str, routers: dict[str, str], echo: str,
-                  admin: dict[str, str]) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
-    """Register the echo agent with a registration token, make a client, get its JWT; the headers
-    each way sends, and the registration token (for the heartbeats)."""
+async def enrol(session: aiohttp.ClientSession, registry: str, echo: str,
+                admin: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Register the echo agent with a registration token and make a client granted `echo`: the client
+    (its api_key, client_id, client_secret) and the registration token's header (for the heartbeats)."""
     async with session.post(f"{registry}/tokens", json={"service": "echo"}, headers=admin) as response:
         response.raise_for_status()
         token = {"Authorization": f"Bearer {(await response.json())['token']}"}
@@ -65,7 +65,14 @@ async def prepare(session: aiohttp.ClientSession, registry: str, routers: dict[s
     client_body = {"name": "bench", "trust_level": "internal", "grants": ["echo"]}
     async with session.post(f"{registry}/clients", json=client_body, headers=admin) as response:
         response.raise_for_status()
-        client = await response.json()
+        return await response.json(), token
+
+
+async def prepare(session: aiohttp.ClientSession, registry: str, routers: dict[str, str], echo: str,
+                  admin: dict[str, str]) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """Enrol the echo agent and a client, get its JWT; the headers each way sends, and the registration
+    token (for the heartbeats)."""
+    client, token = await enrol(session, registry, echo, admin)
     headers = {"off": {}, "api_key": {"X-API-Key": client["api_key"]}, "audited": {"X-API-Key": client["api_key"]}}
     for _ in range(200):  # the router learns the client from the watch feed
         async with session.post(f"{routers['api_key']}/oauth/token", data={

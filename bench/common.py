@@ -29,7 +29,7 @@ from aiohttp import web
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 # The Debian package that installs each tool a bench may need.
-DEBIAN_PACKAGES = {"wrk": "wrk", "df": "coreutils", "etcd": "etcd-server"}
+DEBIAN_PACKAGES = {"wrk": "wrk", "df": "coreutils", "etcd": "etcd-server", "nginx": "nginx-light"}
 
 
 def require(*tools: str) -> None:

@@ -1,0 +1,227 @@
+"""The router's data path as it runs by default, one command:
+`python bench/datapath_bench.py [--wrk-rounds 3] [--wrk-seconds 5]`.
+
+In one run, against the same echo agent (bench/common.py's, its own process), four ways to reach it:
+
+  nginx     nginx as a keepalive reverse proxy (the C reference; one worker, no master)
+  proxy     the bare aiohttp pass-through proxy of bench/router_bench.py (the floor for aiohttp)
+  default   `agentreach router` as it runs by default: auth on (each call carries `X-API-Key`), the
+            audit trail on, forwards signed (the agent joined with a registration token)
+  no_audit  the same router with `--no-audit`: what the audit trail costs
+
+Bodies of 1 KB and 32 B (the proxies get the payload, the routers a frame carrying the same payload).
+Maximum calls/s from wrk -c 64, rounds alternating the ways (order reversed every other round), the
+best round counting, with the CPU time the serving process spent per call; then p99 at one
+connection (wrk -c 1, the best of the rounds), where the audit trail's stalls would show. Ratios to
+the bare proxy come from the same run. Results: tables on stdout, JSON in bench/results/datapath_bench.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from auth_bench import enrol
+from common import (
+    RESULTS,
+    ROOT,
+    best_rounds,
+    free_port,
+    keep_alive,
+    machine,
+    post_script,
+    require,
+    spawn,
+    stop_processes,
+    wait_http,
+    wrk,
+    wrk_max,
+)
+from registry.access import read_admin_key
+
+ROUTER_BENCH = str(Path(__file__).with_name("router_bench.py"))
+AUTH_BENCH = str(Path(__file__).with_name("auth_bench.py"))
+WAYS = ("nginx", "proxy", "default", "no_audit")
+SIZES = {"1k": 1024, "32b": 32}
+
+
+def payload(size: int) -> bytes:
+    """A JSON payload of exactly ``size`` bytes."""
+    shell = b'{"text":""}'
+    return b'{"text":"' + b"a" * (size - len(shell)) + b'"}'
+
+
+def frame(body: bytes) -> bytes:
+    return b'{"capability":"echo","payload":' + body + b"}"
+
+
+def start_nginx(directory: Path, port: int, upstream_port: int) -> subprocess.Popen:
+    """One nginx worker (no master, so its CPU is one process's) proxying with keepalive upstream connections."""
+    config = directory / "nginx.conf"
+    config.write_text(f"""daemon off; master_process off; worker_processes 1;
+pid {directory}/nginx.pid; error_log {directory}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  client_body_temp_path {directory}/body; proxy_temp_path {directory}/proxy;
+  fastcgi_temp_path {directory}/fastcgi; uwsgi_temp_path {directory}/uwsgi; scgi_temp_path {directory}/scgi;
+  upstream echo {{ server 127.0.0.1:{upstream_port}; keepalive 64; }}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{ proxy_pass http://echo; proxy_http_version 1.1; proxy_set_header Connection ""; }}
+  }}
+}}
+""")
+    return subprocess.Popen(["nginx", "-p", str(directory), "-c", str(config)], cwd=ROOT)
+
+
+async def wait_answered(session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str]) -> None:
+    """Until the way answers the bench call 200 (a router learns the agent and the client from the watch feed)."""
+    for _ in range(400):
+        with contextlib.suppress(aiohttp.ClientConnectionError):
+            async with session.post(url, data=body, headers={"Content-Type": "application/json", **headers}) as answer:
+                if answer.status == 200:
+                    return
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"{url} never answered the bench call")
+
+
+def one_connection_p99(url: str, body: bytes, seconds: int, headers: dict[str, str]) -> dict[str, Any]:
+    run = wrk(url, post_script(body, headers), 1, seconds)
+    return {"rps": run.rps, "p50_ms": run.latency_ms(50), "p99_ms": run.latency_ms(99)}
+
+
+async def alternate(measure: Any, rounds: int) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """``measure(way, size)`` for every way and size, ``rounds`` times, the order reversed every other round."""
+    loop = asyncio.get_running_loop()
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {size: {way: [] for way in WAYS} for size in SIZES}
+    for index in range(rounds):
+        for size in SIZES:
+            for way in (WAYS if index % 2 == 0 else tuple(reversed(WAYS))):
+                result = await loop.run_in_executor(None, measure, way, size)
+                results[size][way].append(result)
+                print(f"  {size:>3} {way:>8} {json.dumps(result)}", file=sys.stderr)
+    return results
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    ports = {name: free_port() for name in ("echo", "registry", *WAYS)}
+    echo = f"http://127.0.0.1:{ports['echo']}"
+    registry = f"http://127.0.0.1:{ports['registry']}"
+    urls = {"nginx": f"http://127.0.0.1:{ports['nginx']}/echo", "proxy": f"http://127.0.0.1:{ports['proxy']}/echo",
+            "default": f"http://127.0.0.1:{ports['default']}/atp",
+            "no_audit": f"http://127.0.0.1:{ports['no_audit']}/atp"}
+    bodies = {size: {way: frame(payload(n)) if way in ("default", "no_audit") else payload(n) for way in WAYS}
+              for size, n in SIZES.items()}
+    # nginx's files apart: the router warns of any file in its data dir that others may read.
+    with tempfile.TemporaryDirectory() as scratch, tempfile.TemporaryDirectory() as nginx_dir:
+        data_dir = Path(scratch)
+        processes = [spawn(ROUTER_BENCH, "echo", "--port", str(ports["echo"])),
+                     spawn(AUTH_BENCH, "registry", "--port", str(ports["registry"]), "--data-dir", scratch)]
+        beating: asyncio.Task[None] | None = None
+        try:
+            await wait_http(f"{echo}/healthz")
+            await wait_http(f"{registry}/healthz")
+            servers = {"nginx": start_nginx(Path(nginx_dir), ports["nginx"], ports["echo"]),
+                       "proxy": spawn(ROUTER_BENCH, "proxy", "--port", str(ports["proxy"]), "--upstream",
+                                      f"{echo}/echo")}
+            for way, extra in (("default", ()), ("no_audit", ("--no-audit",))):
+                servers[way] = spawn("-m", "agentreach.cli", "router", "--port", str(ports[way]), "--registry",
+                                     registry, "--data-dir", scratch, "--log-level", "warning", *extra,
+                                     *args.router_flag)
+            processes += servers.values()
+            admin = {"X-API-Key": read_admin_key(data_dir) or ""}
+            async with aiohttp.ClientSession() as session:
+                client, token = await enrol(session, registry, echo, admin)
+                beating = asyncio.create_task(keep_alive(registry, "echo-1", token))
+                headers = {way: {"X-API-Key": client["api_key"]} if way in ("default", "no_audit") else {}
+                           for way in WAYS}
+                for way in WAYS:
+                    await wait_answered(session, urls[way], bodies["1k"][way], headers[way])
+                throughput = await alternate(lambda way, size: wrk_max(
+                    urls[way], bodies[size][way], args.wrk_seconds, servers[way].pid, headers=headers[way]),
+                    args.wrk_rounds)
+                single = await alternate(lambda way, size: one_connection_p99(
+                    urls[way], bodies[size][way], args.wrk_seconds, headers[way]), args.wrk_rounds)
+        finally:
+            if beating is not None:
+                beating.cancel()
+            stop_processes(processes)
+    return {"throughput": {size: best_rounds(rounds) for size, rounds in throughput.items()},
+            "one_connection": single}
+
+
+def summarize(raw: dict[str, Any]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for size in SIZES:
+        best = raw["throughput"][size]
+        proxy = best["proxy"]["rps"]
+        single = {way: min(r["p99_ms"] for r in raw["one_connection"][size][way]) for way in WAYS}
+        summary[size] = {
+            "max_calls_per_s": {way: best[way]["rps"] for way in WAYS},
+            "cpu_us_per_call": {way: best[way]["cpu_us_per_call"] for way in WAYS},
+            "vs_proxy": {way: best[way]["rps"] / proxy for way in WAYS},
+            "p99_ms_one_connection": single,
+            "audit_cost_throughput": 1 - best["default"]["rps"] / best["no_audit"]["rps"],
+            "audit_cost_p99_ms": single["default"] - single["no_audit"],
+        }
+    one_k = summary["1k"]
+    summary["targets"] = {"default_ge_0.85x_proxy_1k": one_k["vs_proxy"]["default"] >= 0.85,
+                          "default_p99_within_0.3ms_of_no_audit_1k": one_k["audit_cost_p99_ms"] <= 0.3}
+    return summary
+
+
+def print_table(info: dict[str, str], summary: dict[str, Any]) -> None:
+    print(f"machine: {info['cpu']}, {info['cores']} cores, Python {info['python']}, aiohttp {info['aiohttp']}, "
+          f"load {info['load']}")
+    for size in SIZES:
+        row = summary[size]
+        print(f"\n{size} bodies\n")
+        print("| way | max calls/s (wrk -c 64, best round) | vs proxy | CPU per call | p99 at one connection |")
+        print("|---|---:|---:|---:|---:|")
+        for way in WAYS:
+            print(f"| {way} | {row['max_calls_per_s'][way]:.0f} | {row['vs_proxy'][way]:.2f}x | "
+                  f"{row['cpu_us_per_call'][way]:.0f} us | {row['p99_ms_one_connection'][way]:.2f} ms |")
+        print(f"\naudit trail: {row['audit_cost_throughput']:+.1%} of throughput, "
+              f"{row['audit_cost_p99_ms']:+.2f} ms of p99 at one connection")
+    print()
+    for name, met in summary["targets"].items():
+        print(f"target {name}: {'met' if met else 'MISSED'}")
+
+
+def load_average() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--wrk-seconds", type=int, default=5, help="wrk duration per way, size and round")
+    parser.add_argument("--wrk-rounds", type=int, default=3, help="alternating rounds (best counts)")
+    parser.add_argument("--router-flag", action="append", default=[],
+                        help="an extra flag for both routers (repeatable), e.g. --router-flag=--workers=2")
+    parser.add_argument("--json", type=Path, default=RESULTS / "datapath_bench.json")
+    args = parser.parse_args()
+    require("wrk", "nginx")
+    info = machine(load=load_average())
+    raw = asyncio.run(bench(args))
+    info["load_after"] = load_average()
+    summary = summarize(raw)
+    print_table(info, summary)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"machine": info, "settings": {
+        "wrk_seconds": args.wrk_seconds, "wrk_rounds": args.wrk_rounds, "router_flags": args.router_flag},
+        "summary": summary, "raw": raw}, indent=2) + "\n")
+    print(f"\nwrote {args.json.relative_to(ROOT) if args.json.is_relative_to(ROOT) else args.json}")
+
+
+if __name__ == "__main__":
+    main()
