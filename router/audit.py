@@ -4,9 +4,17 @@ After an incident the question is which data flowed from which caller to which a
 keeps who called (client and how it authenticated), what it asked for, which instance answered,
 how it ended, and the payload's size and SHA-256 digest — never the payload itself.
 
-``record()`` only appends to a bounded in-memory buffer; a background task writes the buffer with
-one statement (the batch as a JSON array) and one commit per batch through aiosqlite (whose own thread does the disk
-work), and deletes rows older than the retention period at start and every ``prune_interval``.
+``record()`` only appends to a bounded in-memory buffer; a background task hands the buffer, a batch
+(one JSON array) at a time, to a writer process (router/audit_writer.py) that inserts it with one
+statement and one commit, and acknowledges it. SQLite's work thus never runs in the router's process.
+Retention deletes (at start and every ``prune_interval``) and queries run on the router's own aiosqlite
+connection: rare, and readers never wait for the writer in WAL mode.
+
+What a crash loses: a batch is kept until the writer acknowledges its commit, so a writer that dies
+loses nothing (a new one is started and the batch sent again; a commit whose ack was lost comes back
+as a duplicate row). A router killed outright (SIGKILL) loses the rows not yet handed over: those
+recorded since the last hand-off, which happens every ``batch_size`` rows and every ``flush_interval``
+— fewer than ``batch_size`` rows while the writer keeps up, at most ``max_buffer`` if it does not.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
+import sys
 import time
 from pathlib import Path
 from typing import Literal, cast
@@ -22,6 +31,7 @@ from typing import Literal, cast
 import aiosqlite
 import msgspec
 
+from router.audit_writer import BUSY_TIMEOUT_SECONDS, FRAME
 from router.traces import CallTrace
 from wal.private import create_private_file
 
@@ -35,9 +45,6 @@ DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
 # Codes that mean the caller was turned away before anything was forwarded.
 REFUSAL_CODES = frozenset({"UNAUTHENTICATED", "FORBIDDEN", "TRUST_LEVEL_INSUFFICIENT"})
-# Router workers (`--workers N`) share one file and SQLite takes one writer at a time: a batch waits this
-# long for another's commit (one fsync) before failing, and a failed batch is kept and retried.
-BUSY_TIMEOUT_SECONDS = 10.0
 
 
 class AuditEntry(msgspec.Struct, gc=False):
@@ -92,12 +99,11 @@ CREATE INDEX IF NOT EXISTS audit_request_id ON audit (request_id);
 CREATE INDEX IF NOT EXISTS audit_trace_id ON audit (trace_id);
 """
 # A whole batch is one JSON array bound to one parameter and unpacked by SQLite itself: one
-# statement, one step, with the GIL released throughout. Row-by-row `executemany` takes the GIL
-# back for every row, fighting the event loop for it (measured: ~60 µs of router CPU per call).
+# statement, one step. Row-by-row `executemany` cost the writer ~60 µs of CPU per row.
 # Columns added after the first release: a trail written before gains them (NULL in its old rows).
 ADDED_COLUMNS = (("rule", "TEXT"), ("chunks", "INTEGER"), ("chunk_bytes", "INTEGER"))
 _FROM_JSON = ", ".join(f"json_extract(value, '$.{column}')" for column in COLUMNS)
-_INSERT = f"INSERT INTO audit ({', '.join(COLUMNS)}) SELECT {_FROM_JSON} FROM json_each(?)"
+INSERT = f"INSERT INTO audit ({', '.join(COLUMNS)}) SELECT {_FROM_JSON} FROM json_each(?)"
 _batch_encoder = msgspec.json.Encoder()
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM audit"
 
@@ -139,7 +145,7 @@ def where(filters: AuditFilter) -> tuple[str, list[object]]:
 
 
 class AuditLog:
-    """A bounded buffer in front of a SQLite table, drained by one background writer."""
+    """A bounded buffer in front of a SQLite table, drained by one background task into a writer process."""
 
     def __init__(self, path: Path, retention_days: float, *, batch_size: int = 500, flush_interval: float = 0.5,
                  max_buffer: int = 50_000, prune_interval: float = 600.0):
@@ -158,7 +164,8 @@ class AuditLog:
         self.dropped = 0
         self._unreported_drops = 0
         self._buffer: list[AuditEntry] = []
-        self._db: aiosqlite.Connection | None = None
+        self._db: aiosqlite.Connection | None = None  # schema, retention and queries
+        self._process: asyncio.subprocess.Process | None = None  # router/audit_writer.py: every insert
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
@@ -167,6 +174,11 @@ class AuditLog:
     @property
     def pending(self) -> int:
         return len(self._buffer)
+
+    @property
+    def writer_pid(self) -> int | None:
+        """The writer process's pid (None before start and after stop): for an operator's `ps`, and tests."""
+        return None if self._process is None else self._process.pid
 
     def record(self, entry: AuditEntry) -> None:
         """Queue one entry: an append, or a counted drop when the buffer is full or the log stopped."""
@@ -190,6 +202,7 @@ class AuditLog:
         await self._add_missing_columns(self._db)
         await self._db.commit()
         await self.prune()
+        await self._start_writer()
         log.info("audit trail open", extra={"path": str(self.path), "retention_days": self.retention_days})
         self._writer = asyncio.create_task(self._write_forever(), name="audit-writer")
 
@@ -203,6 +216,24 @@ class AuditLog:
                 with contextlib.suppress(sqlite3.OperationalError):
                     await db.execute(f"ALTER TABLE audit ADD COLUMN {column} {kind}")
 
+    async def _start_writer(self) -> None:
+        # A session of its own: a terminal's Ctrl-C or a signal to the router's group must not end it
+        # before the router's last batch; the EOF of its stdin does, even when the router is killed.
+        self._process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "router.audit_writer", str(self.path), INSERT,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, start_new_session=True)
+
+    async def _stop_writer(self) -> None:
+        """Close the writer's stdin and wait for it to exit (it has committed all it acknowledged)."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        assert process.stdin is not None
+        process.stdin.close()
+        with contextlib.suppress(ConnectionError):
+            await process.stdin.wait_closed()
+        await process.wait()
+
     async def stop(self) -> None:
         """Stop taking entries, let the writer finish its batch, write the rest, close."""
         self._closed = True
@@ -214,27 +245,42 @@ class AuditLog:
             try:
                 await self.flush()
             finally:
+                await self._stop_writer()
                 await self._db.close()
                 self._db = None
 
     async def flush(self) -> None:
-        """Write everything buffered so far, a batch per transaction; raises if the database does."""
+        """Write everything buffered so far, a batch per transaction; raises if the writer process fails
+        (the batches not acknowledged stay buffered, and a new writer is started for the next try)."""
         async with self._lock:
-            db = self._db
-            assert db is not None, "AuditLog.start() first"
+            assert self._db is not None, "AuditLog.start() first"
             taken, self._buffer = self._buffer, []
             for first in range(0, len(taken), self.batch_size):
                 batch = taken[first:first + self.batch_size]
                 try:
-                    await db.execute(_INSERT, (_batch_encoder.encode(batch).decode(),))
-                    await db.commit()
+                    await self._commit(_batch_encoder.encode(batch))
                 except Exception:
                     self._requeue(taken[first:])
-                    await db.rollback()
+                    await self._restart_writer()
                     raise
                 self.written += len(batch)
                 self.batches += 1
             self._report_drops()
+
+    async def _commit(self, batch: bytes) -> None:
+        """Hand one batch to the writer process and wait for its commit's acknowledgement."""
+        process = self._process
+        assert process is not None and process.stdin is not None and process.stdout is not None
+        process.stdin.write(FRAME.pack(len(batch)) + batch)
+        await process.stdin.drain()
+        await process.stdout.readexactly(FRAME.size)  # EOF instead: the writer died, its traceback on stderr
+
+    async def _restart_writer(self) -> None:
+        process = self._process
+        if process is not None and process.returncode is None:
+            process.kill()
+        await self._stop_writer()
+        await self._start_writer()
 
     async def prune(self, now: float | None = None) -> int:
         """Delete rows older than the retention period; returns how many went."""

@@ -1,0 +1,120 @@
+"""The audit trail's writer process: every call keeps its row, a killed router loses at most its unsent
+buffer (fewer than a batch), and a killed writer loses nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import sys
+import textwrap
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from conftest import wait_for
+from router.audit import AuditLog
+from router_support import StartMesh
+from test_audit import entry, rows_in
+
+CALLS = 10_000
+
+
+def request_ids(path: Path) -> list[str]:
+    with sqlite3.connect(path) as db:
+        return [row[0] for row in db.execute("SELECT request_id FROM audit")]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead too: its parent (this test's router child) is gone and init reaps it.
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def test_every_call_has_its_row_after_10000_calls(start_mesh: StartMesh, start_agent, http: aiohttp.ClientSession,
+                                                        tmp_path: Path) -> None:
+    mesh = await start_mesh(router_settings={"audit_path": tmp_path / "audit.db"})
+    await mesh.add(await start_agent("echo-1"), "echo")
+    pending = iter(range(CALLS))
+    statuses: list[int] = []
+
+    async def caller() -> None:
+        for n in pending:
+            async with http.post(f"{mesh.url}/atp", json={"capability": "echo", "payload": n,
+                                                          "request_id": f"call-{n}"}) as response:
+                await response.read()
+                statuses.append(response.status)
+
+    await asyncio.gather(*(caller() for _ in range(16)))
+    assert statuses == [200] * CALLS
+    await mesh.router_server.stop()  # writes what is still buffered
+    kept = request_ids(tmp_path / "audit.db")
+    assert len(kept) == CALLS and set(kept) == {f"call-{n}" for n in range(CALLS)}
+
+
+# A router process of its own: batches of 100 handed over only when full (the interval is an hour).
+# After 250 calls it has handed over two batches and still holds 50 rows when it is killed.
+ROUTER = textwrap.dedent("""
+    import asyncio, json, sys
+    from pathlib import Path
+    from router.audit import AuditLog
+    from test_audit import entry
+
+    async def main():
+        audit = AuditLog(Path(sys.argv[1]), 30.0, batch_size=100, flush_interval=3600.0)
+        await audit.start()
+        for n in range(1, 251):
+            audit.record(entry(n - 1))
+            while audit.written < n // 100 * 100:  # a full batch: wait for its commit before going on
+                await asyncio.sleep(0.001)
+        print(json.dumps({"writer": audit.writer_pid, "written": audit.written, "pending": audit.pending}),
+              flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+""")
+
+
+async def test_a_killed_router_loses_at_most_its_unsent_buffer(tmp_path: Path) -> None:
+    path = tmp_path / "audit.db"
+    tests = Path(__file__).parent
+    router = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", ROUTER, str(path), stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")])})
+    assert router.stdout is not None
+    state = json.loads(await asyncio.wait_for(router.stdout.readline(), 30))
+    assert (state["written"], state["pending"]) == (200, 50)
+    router.send_signal(signal.SIGKILL)
+    await router.wait()
+    # The writer sees its stdin close, has committed every batch it acknowledged, and exits.
+    await wait_for(lambda: not alive(state["writer"]), timeout=10, what="the writer to exit")
+    assert sorted(request_ids(path)) == sorted(f"req-{n}" for n in range(200))  # lost: 50 < batch_size
+
+
+async def test_a_killed_writer_loses_no_row(tmp_path: Path) -> None:
+    audit = AuditLog(tmp_path / "audit.db", 30.0, batch_size=10, flush_interval=3600.0)
+    await audit.start()
+    try:
+        for n in range(5):
+            audit.record(entry(n))
+        await audit.flush()
+        assert audit.writer_pid is not None
+        os.kill(audit.writer_pid, signal.SIGKILL)
+        await wait_for(lambda: not alive(audit.writer_pid), timeout=10, what="the writer to die")
+        for n in range(5, 25):
+            audit.record(entry(n))
+        with pytest.raises((asyncio.IncompleteReadError, ConnectionError)):
+            await audit.flush()  # the ack never comes: the batches stay buffered, a new writer is started
+        assert audit.pending == 20
+        await audit.flush()
+        assert sorted(request_ids(tmp_path / "audit.db")) == sorted(f"req-{n}" for n in range(25))
+        assert audit.written == rows_in(tmp_path / "audit.db") == 25
+    finally:
+        await audit.stop()
+
