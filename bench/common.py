@@ -93,16 +93,26 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def family(pid: int) -> list[int]:
+    """``pid`` and its descendants: a router's audit writer, `--workers`' workers and their writers."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [pid, *(member for child in children for member in family(int(child)))]
+
+
+def family_cpu_seconds(pid: int) -> float:
+    return sum(cpu_seconds(member) for member in family(pid))
+
+
 def wrk(url: str, script: str, connections: int, seconds: int, pid: int | None = None) -> WrkRun:
     """One closed-loop wrk run (one thread, --latency) driven by the Lua ``script``; with ``pid``,
-    also the CPU time that process spent during it."""
+    also the CPU time that process and its descendants spent during it."""
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as handle:
         handle.write(script)
     try:
-        before = cpu_seconds(pid) if pid is not None else 0.0
+        before = family_cpu_seconds(pid) if pid is not None else 0.0
         out = subprocess.run(["wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds}s", "--latency",
                               "-s", handle.name, url], capture_output=True, text=True, check=True).stdout
-        spent = cpu_seconds(pid) - before if pid is not None else None
+        spent = family_cpu_seconds(pid) - before if pid is not None else None
     finally:
         os.unlink(handle.name)
     non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)

@@ -3,8 +3,9 @@
 
 Each revision is checked out with `git worktree add` into a temporary directory (removed at the end,
 also after Ctrl-C or a failure) and runs its own registry and router (`--auth off --no-audit`, the
-"router" of bench/router_bench.py) from that tree, with this venv's interpreter and
-PYTHONPATH=<tree>:<tree>/sdk, so the revision's code shadows the venv's editable install. One echo
+"router" of bench/router_bench.py; with `--audit`, the audit trail on) from that tree, with this
+venv's interpreter and PYTHONPATH=<tree>:<tree>/sdk, so the revision's code shadows the venv's
+editable install. One echo
 agent and one bare proxy come from the current tree and serve every target.
 
 A comparison across revisions measured one after the other mostly measures the neighbours; here
@@ -94,8 +95,8 @@ async def wait_routable(url: str, body: bytes, timeout: float = 30) -> None:
             await asyncio.sleep(0.05)
 
 
-async def start_revision(tree: Path, data_dir: Path, echo_url: str,
-                         processes: list[subprocess.Popen], beats: list[asyncio.Task[None]]) -> Target:
+async def start_revision(tree: Path, data_dir: Path, echo_url: str, processes: list[subprocess.Popen],
+                         beats: list[asyncio.Task[None]], audit: bool) -> Target:
     """The revision's registry and router, the echo agent registered and kept alive; its target."""
     cli = command_module(tree)
     registry, router = free_port(), free_port()
@@ -103,7 +104,8 @@ async def start_revision(tree: Path, data_dir: Path, echo_url: str,
     processes.append(spawn_in(tree, "-m", cli, "registry", "--port", str(registry), "--data-dir", str(data_dir),
                               "--log-level", "warning", "--auth", "off"))
     router_process = spawn_in(tree, "-m", cli, "router", "--port", str(router), "--registry", registry_url,
-                              "--log-level", "warning", "--auth", "off", "--data-dir", str(data_dir), "--no-audit")
+                              "--log-level", "warning", "--auth", "off", "--data-dir", str(data_dir),
+                              *(() if audit else ("--no-audit",)))
     processes.append(router_process)
     await wait_http(f"{registry_url}/healthz")
     await wait_http(f"{router_url}/healthz")
@@ -135,7 +137,7 @@ async def measure(targets: dict[str, Target], rounds: int, seconds: int) -> dict
     return results
 
 
-async def bench(trees: dict[str, Path], rounds: int, seconds: int) -> dict[str, list[dict[str, Any]]]:
+async def bench(trees: dict[str, Path], rounds: int, seconds: int, audit: bool) -> dict[str, list[dict[str, Any]]]:
     echo, proxy = free_port(), free_port()
     echo_url = f"http://127.0.0.1:{echo}/echo"
     processes = [spawn(ROUTER_BENCH, "echo", "--port", str(echo))]
@@ -149,7 +151,7 @@ async def bench(trees: dict[str, Path], rounds: int, seconds: int) -> dict[str, 
             for rev, tree in trees.items():
                 data_dir = Path(scratch) / tree.name
                 data_dir.mkdir(mode=0o700)
-                targets[rev] = await start_revision(tree, data_dir, echo_url, processes, beats)
+                targets[rev] = await start_revision(tree, data_dir, echo_url, processes, beats, audit)
             await wait_routable(targets["proxy"].url, targets["proxy"].body)
             return await measure(targets, rounds, seconds)
         finally:
@@ -196,6 +198,8 @@ def main() -> None:
     parser.add_argument("--rev", action="append", required=True, help="a git revision to measure (repeat)")
     parser.add_argument("--rounds", type=int, default=5, help="alternating wrk rounds per target")
     parser.add_argument("--seconds", type=int, default=5, help="wrk duration per target and round")
+    parser.add_argument("--audit", action="store_true",
+                        help="routers keep their audit trail (default: --no-audit, routing alone)")
     parser.add_argument("--json", type=Path, default=RESULTS / "router_ab.json")
     args = parser.parse_args()
     if len(set(args.rev)) != len(args.rev) or "proxy" in args.rev:
@@ -206,13 +210,13 @@ def main() -> None:
     commits = {rev: git("rev-parse", "--short", f"{rev}^{{commit}}") for rev in args.rev}
     info = machine(load_before=load_average())
     with worktrees(commits) as trees:
-        rounds = asyncio.run(bench(trees, args.rounds, args.seconds))
+        rounds = asyncio.run(bench(trees, args.rounds, args.seconds, args.audit))
     info["load_after"] = load_average()
     summary = summarize(rounds)
     print_table(info, commits, summary)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"machine": info, "commits": commits, "settings": {
-        "rounds": args.rounds, "seconds": args.seconds, "wrk_connections": 64}, "summary": summary,
+        "rounds": args.rounds, "seconds": args.seconds, "wrk_connections": 64, "audit": args.audit}, "summary": summary,
         "rounds": rounds}, indent=2) + "\n")
     print(f"\nwrote {args.json.relative_to(ROOT) if args.json.is_relative_to(ROOT) else args.json}")
 

@@ -31,6 +31,7 @@ from common import (
     RESULTS,
     ROOT,
     cpu_seconds,
+    family,
     free_port,
     keep_alive,
     machine,
@@ -51,12 +52,6 @@ CONNECTIONS = 64
 class Target(NamedTuple):
     pid: int  # the `agentreach router` process: with workers, their parent
     url: str
-
-
-def family(pid: int) -> list[int]:
-    """``pid`` and its children (the workers, and multiprocessing's resource tracker, which idles)."""
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return [pid, *(int(child) for child in children)]
 
 
 def run_round(target: Target, body: bytes, seconds: int) -> dict[str, Any]:
