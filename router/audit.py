@@ -43,6 +43,8 @@ AuthMethod = Literal["api_key", "jwt"]
 DAY = 86_400.0
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
+# Entries buffered at most: past it calls are dropped and counted, never held up by the audit disk.
+MAX_BUFFER = 50_000
 # Codes that mean the caller was turned away before anything was forwarded.
 REFUSAL_CODES = frozenset({"UNAUTHENTICATED", "FORBIDDEN", "TRUST_LEVEL_INSUFFICIENT"})
 
@@ -148,7 +150,7 @@ class AuditLog:
     """A bounded buffer in front of a SQLite table, drained by one background task into a writer process."""
 
     def __init__(self, path: Path, retention_days: float, *, batch_size: int = 500, flush_interval: float = 0.5,
-                 max_buffer: int = 50_000, prune_interval: float = 600.0):
+                 max_buffer: int = MAX_BUFFER, prune_interval: float = 600.0):
         if retention_days <= 0:
             raise ValueError("retention_days must be positive")
         if not 1 <= batch_size <= max_buffer:

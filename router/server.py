@@ -64,6 +64,9 @@ class RouterServerSettings(msgspec.Struct, kw_only=True):
     # The audit trail's SQLite file; None keeps no audit trail.
     audit_path: Path | None = None
     audit_retention_days: float = 30.0
+    # Rows handed to the audit writer process at a time: a router killed outright loses fewer than this
+    # many (its unsent buffer) while the writer keeps up.
+    audit_batch_rows: int = 500
     # SO_REUSEPORT: one of `--workers N` router processes sharing one port.
     reuse_port: bool = False
 
@@ -130,7 +133,8 @@ class RouterServer:
             self.router.confirmations = confirmations
             self._tasks.append(asyncio.create_task(confirmations.run()))
         if self.settings.audit_path is not None:
-            self.audit = AuditLog(self.settings.audit_path, self.settings.audit_retention_days)
+            self.audit = AuditLog(self.settings.audit_path, self.settings.audit_retention_days,
+                                  batch_size=self.settings.audit_batch_rows)
             await self.audit.start()
             self.router.audit = self.audit
         if self.settings.auth:

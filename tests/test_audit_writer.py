@@ -15,6 +15,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from agentreach.cli import build_parser
+from agentreach.knobs import router_settings
 from conftest import wait_for
 from router.audit import AuditLog
 from router_support import StartMesh
@@ -118,3 +120,12 @@ async def test_a_killed_writer_loses_no_row(tmp_path: Path) -> None:
     finally:
         await audit.stop()
 
+
+
+async def test_the_batch_bound_is_the_routers_setting(start_mesh: StartMesh, tmp_path: Path) -> None:
+    args = build_parser().parse_args(["router", "--registry", "http://127.0.0.1:1", "--data-dir", str(tmp_path),
+                                      "--audit-batch-rows", "100"])
+    settings = router_settings(args, 0, args.registry)
+    assert settings.audit_batch_rows == 100
+    mesh = await start_mesh(router_settings={"audit_path": tmp_path / "audit.db", "audit_batch_rows": 100})
+    assert mesh.router_server.audit is not None and mesh.router_server.audit.batch_size == 100
