@@ -66,8 +66,8 @@ class ReachClient:
                  client_secret: str | None = None, direct_fallback: bool = False, registry_url: str | None = None,
                  registry_token: str | None = None, connect_timeout: float = 1.0):
         """``router_url``: one router, or several (a list or comma-separated) to fail over between when
-        one cannot be connected to. ``registry_token``: a registration token (an agent's own), for the
-        direct fallback's registry queries."""
+        nothing could be sent to one (see ``send``). ``registry_token``: a registration token (an agent's
+        own), for the direct fallback's registry queries."""
         if direct_fallback and not registry_url:
             raise ValueError("direct_fallback needs registry_url: that is where agents are found without the router")
         if (client_id is None) != (client_secret is None):
@@ -161,7 +161,8 @@ class ReachClient:
     async def send(self, frame: RequestFrame) -> Answer:
         """The raw answer to ``frame``; never raises for a failed call, only returns its frame.
 
-        Only a router that could not be connected to (nothing was sent) is left for the next one;
+        Only a router nothing was sent to (no connection, a kept-alive one found closed, no token from
+        it) is left for the next one;
         any other failure may have run the call, so it is answered, never sent again. A router that
         let the call time out without a word goes behind the others for the calls that follow."""
         timeout = _client_timeout(frame, self.connect_timeout)
