@@ -100,12 +100,12 @@ CREATE INDEX IF NOT EXISTS audit_caller ON audit (caller, time);
 CREATE INDEX IF NOT EXISTS audit_request_id ON audit (request_id);
 CREATE INDEX IF NOT EXISTS audit_trace_id ON audit (trace_id);
 """
-# A whole batch is one JSON array bound to one parameter and unpacked by SQLite itself: one
-# statement, one step. Row-by-row `executemany` cost the writer ~60 µs of CPU per row.
+# The writer process decodes a batch (one JSON array) and inserts it with `executemany`: in a process
+# of its own that takes no GIL from the loop, and costs less CPU than SQLite unpacking the array
+# itself (`INSERT ... SELECT json_extract(...) FROM json_each(?)`: ~11 against ~7 µs a row).
 # Columns added after the first release: a trail written before gains them (NULL in its old rows).
 ADDED_COLUMNS = (("rule", "TEXT"), ("chunks", "INTEGER"), ("chunk_bytes", "INTEGER"))
-_FROM_JSON = ", ".join(f"json_extract(value, '$.{column}')" for column in COLUMNS)
-INSERT = f"INSERT INTO audit ({', '.join(COLUMNS)}) SELECT {_FROM_JSON} FROM json_each(?)"
+INSERT = f"INSERT INTO audit ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
 _batch_encoder = msgspec.json.Encoder()
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM audit"
 
