@@ -3,8 +3,10 @@
     python bench/audit_bench.py [--entries N] [--json out.json]
 
 Request path: the payload's SHA-256 (1 KiB payload), entry_from_trace and AuditLog.record, each
-timed over N calls. Writes: N buffered entries flushed with one statement (a JSON array) and one commit per
+timed over N calls. Writes: N buffered entries flushed through the writer process, one commit per
 batch (synchronous=FULL, WAL), for a few batch sizes, into a SQLite file in the system temp dir.
+Steady: 40,000 entries recorded at 8,000/s, the CPU per row in the router's process and in the
+writer's, and the loop's lateness.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ import argparse
 import asyncio
 import hashlib
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
 
+from common import cpu_seconds, rank_at
 from router.audit import AuditLog, entry_from_trace
 from router.traces import AttemptTrace, CallTrace
 
@@ -71,6 +75,32 @@ async def writes(directory: Path, count: int, batch_size: int) -> dict[str, floa
             "entries_per_second": round(count / elapsed)}
 
 
+async def steady(directory: Path, count: int, rate: int) -> dict[str, float]:
+    """``count`` entries recorded at ``rate`` a second, 50 at a time (a loaded router's pace): the CPU
+    a row costs the router's process (recording, encoding, the pipe) and the writer process, and how
+    late the loop wakes for its timers meanwhile (what a call waits behind the audit trail)."""
+    entries = [entry_from_trace(call, "cl_1", "shop", "api_key", "ab" * 32) for call in traces(count)]
+    audit = AuditLog(directory / "steady.db", retention_days=30)
+    await audit.start()
+    assert audit.writer_pid is not None
+    writer_before, router_before = cpu_seconds(audit.writer_pid), cpu_seconds(os.getpid())
+    started, lateness = time.perf_counter(), []
+    for first in range(0, count, 50):
+        for entry in entries[first:first + 50]:
+            audit.record(entry)
+        due = started + (first + 50) / rate
+        now = time.perf_counter()
+        await asyncio.sleep(max(0.0, due - now))
+        lateness.append(time.perf_counter() - max(due, now))
+    await audit.flush()
+    router, writer = cpu_seconds(os.getpid()) - router_before, cpu_seconds(audit.writer_pid) - writer_before
+    await audit.stop()
+    lateness.sort()
+    return {"entries": count, "rate": rate, "router_process_us_per_row": round(router / count * 1e6, 2),
+            "writer_process_us_per_row": round(writer / count * 1e6, 2),
+            "loop_lateness_p99_ms": round(rank_at(lateness, 0.99) * 1e3, 3)}
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--entries", type=int, default=100_000)
@@ -79,7 +109,8 @@ async def main() -> None:
     with tempfile.TemporaryDirectory(prefix="audit-bench-") as scratch:
         directory = Path(scratch)
         result = {"request_path": await request_path(directory, args.entries),
-                  "writes": [await writes(directory, args.entries, size) for size in BATCH_SIZES]}
+                  "writes": [await writes(directory, args.entries, size) for size in BATCH_SIZES],
+                  "steady": await steady(directory, min(args.entries, 40_000), 8_000)}
     print(json.dumps(result, indent=2))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
