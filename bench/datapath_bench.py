@@ -12,7 +12,8 @@ In one run, against the same echo agent (bench/common.py's, its own process), fo
 Bodies of 1 KB and 32 B (the proxies get the payload, the routers a frame carrying the same payload).
 Maximum calls/s from wrk -c 64, rounds alternating the ways (order reversed every other round), the
 best round counting, with the CPU time the serving process spent per call; then p99 at one
-connection (wrk -c 1, the best of the rounds), where the audit trail's stalls would show. Ratios to
+connection (wrk -c 1, the best of the rounds), where the audit trail's stalls would show. With
+`--uvloop`, two more ways: the bare proxy and the default router on uvloop's event loop. Ratios to
 the bare proxy come from the same run. Results: tables on stdout, JSON in bench/results/datapath_bench.json.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import json
 import subprocess
 import sys
@@ -51,7 +53,25 @@ from registry.access import read_admin_key
 ROUTER_BENCH = str(Path(__file__).with_name("router_bench.py"))
 AUTH_BENCH = str(Path(__file__).with_name("auth_bench.py"))
 WAYS = ("nginx", "proxy", "default", "no_audit")
+# With --uvloop: the bare proxy and the default router on uvloop's event loop (the same code otherwise).
+UVLOOP_WAYS = ("proxy+uvloop", "default+uvloop")
+# `python -c UNDER_UVLOOP <script or -m module> args...`: that command line, run on uvloop.
+UNDER_UVLOOP = """
+import asyncio, os, runpy, sys, uvloop
+asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+if sys.argv[1] == "-m":
+    sys.argv = sys.argv[2:]
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+else:
+    sys.argv = sys.argv[1:]
+    sys.path.insert(0, os.path.dirname(sys.argv[0]))
+    runpy.run_path(sys.argv[0], run_name="__main__")
+"""
 SIZES = {"1k": 1024, "32b": 32}
+
+
+def is_router(way: str) -> bool:
+    return way.startswith(("default", "no_audit"))
 
 
 def payload(size: int) -> bytes:
@@ -100,27 +120,38 @@ def one_connection_p99(url: str, body: bytes, seconds: int, headers: dict[str, s
     return {"rps": run.rps, "p50_ms": run.latency_ms(50), "p99_ms": run.latency_ms(99)}
 
 
-async def alternate(measure: Any, rounds: int) -> dict[str, dict[str, list[dict[str, Any]]]]:
+async def alternate(measure: Any, ways: tuple[str, ...], rounds: int) -> dict[str, dict[str, list[dict[str, Any]]]]:
     """``measure(way, size)`` for every way and size, ``rounds`` times, the order reversed every other round."""
     loop = asyncio.get_running_loop()
-    results: dict[str, dict[str, list[dict[str, Any]]]] = {size: {way: [] for way in WAYS} for size in SIZES}
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {size: {way: [] for way in ways} for size in SIZES}
     for index in range(rounds):
         for size in SIZES:
-            for way in (WAYS if index % 2 == 0 else tuple(reversed(WAYS))):
+            for way in (ways if index % 2 == 0 else tuple(reversed(ways))):
                 result = await loop.run_in_executor(None, measure, way, size)
                 results[size][way].append(result)
-                print(f"  {size:>3} {way:>8} {json.dumps(result)}", file=sys.stderr)
+                print(f"  {size:>3} {way:>14} {json.dumps(result)}", file=sys.stderr)
     return results
 
 
-async def bench(args: argparse.Namespace) -> dict[str, Any]:
-    ports = {name: free_port() for name in ("echo", "registry", *WAYS)}
+def python_command(args: argparse.Namespace, way: str, port: int, echo: str, registry: str,
+                   data_dir: str) -> tuple[str, ...]:
+    """A Python way's command line (after the interpreter); a `+uvloop` way runs it on uvloop."""
+    plain = way.removesuffix("+uvloop")
+    if plain == "proxy":
+        line: tuple[str, ...] = (ROUTER_BENCH, "proxy", "--port", str(port), "--upstream", f"{echo}/echo")
+    else:
+        line = ("-m", "agentreach.cli", "router", "--port", str(port), "--registry", registry, "--data-dir",
+                data_dir, "--log-level", "warning", *(("--no-audit",) if plain == "no_audit" else ()),
+                *args.router_flag)
+    return ("-c", UNDER_UVLOOP, *line) if plain != way else line
+
+
+async def bench(args: argparse.Namespace, ways: tuple[str, ...]) -> dict[str, Any]:
+    ports = {name: free_port() for name in ("echo", "registry", *ways)}
     echo = f"http://127.0.0.1:{ports['echo']}"
     registry = f"http://127.0.0.1:{ports['registry']}"
-    urls = {"nginx": f"http://127.0.0.1:{ports['nginx']}/echo", "proxy": f"http://127.0.0.1:{ports['proxy']}/echo",
-            "default": f"http://127.0.0.1:{ports['default']}/atp",
-            "no_audit": f"http://127.0.0.1:{ports['no_audit']}/atp"}
-    bodies = {size: {way: frame(payload(n)) if way in ("default", "no_audit") else payload(n) for way in WAYS}
+    urls = {way: f"http://127.0.0.1:{ports[way]}/{'atp' if is_router(way) else 'echo'}" for way in ways}
+    bodies = {size: {way: frame(payload(n)) if is_router(way) else payload(n) for way in ways}
               for size, n in SIZES.items()}
     # nginx's files apart: the router warns of any file in its data dir that others may read.
     with tempfile.TemporaryDirectory() as scratch, tempfile.TemporaryDirectory() as nginx_dir:
@@ -131,27 +162,22 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         try:
             await wait_http(f"{echo}/healthz")
             await wait_http(f"{registry}/healthz")
-            servers = {"nginx": start_nginx(Path(nginx_dir), ports["nginx"], ports["echo"]),
-                       "proxy": spawn(ROUTER_BENCH, "proxy", "--port", str(ports["proxy"]), "--upstream",
-                                      f"{echo}/echo")}
-            for way, extra in (("default", ()), ("no_audit", ("--no-audit",))):
-                servers[way] = spawn("-m", "agentreach.cli", "router", "--port", str(ports[way]), "--registry",
-                                     registry, "--data-dir", scratch, "--log-level", "warning", *extra,
-                                     *args.router_flag)
+            servers = {"nginx": start_nginx(Path(nginx_dir), ports["nginx"], ports["echo"])}
+            servers |= {way: spawn(*python_command(args, way, ports[way], echo, registry, scratch))
+                        for way in ways if way != "nginx"}
             processes += servers.values()
             admin = {"X-API-Key": read_admin_key(data_dir) or ""}
             async with aiohttp.ClientSession() as session:
                 client, token = await enrol(session, registry, echo, admin)
                 beating = asyncio.create_task(keep_alive(registry, "echo-1", token))
-                headers = {way: {"X-API-Key": client["api_key"]} if way in ("default", "no_audit") else {}
-                           for way in WAYS}
-                for way in WAYS:
+                headers = {way: {"X-API-Key": client["api_key"]} if is_router(way) else {} for way in ways}
+                for way in ways:
                     await wait_answered(session, urls[way], bodies["1k"][way], headers[way])
                 throughput = await alternate(lambda way, size: wrk_max(
                     urls[way], bodies[size][way], args.wrk_seconds, servers[way].pid, headers=headers[way]),
-                    args.wrk_rounds)
+                    ways, args.wrk_rounds)
                 single = await alternate(lambda way, size: one_connection_p99(
-                    urls[way], bodies[size][way], args.wrk_seconds, headers[way]), args.wrk_rounds)
+                    urls[way], bodies[size][way], args.wrk_seconds, headers[way]), ways, args.wrk_rounds)
         finally:
             if beating is not None:
                 beating.cancel()
@@ -164,12 +190,13 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for size in SIZES:
         best = raw["throughput"][size]
+        ways = tuple(best)
         proxy = best["proxy"]["rps"]
-        single = {way: min(r["p99_ms"] for r in raw["one_connection"][size][way]) for way in WAYS}
+        single = {way: min(r["p99_ms"] for r in raw["one_connection"][size][way]) for way in ways}
         summary[size] = {
-            "max_calls_per_s": {way: best[way]["rps"] for way in WAYS},
-            "cpu_us_per_call": {way: best[way]["cpu_us_per_call"] for way in WAYS},
-            "vs_proxy": {way: best[way]["rps"] / proxy for way in WAYS},
+            "max_calls_per_s": {way: best[way]["rps"] for way in ways},
+            "cpu_us_per_call": {way: best[way]["cpu_us_per_call"] for way in ways},
+            "vs_proxy": {way: best[way]["rps"] / proxy for way in ways},
             "p99_ms_one_connection": single,
             "audit_cost_throughput": 1 - best["default"]["rps"] / best["no_audit"]["rps"],
             "audit_cost_p99_ms": single["default"] - single["no_audit"],
@@ -188,7 +215,7 @@ def print_table(info: dict[str, str], summary: dict[str, Any]) -> None:
         print(f"\n{size} bodies\n")
         print("| way | max calls/s (wrk -c 64, best round) | vs proxy | CPU per call | p99 at one connection |")
         print("|---|---:|---:|---:|---:|")
-        for way in WAYS:
+        for way in row["max_calls_per_s"]:
             print(f"| {way} | {row['max_calls_per_s'][way]:.0f} | {row['vs_proxy'][way]:.2f}x | "
                   f"{row['cpu_us_per_call'][way]:.0f} us | {row['p99_ms_one_connection'][way]:.2f} ms |")
         print(f"\naudit trail: {row['audit_cost_throughput']:+.1%} of throughput, "
@@ -208,17 +235,22 @@ def main() -> None:
     parser.add_argument("--wrk-rounds", type=int, default=3, help="alternating rounds (best counts)")
     parser.add_argument("--router-flag", action="append", default=[],
                         help="an extra flag for both routers (repeatable), e.g. --router-flag=--workers=2")
+    parser.add_argument("--uvloop", action="store_true",
+                        help="also the bare proxy and the default router on uvloop (pip install uvloop)")
     parser.add_argument("--json", type=Path, default=RESULTS / "datapath_bench.json")
     args = parser.parse_args()
     require("wrk", "nginx")
+    if args.uvloop and importlib.util.find_spec("uvloop") is None:
+        sys.exit("datapath_bench.py --uvloop needs uvloop: pip install uvloop")
     info = machine(load=load_average())
-    raw = asyncio.run(bench(args))
+    raw = asyncio.run(bench(args, WAYS + UVLOOP_WAYS if args.uvloop else WAYS))
     info["load_after"] = load_average()
     summary = summarize(raw)
     print_table(info, summary)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"machine": info, "settings": {
-        "wrk_seconds": args.wrk_seconds, "wrk_rounds": args.wrk_rounds, "router_flags": args.router_flag},
+        "wrk_seconds": args.wrk_seconds, "wrk_rounds": args.wrk_rounds, "router_flags": args.router_flag,
+        "uvloop": args.uvloop},
         "summary": summary, "raw": raw}, indent=2) + "\n")
     print(f"\nwrote {args.json.relative_to(ROOT) if args.json.is_relative_to(ROOT) else args.json}")
 
