@@ -8,6 +8,7 @@ import logging
 import aiohttp
 from agent_reach.exhaustion import Throttle, local_exhaustion
 
+from mesh.records import InstanceRecord
 from registry.cluster import Membership
 from registry.lifecycle import EvictionPlan, Status, plan_evictions, record_check
 from registry.service import Registry
@@ -17,6 +18,12 @@ from wal import WalUnavailable
 log = logging.getLogger("agentreach.registry.health")
 
 PROBE_CONCURRENCY = 64
+
+
+def never_beats(record: InstanceRecord) -> bool:
+    """An instance of A2A agents only: they send no heartbeats, so every sweep probes them (their health
+    URL is their card), and a passing probe is their heartbeat."""
+    return all(capability.protocol == "a2a" for capability in record.capabilities)
 
 
 class HealthChecker:
@@ -58,10 +65,12 @@ class HealthChecker:
         registry = self._registry
         grouped = registry.records_by_status(registry.clock())
         demoted = grouped[Status.DEMOTED]
-        results = await asyncio.gather(*(self._probe(record.health_url) for record in demoted))
+        probed = demoted + [record for status in (Status.PENDING, Status.HEALTHY) for record in grouped[status]
+                            if never_beats(record)]
+        results = await asyncio.gather(*(self._probe(record.health_url) for record in probed))
         now = registry.clock()
         self._report_unprobed(results.count(None))
-        for record, passed in zip(demoted, results, strict=True):
+        for record, passed in zip(probed, results, strict=True):
             liveness = registry.state.liveness.get(record.agent_id)
             if liveness is None or passed is None:
                 continue

@@ -34,6 +34,7 @@ from agent_reach.signing import sign
 from agent_reach.sse import CHUNK, ERROR, EVENT_STREAM, MESSAGE, RESPONSE, EventParser
 from yarl import URL
 
+from router.a2a.outbound import CardBook, CardError, Verdict, a2a_request, stream_step, verdict_of
 from router.streaming import Relay
 from router.timeouts import ResolvedTimeouts
 from router.tracecontext import CallSpan
@@ -166,7 +167,19 @@ def _classify_rest(status: int, body: bytes) -> AgentAnswer:
                        business_error=business, result=result)
 
 
-_PROTOCOLS = {"atp": (_atp_request, _classify_atp), "rest": (_rest_request, _classify_rest)}
+def _a2a_answer(verdict: Verdict) -> AgentAnswer:
+    business = None if verdict.business_code is None else BusinessError(code=verdict.business_code,
+                                                                         message=verdict.message)
+    return AgentAnswer(error_code=verdict.error_code, message=verdict.message, result=verdict.result,
+                       business_error=business)
+
+
+def _classify_a2a(status: int, body: bytes) -> AgentAnswer:
+    return _a2a_answer(verdict_of(body)) if 200 <= status < 300 else _failed_status(status)
+
+
+_PROTOCOLS = {"atp": (_atp_request, _classify_atp), "rest": (_rest_request, _classify_rest),
+              "a2a": (a2a_request, _classify_a2a)}
 
 
 class _AgentChunk(msgspec.Struct):
@@ -225,7 +238,7 @@ async def _relay_stream(response: aiohttp.ClientResponse, protocol: Protocol, re
         stream.arm(deadline)
         received = await response.content.readany()
         if not received:
-            if protocol == "atp":
+            if protocol != "rest":
                 return _malformed("the stream ended without a final event")
             return AgentAnswer(result=last)
         stream.size += len(received)
@@ -237,6 +250,13 @@ async def _relay_stream(response: aiohttp.ClientResponse, protocol: Protocol, re
         batch: list[msgspec.Raw] = []
         ended: AgentAnswer | None = None
         for event in parser.feed(received):
+            if protocol == "a2a":  # JSON-RPC answers as events: chunks in artifact updates, a final state
+                step = stream_step(event.name, event.data, batch[-1] if batch else last)
+                batch.extend(step.chunks)
+                if step.final is not None:
+                    ended = _a2a_answer(step.final)
+                    break
+                continue
             if event.name in (RESPONSE, ERROR):
                 ended = _final(protocol, event.name, event.data)
                 break
@@ -307,6 +327,7 @@ class Forwarder:
     def __init__(self, session: aiohttp.ClientSession, completion_url: str | None = None):
         self._session = session
         self.completion_url = completion_url
+        self.cards = CardBook(session)
 
     async def send(self, endpoint: str, protocol: Protocol, frame: RequestFrame, timeouts: ResolvedTimeouts,
                    signing_key: str | None = None, agent_id: str = "",
@@ -340,7 +361,9 @@ class Forwarder:
         try:
             async with asyncio.timeout_at(now + min(timeouts.first_byte_s, timeouts.total_s)) as deadline:
                 # Never followed: a redirect would send the call (and its signature) wherever the agent says.
-                response = await self._session.post(endpoint, data=body, headers=headers, timeout=client_timeout,
+                # An A2A agent's endpoint is its card, which names where it takes calls.
+                url = endpoint if protocol != "a2a" else await self.cards.rpc_url(endpoint, client_timeout)
+                response = await self._session.post(url, data=body, headers=headers, timeout=client_timeout,
                                                     allow_redirects=False)
                 stage = "body"
                 if first_byte_fires:
@@ -354,6 +377,8 @@ class Forwarder:
                     answer = classify(response.status, raw) if raw is not None else AgentAnswer(
                         error_code=ErrorCode.ANSWER_TOO_LARGE,
                         message=f"agent's answer exceeds the router's limit of {max_answer_bytes} bytes")
+        except CardError as exc:
+            answer = AgentAnswer(error_code=ErrorCode.AGENT_ERROR, sent=False, message=str(exc))
         except aiohttp.ConnectionTimeoutError:
             answer = AgentAnswer(error_code=ErrorCode.CONNECT_TIMEOUT, sent=False,
                                  message=f"no connection within {timeouts.connect_s * 1000:.0f} ms")
