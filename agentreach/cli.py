@@ -10,7 +10,7 @@ from pathlib import Path
 
 from agent_reach import logs
 
-from agentreach import admin, status
+from agentreach import a2a_cli, admin, status
 from agentreach.knobs import (
     NoAdminKey,
     add_admin_key,
@@ -94,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("data_dir", type=Path, help="the registry's data directory")
     admin.add_commands(commands)
     status.add_command(commands)
+    a2a_cli.add_command(commands)
     return parser
 
 
@@ -121,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         return admin.run(args, parser)
     if args.command == "status":
         return status.run(args, parser)
+    if args.command == "a2a":
+        return a2a_cli.run(args, parser)
     logs.configure(args.log_level)
     _tune_gc()
     _warn_if_auth_off(args)

@@ -52,13 +52,35 @@ class _Interface(msgspec.Struct, kw_only=True, rename="camel"):
     protocol_version: str = ""
 
 
-class _Card(msgspec.Struct, kw_only=True, rename="camel"):
+class Skill(msgspec.Struct, kw_only=True):
+    id: str = ""
+    name: str = ""
+    description: str = ""
+    examples: list[str] = []
+
+
+class AgentCardView(msgspec.Struct, kw_only=True, rename="camel"):
+    """What the mesh reads of an Agent Card (v1.0, or v0.3's ``url`` and ``preferredTransport``)."""
+
+    name: str = ""
+    description: str = ""
+    version: str = ""
+    skills: list[Skill] = []
     supported_interfaces: list[_Interface] = []
-    url: str | None = None  # v0.3
+    url: str | None = None
     preferred_transport: str = "JSONRPC"
 
 
-def jsonrpc_url(card: _Card) -> str:
+def read_card(body: bytes) -> AgentCardView:
+    try:
+        card = msgspec.json.decode(body, type=AgentCardView)
+    except msgspec.MsgspecError as exc:
+        raise CardError(f"the agent's card is not an A2A card: {exc}") from None
+    jsonrpc_url(card)
+    return card
+
+
+def jsonrpc_url(card: AgentCardView) -> str:
     """The card's JSON-RPC endpoint, v1.x first; http(s) only (the router posts calls there)."""
     interfaces = [i for i in card.supported_interfaces if i.protocol_binding == "JSONRPC"]
     interfaces.sort(key=lambda i: not i.protocol_version.startswith("1."))
@@ -69,6 +91,20 @@ def jsonrpc_url(card: _Card) -> str:
         if URL(url).scheme in ("http", "https") and URL(url).host:
             return url
     raise CardError("the agent's card names no http(s) JSON-RPC endpoint")
+
+
+async def fetch_card(session: aiohttp.ClientSession, card_url: str, timeout: aiohttp.ClientTimeout) -> AgentCardView:
+    """The card at ``card_url`` (never a redirect's: the router would post calls wherever it said),
+    read up to ``MAX_CARD_BYTES``."""
+    async with session.get(card_url, timeout=timeout, allow_redirects=False) as response:
+        if response.status != 200:
+            raise CardError(f"the agent's card answered HTTP {response.status}")
+        body = bytearray()
+        async for piece in response.content.iter_any():
+            body += piece
+            if len(body) > MAX_CARD_BYTES:
+                raise CardError(f"the agent's card exceeds {MAX_CARD_BYTES} bytes")
+    return read_card(bytes(body))
 
 
 class CardBook:
@@ -83,16 +119,7 @@ class CardBook:
         known = self._known.get(card_url)
         if known is not None and known[1] > now:
             return known[0]
-        async with self._session.get(card_url, timeout=timeout, allow_redirects=False) as response:
-            if response.status != 200:
-                raise CardError(f"the agent's card answered HTTP {response.status}")
-            if (response.content_length or 0) > MAX_CARD_BYTES:
-                raise CardError(f"the agent's card exceeds {MAX_CARD_BYTES} bytes")
-            body = await response.content.read(MAX_CARD_BYTES + 1)
-        try:
-            url = jsonrpc_url(msgspec.json.decode(body, type=_Card))
-        except msgspec.MsgspecError as exc:
-            raise CardError(f"the agent's card is not an A2A card: {exc}") from None
+        url = jsonrpc_url(await fetch_card(self._session, card_url, timeout))
         self._known[card_url] = (url, now + CARD_TTL_S)
         self._known.move_to_end(card_url)
         if len(self._known) > MAX_CARDS:
