@@ -104,6 +104,16 @@ async def test_streaming_sends_each_chunk_as_an_artifact_update_then_the_result(
     assert (trace["streamed"], trace["chunks"]) == (True, 3)
 
 
+async def test_streaming_an_answer_without_chunks_opens_working_then_completes(mesh, make_agent):
+    await echo_agent(mesh, make_agent)
+    async with a2a_client(f"{mesh.url}/a2a/text.echo", streaming=True) as client:
+        streamed = await events(client, message(text("once")))
+    assert [event.WhichOneof("payload") for event in streamed] == ["task", "artifact_update", "status_update"]
+    assert streamed[0].task.status.state == TaskState.TASK_STATE_WORKING and not streamed[0].task.artifacts
+    assert values(streamed[1].artifact_update.artifact.parts)[0]["echo"] == "once"
+    assert streamed[2].status_update.status.state == TaskState.TASK_STATE_COMPLETED
+
+
 async def test_tasks_get_and_cancel_reach_a_task_in_flight(mesh, make_agent):
     gate = asyncio.Event()
     left = await counting_agent(mesh, make_agent, gate)

@@ -24,7 +24,7 @@ from agent_reach.sse import EventWriter, on_disconnect
 from aiohttp import web
 
 from router.a2a.card import capability_card, catalog_card, skill_of
-from router.a2a.tasks import COMPLETED, REJECTED, TaskBook, TaskEntry
+from router.a2a.tasks import COMPLETED, REJECTED, WORKING, TaskBook, TaskEntry
 from router.a2a.translate import (
     RESULT_ARTIFACT,
     STREAM_ARTIFACT,
@@ -103,7 +103,8 @@ class TaskStream:
         return self.writer.started
 
     def opening(self) -> list[dict[str, Any]]:
-        return [] if self.started else [task_event(self.entry, self.dialect)]
+        """The task as it began, before any update (the stream tells its end after it)."""
+        return [] if self.started else [task_event(msgspec.structs.replace(self.entry, state=WORKING), self.dialect)]
 
     async def chunks(self, batch: list[msgspec.Raw]) -> None:
         events = self.opening() + [
