@@ -19,10 +19,14 @@ MODES = ["application/json", "text/plain"]
 CATALOG_NAME = "agentreach"
 
 
+def _order(offer: Offer) -> tuple[bool, Any, str]:
+    """Versions in semantic order; one that is no version orders below every version."""
+    parsed = parse_version(offer.version)
+    return parsed is not None, parsed or (), offer.version
+
+
 def _newest(offers: list[Offer]) -> Offer:
-    """The offer of the highest version (one that is no version orders below every version)."""
-    return max(offers, key=lambda offer: (0, (0, 0, 0, ()), offer.version) if (parsed := parse_version(
-        offer.version)) is None else (1, parsed, offer.version))
+    return max(offers, key=_order)
 
 
 def skill_of(name: str, offers: list[Offer]) -> dict[str, Any]:

@@ -269,7 +269,7 @@ def verdict_of(body: bytes) -> Verdict:
         if reply.error is not None:
             return _rpc_error(reply.error)
         result = _result(reply.result)
-    except msgspec.MsgspecError as exc:
+    except (msgspec.MsgspecError, RecursionError) as exc:  # an answer nested past any need is malformed too
         return _malformed(str(exc))
     if result.message is not None:
         return Verdict(result=_joined(result.message.parts))
@@ -289,7 +289,7 @@ def stream_step(name: str, data: bytes, last: msgspec.Raw) -> StreamStep:
         if reply.error is not None:
             return StreamStep([], _rpc_error(reply.error))
         result = _result(reply.result)
-    except msgspec.MsgspecError as exc:
+    except (msgspec.MsgspecError, RecursionError) as exc:
         return StreamStep([], _malformed(f"an event is not A2A ({exc})"))
     if name == "error":
         return StreamStep([], _malformed("an error event without a JSON-RPC error"))
