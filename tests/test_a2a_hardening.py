@@ -1,12 +1,14 @@
 """A2A attacked: an A2A agent answering JSON nested past any need is that agent's malformed answer (never the
 router's failure), a card's version is the newest instance's in semantic order, and a message to the
-catalog that names no capability is refused without reaching anything."""
+catalog that names no capability is refused without reaching anything, and the tasks kept stay within bounds."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from aiohttp import web
 
+from router.a2a.tasks import TaskBook, TaskEntry
 from router_support import capability
 
 NESTED = b"[" * 100_000 + b"]" * 100_000
@@ -60,3 +62,30 @@ async def test_a_catalog_message_naming_no_capability_is_refused(mesh, http, sta
         error = (await answer.json())["error"]
     assert (answer.status, error["code"], error["data"][0]["reason"]) == (200, -32602, "INVALID_FRAME")
     assert "capability is required" in error["message"]
+
+
+def finished(book: TaskBook, task_id: str, result: bytes = b"1") -> TaskEntry:
+    entry = book.open(TaskEntry(id=task_id, context_id="c", capability="cap", owner="client-1"))
+    entry.result = msgspec.Raw(result)
+    book.finish(entry)
+    return entry
+
+
+def test_finished_tasks_are_kept_within_their_count_and_bytes_and_only_for_their_owner():
+    book = TaskBook(max_tasks=2, max_result_bytes=10)
+    for task_id in ("t1", "t2", "t3"):
+        finished(book, task_id)
+    assert [book.find(task_id, "client-1") is not None for task_id in ("t1", "t2", "t3")] == [False, True, True]
+    assert book.find("t3", "client-2") is None and book.find("t3", None) is None
+    finished(book, "big", b"x" * 9)  # 1 + 9 bytes fit; t2's go with the oldest
+    assert [book.find(task_id, "client-1") is not None for task_id in ("t2", "t3", "big")] == [False, True, True]
+    working = book.open(TaskEntry(id="live", context_id="c", capability="cap", owner="client-1"))
+    for n in range(5):
+        finished(book, f"more-{n}")
+    assert book.find("live", "client-1") is working  # a task in flight is never dropped
+
+
+def test_finished_tasks_go_once_kept_long_enough():
+    book = TaskBook(keep_s=0.0)
+    finished(book, "t1")
+    assert book.find("t1", "client-1") is None
