@@ -226,8 +226,7 @@ class A2AEndpoint:
             raise RpcError(TASK_NOT_CANCELABLE, f"Task {entry.id!r} has ended ({entry.state})",
                            metadata={"field": "params.id"})
         call = entry.call
-        cancelled(entry)
-        self.tasks.finish(entry)
+        self._end_cancelled(entry, "cancelled by tasks/cancel")
         call.cancel()
         log.info("a2a task cancelled", extra={"request_id": entry.id, "capability": entry.capability})
 
@@ -242,18 +241,21 @@ class A2AEndpoint:
                           owner=_owner(caller))
         return checked, self.tasks.open(entry)
 
+    def _end_cancelled(self, entry: TaskEntry, why: str) -> None:
+        if not entry.final:
+            cancelled(entry, why)
+            self.tasks.finish(entry)
+
     async def _settle(self, entry: TaskEntry, call: asyncio.Future[CallResult]) -> CallResult | None:
         """The call's outcome, recorded in the task; None when it was cancelled (tasks/cancel, the caller gone)."""
         try:
             await asyncio.wait((call,))  # a cancelled call does not raise here; this handler's cancellation does
         except asyncio.CancelledError:
             call.cancel()
+            self._end_cancelled(entry, "the router stopped")  # never left working for ever
             raise
         if call.cancelled():
-            if not entry.final:
-                cancelled(entry)
-                entry.error_message = "the caller left"
-                self.tasks.finish(entry)
+            self._end_cancelled(entry, "the caller left")
             return None
         if entry.final:
             return None  # cancelled as it ended: the task stays as tasks/cancel answered it

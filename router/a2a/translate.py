@@ -203,6 +203,6 @@ def settle(entry: TaskEntry, frame: Any, route: Any) -> None:
     entry.context_update = frame.context_update
 
 
-def cancelled(entry: TaskEntry) -> None:
+def cancelled(entry: TaskEntry, why: str) -> None:
     entry.state = CANCELED
-    entry.error_message = "cancelled by tasks/cancel"
+    entry.error_message = why
