@@ -172,6 +172,7 @@ class AuditLog:
         self._wake = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
         self._closed = False
+        self._stopping = asyncio.Event()  # ends a failed write's back-off at once
 
     @property
     def pending(self) -> int:
@@ -240,16 +241,25 @@ class AuditLog:
         """Stop taking entries, let the writer finish its batch, write the rest, close."""
         self._closed = True
         self._wake.set()
+        self._stopping.set()
         if self._writer is not None:
             await self._writer
             self._writer = None
         if self._db is not None:
             try:
-                await self.flush()
+                await self._last_flush()
             finally:
                 await self._stop_writer()
                 await self._db.close()
                 self._db = None
+
+    async def _last_flush(self) -> None:
+        """Flush; once more if the writer had died (the failed flush started a new one and kept the rows)."""
+        try:
+            await self.flush()
+        except Exception:
+            log.warning("audit write failed at stop; retrying with a new writer", exc_info=True)
+            await self.flush()
 
     async def flush(self) -> None:
         """Write everything buffered so far, a batch per transaction; raises if the writer process fails
@@ -336,4 +346,5 @@ class AuditLog:
                     await self.prune()
             except Exception:
                 log.exception("audit write failed; retrying", extra={"pending": len(self._buffer)})
-                await asyncio.sleep(self.flush_interval)  # back off: the wake event may already be set again
+                with contextlib.suppress(TimeoutError):  # back off (the wake event may be set again), not past stop()
+                    await asyncio.wait_for(self._stopping.wait(), self.flush_interval)

@@ -129,3 +129,16 @@ async def test_the_batch_bound_is_the_routers_setting(start_mesh: StartMesh, tmp
     assert settings.audit_batch_rows == 100
     mesh = await start_mesh(router_settings={"audit_path": tmp_path / "audit.db", "audit_batch_rows": 100})
     assert mesh.router_server.audit is not None and mesh.router_server.audit.batch_size == 100
+
+
+async def test_a_writer_killed_before_stop_loses_no_row_and_stop_does_not_wait_out_the_interval(
+        tmp_path: Path) -> None:
+    audit = AuditLog(tmp_path / "audit.db", 30.0, batch_size=10, flush_interval=3600.0)
+    await audit.start()
+    assert audit.writer_pid is not None
+    os.kill(audit.writer_pid, signal.SIGKILL)
+    await wait_for(lambda: not alive(audit.writer_pid), timeout=10, what="the writer to die")
+    for n in range(5):
+        audit.record(entry(n))
+    await asyncio.wait_for(audit.stop(), 30)  # not the hour of the interval: the failed write is retried at once
+    assert sorted(request_ids(tmp_path / "audit.db")) == [f"req-{n}" for n in range(5)]
