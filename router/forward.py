@@ -34,7 +34,7 @@ from agent_reach.signing import sign
 from agent_reach.sse import CHUNK, ERROR, EVENT_STREAM, MESSAGE, RESPONSE, EventParser
 from yarl import URL
 
-from router.a2a.outbound import CardBook, CardError, Verdict, a2a_request, stream_step, verdict_of
+from router.a2a.outbound import A2AAgents, CardError, Verdict, a2a_request, stream_step, verdict_of
 from router.streaming import Relay
 from router.timeouts import ResolvedTimeouts
 from router.tracecontext import CallSpan
@@ -216,6 +216,7 @@ class _Stream:
         self.idle_armed = False
         self.size = 0
         self.chunks = 0
+        self.agent_task = ""  # an A2A agent's task, cancelled there when the call ends before the stream
 
     def arm(self, deadline: asyncio.Timeout) -> None:
         """The next read may wait until the idle deadline or the total's, whichever is first."""
@@ -252,6 +253,7 @@ async def _relay_stream(response: aiohttp.ClientResponse, protocol: Protocol, re
         for event in parser.feed(received):
             if protocol == "a2a":  # JSON-RPC answers as events: chunks in artifact updates, a final state
                 step = stream_step(event.name, event.data, batch[-1] if batch else last)
+                stream.agent_task = step.task_id or stream.agent_task
                 batch.extend(step.chunks)
                 if step.final is not None:
                     ended = _a2a_answer(step.final)
@@ -327,7 +329,7 @@ class Forwarder:
     def __init__(self, session: aiohttp.ClientSession, completion_url: str | None = None):
         self._session = session
         self.completion_url = completion_url
-        self.cards = CardBook(session)
+        self.a2a = A2AAgents(session)
 
     async def send(self, endpoint: str, protocol: Protocol, frame: RequestFrame, timeouts: ResolvedTimeouts,
                    signing_key: str | None = None, agent_id: str = "",
@@ -362,7 +364,7 @@ class Forwarder:
             async with asyncio.timeout_at(now + min(timeouts.first_byte_s, timeouts.total_s)) as deadline:
                 # Never followed: a redirect would send the call (and its signature) wherever the agent says.
                 # An A2A agent's endpoint is its card, which names where it takes calls.
-                url = endpoint if protocol != "a2a" else await self.cards.rpc_url(endpoint, client_timeout)
+                url = endpoint if protocol != "a2a" else await self.a2a.rpc_url(endpoint, client_timeout)
                 response = await self._session.post(url, data=body, headers=headers, timeout=client_timeout,
                                                     allow_redirects=False)
                 stage = "body"
@@ -403,8 +405,7 @@ class Forwarder:
         answer.chunks = stream.chunks
         return answer
 
-    @staticmethod
-    async def _stream(response: aiohttp.ClientResponse, protocol: Protocol, relay: Relay, stream: _Stream,
+    async def _stream(self, response: aiohttp.ClientResponse, protocol: Protocol, relay: Relay, stream: _Stream,
                       deadline: asyncio.Timeout) -> AgentAnswer:
         """A streamed answer; the connection is closed, never reused, when the call ends before its final
         event (a timeout, the caller gone, the cap): that is what stops the agent's work."""
@@ -412,6 +413,8 @@ class Forwarder:
             answer = await _relay_stream(response, protocol, relay, stream, deadline)
         except BaseException:
             response.close()
+            if stream.agent_task:
+                self.a2a.cancel(str(response.url), stream.agent_task)
             raise
         response.release()  # closes the connection too unless the stream was read to its end
         return answer

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
@@ -79,11 +80,12 @@ def values(parts: Any) -> list[Any]:
 
 class ScriptedExecutor(AgentExecutor):
     """An a2a-sdk agent whose first part says what to do: ``{"count": n}`` streams n artifact updates,
-    ``"fail"`` fails, ``"ask"`` asks for input, anything else is echoed. ``seen`` keeps each request's
-    values and metadata."""
+    ``"fail"`` fails, ``"ask"`` asks for input, ``"hold"`` sends one chunk and works until cancelled, anything
+    else is echoed. ``seen`` keeps each request's values and metadata; ``cancelled`` is set by a cancellation."""
 
     def __init__(self) -> None:
         self.seen: list[tuple[list[Any], dict[str, Any]]] = []
+        self.cancelled = asyncio.Event()
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         assert context.message is not None and context.task_id and context.context_id
@@ -100,12 +102,19 @@ class ScriptedExecutor(AgentExecutor):
             await updater.failed(updater.new_agent_message([text("it broke")]))
         elif command == "ask":
             await updater.requires_input(updater.new_agent_message([text("which one?")]))
+        elif command == "hold":
+            await updater.add_artifact([text("started")], artifact_id="progress")
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.cancelled.set()
+                raise
         else:
             await updater.add_artifact([text(f"echo: {command}")], artifact_id="answer")
             await updater.complete()
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
-        raise AssertionError("the mesh does not cancel A2A tasks")
+        self.cancelled.set()
 
 
 def a2a_app(executor: AgentExecutor, port: int, name: str = "scripted") -> Starlette:

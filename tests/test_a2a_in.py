@@ -4,6 +4,8 @@ JSON-RPC errors come back as ATP codes."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from agent_reach import ReachClient, ReachError
 from agent_reach.sse import ChunkFrame
@@ -80,6 +82,15 @@ async def test_task_states_become_atp_codes(a2a_mesh, command, status, code, bus
         assert answer.body["business_error"]["code"] == business
     assert "it broke" in answer.body["error_message"] if command == "fail" else "which one?" in \
         answer.body["error_message"]
+
+
+async def test_a_caller_leaving_a_stream_cancels_the_agents_task(a2a_mesh, http):
+    """The a2a-sdk's server works on when its reader leaves: the router sends CancelTask."""
+    mesh, executor, _ = a2a_mesh
+    async with http.post(f"{mesh.url}/atp", json={"capability": "scripted", "payload": "hold", "stream": True}) \
+            as answer:
+        assert b"started" in await answer.content.readuntil(b"\n\n")
+    await asyncio.wait_for(executor.cancelled.wait(), 1)
 
 
 async def test_the_registry_checks_the_agent_through_its_card(a2a_mesh):

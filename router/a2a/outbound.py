@@ -9,6 +9,8 @@ turn bytes into a ``Verdict``; router/forward.py makes it an AgentAnswer and own
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections import OrderedDict
 from typing import Any, NamedTuple
@@ -25,6 +27,8 @@ PROTOCOL_VERSION = "1.0"
 CARD_TTL_S = 60.0
 MAX_CARDS = 4096
 MAX_CARD_BYTES = 256 * 1024
+CANCEL_TIMEOUT = aiohttp.ClientTimeout(total=5)
+log = logging.getLogger("agentreach.router.a2a")
 _encoder = msgspec.json.Encoder()
 
 
@@ -40,6 +44,7 @@ class Verdict(NamedTuple):
 class StreamStep(NamedTuple):
     chunks: list[msgspec.Raw]
     final: Verdict | None
+    task_id: str = ""  # the agent's task, once an event names it: what to cancel if the mesh gives up
 
 
 class CardError(Exception):
@@ -107,12 +112,14 @@ async def fetch_card(session: aiohttp.ClientSession, card_url: str, timeout: aio
     return read_card(bytes(body))
 
 
-class CardBook:
-    """Each A2A agent's JSON-RPC endpoint, read from its card and kept ``CARD_TTL_S`` seconds."""
+class A2AAgents:
+    """The router's dealings with A2A agents beside the call itself: each one's JSON-RPC endpoint, read
+    from its card and kept ``CARD_TTL_S`` seconds, and cancelling the tasks of calls the mesh gave up on."""
 
     def __init__(self, session: aiohttp.ClientSession):
         self._session = session
         self._known: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._cancelling: set[asyncio.Future[None]] = set()
 
     async def rpc_url(self, card_url: str, timeout: aiohttp.ClientTimeout) -> str:
         now = time.monotonic()
@@ -125,6 +132,24 @@ class CardBook:
         if len(self._known) > MAX_CARDS:
             self._known.popitem(last=False)
         return url
+
+    def cancel(self, rpc_url: str, task_id: str) -> None:
+        """CancelTask, sent after the call ended: an A2A agent works on when its stream's reader leaves
+        (the a2a-sdk's server does), so closing the connection alone would leave it working for nobody."""
+        sending = asyncio.ensure_future(self._cancel(rpc_url, task_id))
+        self._cancelling.add(sending)
+        sending.add_done_callback(self._cancelling.discard)
+
+    async def _cancel(self, rpc_url: str, task_id: str) -> None:
+        body = _encoder.encode({"jsonrpc": "2.0", "id": task_id, "method": "CancelTask", "params": {"id": task_id}})
+        headers = {"Content-Type": "application/json", VERSION_HEADER: PROTOCOL_VERSION}
+        try:
+            async with self._session.post(rpc_url, data=body, headers=headers, timeout=CANCEL_TIMEOUT,
+                                          allow_redirects=False) as response:
+                log.info("a2a task cancelled at the agent", extra={"task_id": task_id, "status": response.status})
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("a2a task could not be cancelled at the agent", extra={"task_id": task_id,
+                                                                               "error": str(exc)})
 
 
 def _part(value: Any) -> dict[str, Any]:
@@ -158,15 +183,18 @@ class _Status(msgspec.Struct, kw_only=True):
 
 
 class _Task(msgspec.Struct, kw_only=True):
+    id: str = ""
     status: _Status = msgspec.field(default_factory=_Status)
     artifacts: list[_Artifact] = []
 
 
-class _StatusUpdate(msgspec.Struct, kw_only=True):
+class _StatusUpdate(msgspec.Struct, kw_only=True, rename="camel"):
+    task_id: str = ""
     status: _Status = msgspec.field(default_factory=_Status)
 
 
-class _ArtifactUpdate(msgspec.Struct, kw_only=True):
+class _ArtifactUpdate(msgspec.Struct, kw_only=True, rename="camel"):
+    task_id: str = ""
     artifact: _Artifact = msgspec.field(default_factory=_Artifact)
 
 
@@ -281,8 +309,15 @@ def verdict_of(body: bytes) -> Verdict:
                             message=f"the A2A agent answered before its task ended ({state_of(task.status.state)})")
 
 
+def _task_id(result: _Result) -> str:
+    for event in (result.task, result.status_update, result.artifact_update):
+        if event is not None:
+            return event.id if isinstance(event, _Task) else event.task_id
+    return ""
+
+
 def stream_step(name: str, data: bytes, last: msgspec.Raw) -> StreamStep:
-    """One event of an A2A stream: the chunks it carries, and the verdict when it ends the stream.
+    """One event of an A2A stream: the chunks it carries, the verdict when it ends the stream, the task.
     ``last`` is the last chunk so far, the result of a task that completes without an artifact then."""
     try:
         reply = _reply_decoder.decode(data)
@@ -293,6 +328,10 @@ def stream_step(name: str, data: bytes, last: msgspec.Raw) -> StreamStep:
         return StreamStep([], _malformed(f"an event is not A2A ({exc})"))
     if name == "error":
         return StreamStep([], _malformed("an error event without a JSON-RPC error"))
+    return _step(result, last)._replace(task_id=_task_id(result))
+
+
+def _step(result: _Result, last: msgspec.Raw) -> StreamStep:
     if result.artifact_update is not None:
         return StreamStep(_values(result.artifact_update.artifact.parts), None)
     if result.message is not None:
