@@ -109,7 +109,7 @@ async def test_a_router_that_stops_gives_its_share_back_and_the_shares_are_shown
     hub = first.registry.hub
     assert hub is not None
     ids = {first.router.mirror.router_id, second.router.mirror.router_id}
-    assert hub.local_routers() == ids and hub.routers() == dict.fromkeys(ids, "local")
+    assert hub.local_routers() == ids and hub.routers() == dict.fromkeys(ids, hub.node_id)
     health, gauges = await router_status(second)
     assert health["router_id"] == second.router.mirror.router_id
     assert (health["routers"], health["limit_share"]) == (2, 0.5)
@@ -154,7 +154,7 @@ async def test_the_feed_announces_routers_to_routers_as_they_follow_and_leave(re
             assert await read_event(second) == await read_event(first) == Routers(routers=["r-1", "r-2"])
             # Routers following another registry node, as the node-to-node channel reports them.
             hub.set_peer_routers("node-2", frozenset({"r-9", "r-1"}))
-            assert hub.routers() == {"r-1": "local", "r-2": "local", "r-9": "node-2"}
+            assert hub.routers() == {"r-1": hub.node_id, "r-2": hub.node_id, "r-9": "node-2"}
             assert await next_routers(first) == ["r-1", "r-2", "r-9"]
             hub.set_peer_routers("node-2", frozenset({"r-9", "r-1"}))  # no change: nothing published
             hub.forget_peer("node-2")
