@@ -51,6 +51,8 @@ def build_record(request: RegisterRequest, now: float, token_id: str | None = No
         capabilities.append(msgspec.structs.replace(capability, endpoint=str(endpoint)))
     if request.health_url is not None:
         health_url = str(_resolve_endpoint(request.health_url, base, "health_url"))
+    elif capabilities[0].protocol == "a2a":
+        health_url = capabilities[0].endpoint  # an A2A agent is probed through its card
     else:
         health_url = str(URL(capabilities[0].endpoint).origin().with_path("/healthz"))
     return InstanceRecord(
