@@ -5,8 +5,8 @@ keeps who called (client and how it authenticated), what it asked for, which ins
 how it ended, and the payload's size and SHA-256 digest — never the payload itself.
 
 ``record()`` only appends to a bounded in-memory buffer; a background task hands the buffer, a batch
-(one JSON array) at a time, to a writer process (router/audit_writer.py) that inserts it with one
-statement and one commit, and acknowledges it. SQLite's work thus never runs in the router's process.
+(one JSON array) at a time, to a writer process (router/audit_writer.py) that inserts it in one
+transaction and acknowledges the commit. SQLite's work thus never runs in the router's process.
 Retention deletes (at start and every ``prune_interval``) and queries run on the router's own aiosqlite
 connection: rare, and readers never wait for the writer in WAL mode.
 
@@ -271,7 +271,7 @@ class AuditLog:
                 batch = taken[first:first + self.batch_size]
                 try:
                     await self._commit(_batch_encoder.encode(batch))
-                except Exception:
+                except BaseException:  # cancelled too: an ack left unread would answer the next batch
                     self._requeue(taken[first:])
                     await self._restart_writer()
                     raise

@@ -142,3 +142,25 @@ async def test_a_writer_killed_before_stop_loses_no_row_and_stop_does_not_wait_o
         audit.record(entry(n))
     await asyncio.wait_for(audit.stop(), 30)  # not the hour of the interval: the failed write is retried at once
     assert sorted(request_ids(tmp_path / "audit.db")) == [f"req-{n}" for n in range(5)]
+
+
+async def test_a_flush_cancelled_while_waiting_for_its_ack_keeps_the_acks_in_step(tmp_path: Path) -> None:
+    audit = AuditLog(tmp_path / "audit.db", 30.0, batch_size=10, flush_interval=3600.0)
+    await audit.start()
+    try:
+        assert audit.writer_pid is not None
+        os.kill(audit.writer_pid, signal.SIGSTOP)  # the writer takes the batch but cannot answer yet
+        for n in range(5):
+            audit.record(entry(n))
+        flushing = asyncio.ensure_future(audit.flush())
+        await wait_for(lambda: audit.pending == 0, timeout=10, what="the batch handed over")
+        flushing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await flushing
+        # The batch is kept; the next flush (a new writer) writes it and waits for its own commit.
+        assert audit.pending == 5
+        audit.record(entry(5))
+        await asyncio.wait_for(audit.flush(), 30)  # before: it took the stale ack's place, or waited forever
+        assert set(request_ids(tmp_path / "audit.db")) == {f"req-{n}" for n in range(6)}
+    finally:
+        await audit.stop()
