@@ -4,6 +4,7 @@ buffer (fewer than a batch), and a killed writer loses nothing."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -147,9 +148,10 @@ async def test_a_writer_killed_before_stop_loses_no_row_and_stop_does_not_wait_o
 async def test_a_flush_cancelled_while_waiting_for_its_ack_keeps_the_acks_in_step(tmp_path: Path) -> None:
     audit = AuditLog(tmp_path / "audit.db", 30.0, batch_size=10, flush_interval=3600.0)
     await audit.start()
+    stopped = audit.writer_pid
+    assert stopped is not None
     try:
-        assert audit.writer_pid is not None
-        os.kill(audit.writer_pid, signal.SIGSTOP)  # the writer takes the batch but cannot answer yet
+        os.kill(stopped, signal.SIGSTOP)  # the writer takes the batch but cannot answer yet
         for n in range(5):
             audit.record(entry(n))
         flushing = asyncio.ensure_future(audit.flush())
@@ -163,4 +165,6 @@ async def test_a_flush_cancelled_while_waiting_for_its_ack_keeps_the_acks_in_ste
         await asyncio.wait_for(audit.flush(), 30)  # before: it took the stale ack's place, or waited forever
         assert set(request_ids(tmp_path / "audit.db")) == {f"req-{n}" for n in range(6)}
     finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stopped, signal.SIGCONT)  # a failing run's teardown must not wait on it
         await audit.stop()
