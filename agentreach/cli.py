@@ -10,7 +10,7 @@ from pathlib import Path
 
 from agent_reach import logs
 
-from agentreach import a2a_cli, admin, status
+from agentreach import a2a_cli, admin, demo, status
 from agentreach.knobs import (
     NoAdminKey,
     add_admin_key,
@@ -95,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     admin.add_commands(commands)
     status.add_command(commands)
     a2a_cli.add_command(commands)
+    demo.add_command(commands)
     return parser
 
 
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in ("up", "router"):
             check_router_knobs(args, parser)
         return serve(args, parser)
-    except NoAdminKey as exc:
+    except (NoAdminKey, admin.CommandFailed) as exc:  # CommandFailed: the demo's admin API calls
         print(f"agentreach: {exc}", file=sys.stderr)
         return 2
 

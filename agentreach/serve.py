@@ -11,7 +11,7 @@ from functools import partial
 from multiprocessing.connection import Connection
 from typing import Protocol, TypeVar
 
-from agentreach.demo import DemoAgents, demo_credentials
+from agentreach.demo import DemoAgents, demo_credentials, started_from
 from agentreach.knobs import console_settings, registry_settings, required_admin_key, router_settings
 from agentreach.workers import SupervisorLink, WorkerFailed, WorkerPool, check_port_free, worker_settings
 from auth.kek import SecretsKeyError
@@ -138,6 +138,8 @@ def serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run the part (or, for `up`, every part) the parsed command names until it is signalled."""
     if args.command == "up":
         return _up(args, parser)
+    if args.command == "demo":
+        return _run(partial(started_from, args))
     if args.command == "console":
         return _run(_started(ConsoleServer(console_settings(args, args.port, args.registry, args.router))))
     if args.command == "router" and args.workers > 1:

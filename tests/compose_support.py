@@ -12,10 +12,12 @@ written, translated the same way, until they pass.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -45,14 +47,31 @@ def entrypoint() -> list[str]:
     return words
 
 
+def local_ports(exposed: list[int]) -> dict[int, int]:
+    """Free loopback ports for a service's exposed ones, keeping their offsets: a service told to use
+    P, P+1 and P+2 (the demo agents) finds them consecutive here too."""
+    if not exposed:
+        return {}
+    low, span = min(exposed), max(exposed) - min(exposed) + 1
+    while True:
+        base = free_port()
+        with contextlib.ExitStack() as held:
+            try:
+                for offset in range(1, span):
+                    held.enter_context(socket.create_server(("127.0.0.1", base + offset)))
+            except OSError:
+                continue
+        return {port: base + port - low for port in exposed}
+
+
 class LocalMesh:
     """The services of a resolved compose file, run as local processes under ``base``."""
 
     def __init__(self, config: dict[str, Any], base: Path):
         self.services: dict[str, dict[str, Any]] = config["services"]
         self.base = base
-        self.ports = {(name, int(port)): free_port()
-                      for name, service in self.services.items() for port in service.get("expose", [])}
+        self.ports = {(name, port): local for name, service in self.services.items()
+                      for port, local in local_ports([int(port) for port in service.get("expose", [])]).items()}
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.healthy: set[str] = set()
 
@@ -86,6 +105,8 @@ class LocalMesh:
         localised = [self.localise(service, word) for word in words[1:]]
         for i, word in enumerate(localised[:-1]):  # `--host 0.0.0.0` and `--port N` as separate words
             if word == "--host" and localised[i + 1] == "0.0.0.0":
+                localised[i + 1] = "127.0.0.1"
+            elif word == "--advertise-host" and localised[i + 1] in self.services:
                 localised[i + 1] = "127.0.0.1"
             elif word == "--port" and (service, int(localised[i + 1])) in self.ports:
                 localised[i + 1] = str(self.ports[service, int(localised[i + 1])])

@@ -41,9 +41,27 @@ def test_a_router_without_the_admin_key_refuses_to_start_in_one_line(tmp_path: P
     assert "AGENTREACH_ADMIN_KEY" in done.stderr and "Traceback" not in done.stderr
 
 
+async def calls_the_demo_agents(mesh: LocalMesh, http) -> None:
+    """The demo service minted its keys over the admin API into its volume; with the demo-caller key, a router
+    reaches demo.echo, and order.query, whose agent calls intent.detect through a router with its own key."""
+    caller = Path(mesh.localise("demo", "/var/lib/agentreach/demo")) / "demo" / "demo-caller.key"
+    headers = {"X-API-Key": caller.read_text().strip()}
+    calls = (("router1", "demo.echo", "hi"), ("router2", "order.query", {"text": "where is my order A-1002"}))
+    for router, name, payload in calls:
+        async def routed(router: str = router, name: str = name, payload: object = payload) -> dict | None:
+            async with http.post(f"{mesh.url(router, 8080)}/atp", headers=headers,
+                                 json={"capability": name, "payload": payload}) as response:
+                return await response.json() if response.status == 200 else None
+
+        answer = await wait_for(routed, timeout=10, what=f"{router} to route {name}")
+        assert answer["status"] == "success", answer
+    assert answer["result"] == {"order_id": "A-1002", "status": "packing"}, answer
+
+
 async def test_the_composed_mesh_routes_a_call_through_each_router(tmp_path: Path, start_agent, http):
     mesh = LocalMesh(resolved({"AGENTREACH_ADMIN_KEY": ADMIN_KEY}), tmp_path)
-    assert {"etcd1", "etcd2", "etcd3", "registry1", "registry2", "router1", "router2", "console"} == set(mesh.services)
+    assert {"etcd1", "etcd2", "etcd3", "registry1", "registry2", "router1", "router2", "console",
+            "demo"} == set(mesh.services)
     # What the operator does first (docs/deploy.md): the admin key in the registries' shared keys dir.
     keys = Path(mesh.localise("registry1", "/var/lib/agentreach/keys"))
     keys.mkdir(parents=True, exist_ok=True)
@@ -73,5 +91,6 @@ async def test_the_composed_mesh_routes_a_call_through_each_router(tmp_path: Pat
             assert answer["result"] == {"echo": router, "agent": "composed-1"}, answer
         async with http.get(f"{mesh.url('console', 8090)}/healthz") as response:
             assert response.status == 200
+        await calls_the_demo_agents(mesh, http)
     finally:
         await asyncio.to_thread(mesh.stop)
