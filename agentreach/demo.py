@@ -23,7 +23,7 @@ from urllib.parse import quote
 import msgspec
 from agent_reach import AgentReachSDK, BusinessFailure, ReachClient
 
-from agentreach.admin import Call, NoAnswer, send
+from agentreach.admin import Call, CommandFailed, NoAnswer, send
 from agentreach.knobs import add_admin_key, add_auth_switch, required_admin_key
 from auth.records import ClientCreate, ClientSecrets, ClientView, IssuedToken, TokenCreate, TokenView
 from registry.access import Access
@@ -149,7 +149,7 @@ class _Minted:
     def __init__(self, path: Path):
         self.path = path
         try:
-            self.ids: dict[str, list[Any]] = msgspec.json.decode(path.read_bytes())
+            self.ids: dict[str, list[Any]] = msgspec.json.decode(path.read_bytes(), type=dict[str, list[Any]])
         except (OSError, msgspec.DecodeError):
             self.ids = {}
 
@@ -307,7 +307,7 @@ def add_command(commands: Any) -> None:
                           help=f"the {what}; several comma-separated, the next when one cannot be reached")
     demo.add_argument("--host", default="127.0.0.1", help="address the agents listen on (default: 127.0.0.1)")
     demo.add_argument("--advertise-host", default=None, metavar="NAME",
-                      help="host name the router reaches the agents at (default: the --host address)")
+                      help="host name routers reach the agents at, with --port (default: the --host address)")
     demo.add_argument("--port", type=int, default=0, metavar="P",
                       help="listen on P, P+1 and P+2 (default: 0, three ephemeral ports)")
     demo.add_argument("--data-dir", type=Path, default=Path(".agentreach"),
@@ -319,10 +319,12 @@ def add_command(commands: Any) -> None:
 
 async def started_from(args: argparse.Namespace) -> DemoAgents:
     """The demo agents of `agentreach demo`, started and registered."""
+    if args.advertise_host and not args.port:
+        raise CommandFailed("--advertise-host needs --port: the URLs it names carry fixed ports", 2)
     registries, routers = args.registry.split(","), args.router.split(",")
     key = required_admin_key(args)
     credentials = await mint_credentials(HttpAdmin(registries, key), args.data_dir) if key is not None else None
-    placement = Placement(host=args.host, advertise_host=args.advertise_host or args.host, port=args.port)
+    placement = Placement(host=args.host, advertise_host=args.advertise_host, port=args.port)
     agents = DemoAgents(registries, routers, credentials, placement)
     await agents.start()
     if credentials is not None:

@@ -104,9 +104,8 @@ class LocalMesh:
         assert first is not None, f"{words[0]} is not installed here"
         localised = [self.localise(service, word) for word in words[1:]]
         for i, word in enumerate(localised[:-1]):  # `--host 0.0.0.0` and `--port N` as separate words
-            if word == "--host" and localised[i + 1] == "0.0.0.0":
-                localised[i + 1] = "127.0.0.1"
-            elif word == "--advertise-host" and localised[i + 1] in self.services:
+            if (word, localised[i + 1]) == ("--host", "0.0.0.0") or (
+                    word == "--advertise-host" and localised[i + 1] in self.services):
                 localised[i + 1] = "127.0.0.1"
             elif word == "--port" and (service, int(localised[i + 1])) in self.ports:
                 localised[i + 1] = str(self.ports[service, int(localised[i + 1])])
