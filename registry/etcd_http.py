@@ -8,6 +8,7 @@ request succeeds again.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 from typing import Any, TypeVar
@@ -107,18 +108,21 @@ class EtcdHttp:
         self.current = (self.current + 1) % len(self.endpoints)
 
     async def request(self, path: str, body: dict[str, Any]) -> bytes:
-        """POST to the current endpoint, moving to the next on a connection failure."""
+        """POST to the current endpoint, moving to the next on a connection failure or a silent member, until
+        ``timeout``. Each try gets a quarter of it: a member that lost its leader drops proposals and answers
+        only at its own request timeout, while the next member (or the same one, once a new leader is elected
+        half a second later) commits at once. Sending again is safe for every request the stores make: the
+        same put, a delete, a txn whose compare fails if the first try did commit."""
         deadline = time.monotonic() + self.timeout
+        per_try = self.timeout / 4
         problem = "no endpoint answered"
-        for _ in range(len(self.endpoints)):
+        tries = 0
+        while (left := deadline - time.monotonic()) > 0:
             endpoint = self.endpoint()
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
             started = time.monotonic()
             try:
                 async with self.session.post(endpoint + path, json=body,
-                                             timeout=aiohttp.ClientTimeout(total=left)) as response:
+                                             timeout=aiohttp.ClientTimeout(total=min(left, per_try))) as response:
                     data = await response.read()
                     if response.status != 200:
                         problem = f"{endpoint} answered {response.status}: {data[:200]!r}"
@@ -129,9 +133,11 @@ class EtcdHttp:
             except aiohttp.ClientConnectionError as exc:
                 problem = f"{endpoint}: {exc}"
             except TimeoutError:
-                problem = f"{endpoint}: no answer within {self.timeout}s (no quorum?)"
-                break
+                problem = f"{endpoint}: no answer within {per_try:.2f}s (no quorum?)"
             self.next_endpoint()
+            tries += 1
+            if tries % len(self.endpoints) == 0:  # every member tried: do not spin on refused connections
+                await asyncio.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
         self._set_health(problem)
         raise WalUnavailable(f"etcd: {problem}")
 

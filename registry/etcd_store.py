@@ -169,6 +169,13 @@ class EtcdStore(Records):
                 if not result.fragment:  # a transaction's events may span parts: wake writers after the last
                     self._wake()
 
+    def _restart_watch(self) -> None:
+        """Drop the watch stream and follow again from ``_seen`` at the endpoint requests reach now."""
+        if self._watching is not None:
+            self._watching.cancel()
+        log.warning("etcd watch silent past a write's timeout; following again", extra={"revision": self.revision})
+        self._watching = asyncio.get_running_loop().create_task(self._watch_forever())
+
     def _apply_event(self, event: _Event) -> None:
         key = unb64(event.kv.key)[len(self._prefix):]
         if event.type == "DELETE":
@@ -200,6 +207,8 @@ class EtcdStore(Records):
             try:
                 await asyncio.wait_for(future, self._timeout)
             except TimeoutError:
+                # The watch's member may hang (frozen, cut off) while requests reach another: follow afresh.
+                self._restart_watch()
                 raise WalUnavailable(f"etcd committed revision {revision} but the watch has not delivered it") from None
         self.watch_lag = time.monotonic() - waiting_since
         return revision
