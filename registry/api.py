@@ -51,7 +51,9 @@ CLUSTER_KEY = web.AppKey("cluster", Membership)
 
 
 def storage_outage(exc: Exception) -> ApiError | None:
-    """Nothing was acknowledged: the change is not in the log or in memory; retry once /healthz is ok."""
+    """Nothing was acknowledged. With the WAL the change is not in the log or in memory; with etcd it may still
+    commit later (etcd executes what it received after the registry gave up): an unknown outcome. Retry once
+    /healthz is ok."""
     if isinstance(exc, WalUnavailable):
         return ApiError(503, "storage_unavailable", f"The registry cannot store changes now: {exc}")
     return None
