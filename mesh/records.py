@@ -20,9 +20,6 @@ INSTANCE_PREFIX = "instances/"
 POLICY_PREFIX = "policies/"
 ALERTS_KEY = "settings/alerts"
 BINDING_PREFIX = "agent-ids/"
-# The keys that decide who owns a capability name or an agent_id: a registration is written only if none
-# changed since the registry checked its memory (registry/service.py).
-OWNERSHIP_PREFIXES = [INSTANCE_PREFIX, BINDING_PREFIX]
 
 
 class InstanceRecord(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -14,7 +14,7 @@ import base64
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -64,6 +64,8 @@ class EtcdStore(Records):
         super().__init__()
         self.etcd = EtcdHttp(endpoints, timeout)
         self._prefix = prefix
+        # Where put_if_unchanged's claim keys live: beside the records, outside the watched prefix.
+        self._claims = prefix.rstrip("/") + ".claims/"
         self._timeout = timeout
         self._retry_delay = retry_delay
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
@@ -225,17 +227,24 @@ class EtcdStore(Records):
             raise Fenced(f"{fence.key} is no longer at create revision {fence.create_revision}")
         return await self._applied(written.header.revision)
 
-    async def put_if_unchanged(self, key: str, value: bytes, since: int, prefixes: list[str]) -> int | None:
-        """One etcd txn: put if every key under ``prefixes`` has mod_revision <= ``since``; else read the
-        newest such key's revision, so memory can be awaited up to it (later revisions outside our
-        prefix are never delivered by the watch)."""
+    async def put_if_unchanged(self, key: str, value: bytes, since: int, prefixes: list[str],
+                               claims: Sequence[str] = ()) -> int | None:
+        """One etcd txn: put if every key under ``prefixes`` and every claim key has mod_revision <= ``since``,
+        touching the claim keys in the same step; else read the newest such key's revision, so memory can be
+        awaited up to it. Claim keys live beside the records (never watched): each marks "a registration
+        of this name was written at this revision", so racing writers of one name collide on one key
+        instead of every writer comparing every instance (a whole-prefix compare costs etcd a scan)."""
         ranges = [(b64(self._prefix + prefix), prefix_end(self._prefix + prefix)) for prefix in prefixes]
+        claim_keys = [b64(self._claims + claim) for claim in claims]
         body = {
             "compare": [{"key": start, "range_end": end, "target": "MOD", "result": "LESS",
-                         "mod_revision": since + 1} for start, end in ranges],
-            "success": [{"request_put": {"key": b64(self._prefix + key), "value": base64.b64encode(value).decode()}}],
+                         "mod_revision": since + 1} for start, end in ranges]
+            + [{"key": claim, "target": "MOD", "result": "LESS", "mod_revision": since + 1} for claim in claim_keys],
+            "success": [{"request_put": {"key": b64(self._prefix + key), "value": base64.b64encode(value).decode()}}]
+            + [{"request_put": {"key": claim, "value": b64(key)}} for claim in claim_keys],
             "failure": [{"request_range": {"key": start, "range_end": end, "keys_only": True, "limit": 1,
-                                           "sort_target": "MOD", "sort_order": "DESCEND"}} for start, end in ranges],
+                                           "sort_target": "MOD", "sort_order": "DESCEND"}} for start, end in ranges]
+            + [{"request_range": {"key": claim, "keys_only": True}} for claim in claim_keys],
         }
         written = decode(await self.etcd.request("/v3/kv/txn", body), Txn)
         if written.succeeded:

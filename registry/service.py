@@ -19,7 +19,6 @@ from mesh.alerts import AlertConfig
 from mesh.policy import Policy, PolicyError, validate_policy
 from mesh.records import (
     ALERTS_KEY,
-    OWNERSHIP_PREFIXES,
     AgentIdBinding,
     InstanceRecord,
     binding_key,
@@ -109,8 +108,12 @@ class Registry:
                 raise ApiError(401, "unauthenticated", "Unknown or revoked registration token", "Authorization")
             self.state.claim(record)
             try:
-                written = await self.store.put_if_unchanged(instance_key(record.agent_id), encode_value(record),
-                                                            since, OWNERSHIP_PREFIXES)
+                # Whoever else writes this agent_id touches these two keys, and whoever else takes one of these
+                # capability names touches its claim: comparing those is enough, and stays cheap at any size.
+                written = await self.store.put_if_unchanged(
+                    instance_key(record.agent_id), encode_value(record), since,
+                    [instance_key(record.agent_id), binding_key(record.agent_id)],
+                    [f"capability/{capability.name}" for capability in record.capabilities])
             finally:
                 self.state.release(record)
             if written is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -55,9 +55,11 @@ class Store(Protocol):
         """Raises :class:`Fenced`, writing nothing, when ``fence`` no longer holds."""
         ...
 
-    async def put_if_unchanged(self, key: str, value: bytes, since: int, prefixes: list[str]) -> int | None:
-        """Put unless a key under one of ``prefixes`` changed after revision ``since`` (what memory was
-        checked at): the check and the write are one step, so registries sharing a store cannot both take
+    async def put_if_unchanged(self, key: str, value: bytes, since: int, prefixes: list[str],
+                               claims: Sequence[str] = ()) -> int | None:
+        """Put unless a key under one of ``prefixes``, or one of the ``claims`` (names this write takes, e.g. a
+        capability name), changed after revision ``since`` (what memory was checked at); the write touches
+        the claims. The check and the write are one step, so registries sharing a store cannot both take
         one name. None, once memory holds what changed, when one did: check again and retry."""
         ...
 
@@ -172,7 +174,8 @@ class WalStore(Records):
         """One process writes this log: it is the only node, so every fence holds."""
         return await self._wal.append(encode_change(Change(key, value)))
 
-    async def put_if_unchanged(self, key: str, value: bytes, since: int, prefixes: list[str]) -> int | None:
+    async def put_if_unchanged(self, key: str, value: bytes, since: int, prefixes: list[str],
+                               claims: Sequence[str] = ()) -> int | None:
         """One process writes this log: the registry's claims already keep its racing writes apart."""
         return await self.put(key, value)
 
