@@ -20,7 +20,7 @@ def samples(text: str) -> dict[tuple[str, frozenset], float]:
 
 async def test_reach_numbers_after_a_scripted_mix(start_mesh, start_agent):
     mesh: Mesh = await start_mesh(routing=RouterSettings(period_seconds=3600))
-    await mesh.put_policy("mix", {"fallback_capability": "mix.backup", "timeout": {"first_byte_ms": 100}})
+    await mesh.put_policy("mix", {"fallback_capability": "mix.backup", "timeout": {"first_byte_ms": 400}})
     main, backup, sleeper = await start_agent("main"), await start_agent("backup"), await start_agent("sleeper")
     await mesh.add(main, "mix", healthy=False)
     await mesh.add(backup, "mix.backup", healthy=False)
@@ -43,7 +43,7 @@ async def test_reach_numbers_after_a_scripted_mix(start_mesh, start_agent):
     await step(1, 502, "AGENT_ERROR")  # the fallback failed too
     main.status, backup.status = 429, 500
     await step(1, 429, "BUSY")
-    main.first_byte_delay, backup.status = 0.3, 500
+    main.first_byte_delay, backup.status = 1.2, 500
     await step(1, 504, "FIRST_BYTE_TIMEOUT")
     main.status = 500
     await step(2, 200)  # rescued by the fallback: degraded
