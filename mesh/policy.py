@@ -61,12 +61,27 @@ Constraint = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 ContextKey = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 
 
+ClockTime = Annotated[str, msgspec.Meta(pattern=r"^([01][0-9]|2[0-3]):[0-5][0-9]$")]
+Weekday = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
+WEEKDAYS: tuple[Weekday, ...] = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+
+
+class Hours(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """A time window in UTC: from ``start`` up to ``end`` ("HH:MM"; a start after the end wraps past
+    midnight), on ``days`` (the day the call comes; none given: every day)."""
+
+    start: ClockTime
+    end: ClockTime
+    days: Annotated[list[Weekday], msgspec.Meta(max_length=7)] = []
+
+
 class RuleMatch(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """What a call must carry for its rule to apply: every key given must hold (none given: every call)."""
 
     context: Annotated[dict[ContextKey, MetadataValue], msgspec.Meta(max_length=32)] = {}
     client: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] | None = None
     trust_level: TrustLevel | None = None
+    hours: Hours | None = None
 
 
 class RuleTarget(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
@@ -230,6 +245,10 @@ def validate_rules(rules: list[Rule]) -> None:
             raise PolicyError(f"{at}.target.version: {problem}", f"{at}.target.version")
         if rule.action == "refuse" and rule.target != RuleTarget():
             raise PolicyError(f"{at} refuses the call, so it cannot name a target", f"{at}.target")
+        hours = rule.match.hours
+        if hours is not None and hours.start == hours.end:
+            raise PolicyError(f"{at}.match.hours starts and ends at {hours.start}: an empty window never matches",
+                              f"{at}.match.hours.end")
 
 
 def validate_split(split: list[SplitShare], rollback: RollbackConfig | None) -> None:

@@ -34,7 +34,7 @@ from router.outcome import Observer, Step, hurried
 from router.ratelimit import ClientLimits
 from router.reach import Outcome, ReachLedger
 from router.rollback import Releases
-from router.rules import CallerFacts, CandidatesOf, Decision, decide, ordered, serviceable
+from router.rules import CallerFacts, CandidatesOf, Decision, decide, minute_of_week, ordered, serviceable
 from router.selection import Candidate, RouteRefusal, choose_policy, plan_route, session_hash_key
 from router.semantic.confirmations import ANONYMOUS, ConfirmationQueue
 from router.semantic.outcome import IntentMatch, IntentRefusal
@@ -413,8 +413,9 @@ class Router:
         """The rule table's decision for this call; shadow rules are judged once the call is answered."""
         table = ordered(policy.rule_list)
         rules = table.rules
-        facts = CallerFacts(client_id=caller.client_id, trust_level=caller.trust_level) \
-            if isinstance(caller, Caller) else CallerFacts()
+        now = minute_of_week(time.time())
+        facts = CallerFacts(client_id=caller.client_id, trust_level=caller.trust_level, minute_of_week=now) \
+            if isinstance(caller, Caller) else CallerFacts(minute_of_week=now)
         decision = decide(rules, capability, frame.context, frame.version, facts, candidates_of)
         self.decisions["rule" if decision.rule else "no_rule"] += 1
         if decision.rule is not None:

@@ -9,22 +9,43 @@ only, after the live decision, and never change it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, Literal
 
 import msgspec
 
-from mesh.policy import Rule, RuleTarget
+from mesh.policy import WEEKDAYS, Hours, Rule, RuleTarget
 from router.selection import HEALTHY, Candidate, versions_filter
 
 Action = Literal["route", "degrade", "refuse"]
 
 
 class CallerFacts(msgspec.Struct, frozen=True):
-    """What a rule may match of the caller; both None with authentication off."""
+    """What a rule may match of the caller (client and trust None with authentication off), and when the
+    call came: UTC minutes since Monday 00:00 (None: no time window matches)."""
 
     client_id: str | None = None
     trust_level: str | None = None
+    minute_of_week: int | None = None
+
+
+def minute_of_week(epoch_seconds: float) -> int:
+    moment = time.gmtime(epoch_seconds)
+    return moment.tm_wday * 1440 + moment.tm_hour * 60 + moment.tm_min
+
+
+def _minutes(clock: str) -> int:
+    return int(clock[:2]) * 60 + int(clock[3:])
+
+
+def within(hours: Hours, at: int) -> bool:
+    """Whether minute-of-week ``at`` falls in the window (a start after the end wraps past midnight)."""
+    day, minute = divmod(at, 1440)
+    if hours.days and WEEKDAYS[day] not in hours.days:
+        return False
+    start, end = _minutes(hours.start), _minutes(hours.end)
+    return start <= minute < end if start < end else minute >= start or minute < end
 
 
 class Decision(msgspec.Struct, frozen=True):
@@ -53,6 +74,8 @@ def matches(rule: Rule, context: dict[str, Any], caller: CallerFacts) -> bool:
     if when.client is not None and when.client != caller.client_id:
         return False
     if when.trust_level is not None and when.trust_level != caller.trust_level:
+        return False
+    if when.hours is not None and (caller.minute_of_week is None or not within(when.hours, caller.minute_of_week)):
         return False
     for key, value in when.context.items():  # a loop, not all(generator): this runs for every rule of every call
         got = context.get(key, _ABSENT)
@@ -136,6 +159,9 @@ def _explain(rule: Rule) -> str:
         conditions.append(f"client={rule.match.client!r}")
     if rule.match.trust_level is not None:
         conditions.append(f"trust_level={rule.match.trust_level!r}")
+    if (hours := rule.match.hours) is not None:
+        days = f" on {','.join(hours.days)}" if hours.days else ""
+        conditions.append(f"hours {hours.start}-{hours.end} UTC{days}")
     return f"rule {rule.id} (priority {rule.priority}) matched {' and '.join(conditions) or 'every call'}"
 
 

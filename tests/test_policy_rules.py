@@ -13,7 +13,7 @@ from conftest import wait_for
 from mesh.policy import Policy, PolicyError, Rule, validate_policy
 from mesh.records import decode_value, encode_value, policy_key
 from router.audit import AuditFilter, AuditLog
-from router.rules import CallerFacts, Decision, decide, ordered, shadow_verdicts
+from router.rules import CallerFacts, Decision, decide, minute_of_week, ordered, shadow_verdicts
 from router.selection import Candidate
 from router_support import Mesh
 
@@ -68,6 +68,35 @@ def test_match_needs_every_condition_and_exact_types():
     assert (partner.rule, partner.action) == ("r35", "degrade")
 
 
+MONDAY, FRIDAY, SATURDAY = 0, 4 * 1440, 5 * 1440
+
+
+def at(day: int, clock: str) -> CallerFacts:
+    return CallerFacts(minute_of_week=day + int(clock[:2]) * 60 + int(clock[3:]))
+
+
+def test_a_time_window_matches_its_hours_and_days_only_and_wraps_past_midnight():
+    office = ordered([rule(id="office", priority=5, match={"hours": {"start": "09:00", "end": "17:30",
+                                                                       "days": ["mon", "tue", "wed", "thu", "fri"]}},
+                           target={"version": "^2"})]).rules
+    night = ordered([rule(id="night", priority=5, match={"hours": {"start": "22:00", "end": "06:00"}},
+                          target={"version": "^1"})]).rules
+
+    def rule_at(table: list[Rule], caller: CallerFacts) -> str | None:
+        return decide(table, "summarize", {}, None, caller, lambda name: POOLS.get(name, [])).rule
+
+    assert [rule_at(office, at(MONDAY, clock)) for clock in ("08:59", "09:00", "17:29", "17:30")] == \
+        [None, "office", "office", None]
+    assert rule_at(office, at(SATURDAY, "10:00")) is None
+    assert [rule_at(night, at(FRIDAY, clock)) for clock in ("21:59", "22:00", "23:59", "00:00", "05:59", "06:00")] \
+        == [None, "night", "night", "night", "night", None]
+    assert rule_at(night, CallerFacts()) is None  # no clock given: a window never matches
+    assert decide(office, "summarize", {}, None, at(MONDAY, "10:00"),
+                  lambda name: POOLS.get(name, [])).reason == \
+        "rule office (priority 5) matched hours 09:00-17:30 UTC on mon,tue,wed,thu,fri"
+    assert minute_of_week(0) == 3 * 1440  # 1970-01-01 was a Thursday, 00:00 UTC
+
+
 def test_a_rule_whose_target_has_no_healthy_instance_falls_to_the_next():
     small_down = {**POOLS, "summarize": [instance("small", "1.2.0", state="pending"), POOLS["summarize"][1]]}
     fallen = decided({"type": "intent", "source": "internal"}, small_down)
@@ -120,6 +149,11 @@ async def put(mesh: Mesh, capability: str, body: Any) -> tuple[int, Any]:
     ([{"id": "a", "priority": 10, "match": {"contxt": {}}}], "rules[0].match.contxt"),
     ([{"id": "a", "priority": 10, "target": {"version": ">=4,<3"}}], "rules[0].target.version"),
     ([{"id": "a", "priority": 10, "action": "reroute"}], "rules[0].action"),
+    ([{"id": "a", "priority": 10, "match": {"hours": {"start": "9:00", "end": "17:00"}}}],
+     "rules[0].match.hours.start"),
+    ([{"id": "a", "priority": 10, "match": {"hours": {"start": "09:00", "end": "09:00"}}}], "rules[0].match.hours.end"),
+    ([{"id": "a", "priority": 10, "match": {"hours": {"start": "09:00", "end": "17:00", "days": ["mo"]}}}],
+     "rules[0].match.hours.days[0]"),
 ])
 async def test_a_bad_rule_table_is_refused_and_changes_nothing(mesh: Mesh, rules: list[dict[str, Any]], field: str):
     before = await mesh.put_policy("summarize", {"rules": [{"id": "keep", "priority": 1}]})
