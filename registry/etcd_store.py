@@ -228,23 +228,25 @@ class EtcdStore(Records):
         return await self._applied(written.header.revision)
 
     async def put_if_unchanged(self, key: str, value: bytes, since: int, prefixes: list[str],
-                               claims: Sequence[str] = ()) -> int | None:
-        """One etcd txn: put if every key under ``prefixes`` and every claim key has mod_revision <= ``since``,
-        touching the claim keys in the same step; else read the newest such key's revision, so memory can be
-        awaited up to it. Claim keys live beside the records (never watched): each marks "a registration
-        of this name was written at this revision", so racing writers of one name collide on one key
-        instead of every writer comparing every instance (a whole-prefix compare costs etcd a scan)."""
+                               claims: Sequence[str] = (), held: Sequence[str] = ()) -> int | None:
+        """One etcd txn: put if every key under ``prefixes`` and every claim key (``claims`` and ``held``) has
+        mod_revision <= ``since``, touching the ``claims`` in the same step; else read the newest such key's
+        revision, so memory can be awaited up to it. Claim keys live beside the records (never watched): a
+        touch marks "this name was taken at this revision", so writers racing to take one name collide on
+        one key, and a writer adding to a name its service holds only needs to see nobody took it meanwhile
+        (a whole-prefix compare costs etcd a scan of every key under it)."""
         ranges = [(b64(self._prefix + prefix), prefix_end(self._prefix + prefix)) for prefix in prefixes]
-        claim_keys = [b64(self._claims + claim) for claim in claims]
+        touched = [b64(self._claims + claim) for claim in claims]
+        compared = touched + [b64(self._claims + claim) for claim in held]
         body = {
             "compare": [{"key": start, "range_end": end, "target": "MOD", "result": "LESS",
                          "mod_revision": since + 1} for start, end in ranges]
-            + [{"key": claim, "target": "MOD", "result": "LESS", "mod_revision": since + 1} for claim in claim_keys],
+            + [{"key": claim, "target": "MOD", "result": "LESS", "mod_revision": since + 1} for claim in compared],
             "success": [{"request_put": {"key": b64(self._prefix + key), "value": base64.b64encode(value).decode()}}]
-            + [{"request_put": {"key": claim, "value": b64(key)}} for claim in claim_keys],
+            + [{"request_put": {"key": claim, "value": b64(key)}} for claim in touched],
             "failure": [{"request_range": {"key": start, "range_end": end, "keys_only": True, "limit": 1,
                                            "sort_target": "MOD", "sort_order": "DESCEND"}} for start, end in ranges]
-            + [{"request_range": {"key": claim, "keys_only": True}} for claim in claim_keys],
+            + [{"request_range": {"key": claim, "keys_only": True}} for claim in compared],
         }
         written = decode(await self.etcd.request("/v3/kv/txn", body), Txn)
         if written.succeeded:

@@ -19,6 +19,7 @@ from mesh.alerts import AlertConfig
 from mesh.policy import Policy, PolicyError, validate_policy
 from mesh.records import (
     ALERTS_KEY,
+    INSTANCE_PREFIX,
     AgentIdBinding,
     InstanceRecord,
     binding_key,
@@ -108,12 +109,7 @@ class Registry:
                 raise ApiError(401, "unauthenticated", "Unknown or revoked registration token", "Authorization")
             self.state.claim(record)
             try:
-                # Whoever else writes this agent_id touches these two keys, and whoever else takes one of these
-                # capability names touches its claim: comparing those is enough, and stays cheap at any size.
-                written = await self.store.put_if_unchanged(
-                    instance_key(record.agent_id), encode_value(record), since,
-                    [instance_key(record.agent_id), binding_key(record.agent_id)],
-                    [f"capability/{capability.name}" for capability in record.capabilities])
+                written = await self._write_owned(record, since)
             finally:
                 self.state.release(record)
             if written is not None:
@@ -122,6 +118,20 @@ class Registry:
         log.info("instance registered", extra={"agent_id": record.agent_id, "service": record.service,
                                               "capabilities": [c.name for c in record.capabilities]})
         return self.agent(record.agent_id)
+
+    async def _write_owned(self, record: InstanceRecord, since: int) -> int | None:
+        """Write a registration only if ownership is still what memory said at ``since``. Whoever else writes
+        this agent_id touches its two keys. A name the service holds already (a live instance offers it)
+        only needs nobody to have taken it since: its claim key is compared. A name it takes anew is
+        touched, and every instance key is compared too, since another instance of the old owner may have
+        been written without touching it; that scan is paid once per name a service first takes."""
+        held = {capability.name for capability in record.capabilities
+                if self.state.holds(capability.name, record.service, excluding=record.agent_id)}
+        taken = [capability.name for capability in record.capabilities if capability.name not in held]
+        guarded = [instance_key(record.agent_id), binding_key(record.agent_id)] + ([INSTANCE_PREFIX] if taken else [])
+        return await self.store.put_if_unchanged(instance_key(record.agent_id), encode_value(record), since, guarded,
+                                                 [f"capability/{name}" for name in taken],
+                                                 [f"capability/{name}" for name in sorted(held)])
 
     def _check_free(self, record: InstanceRecord) -> None:
         """409 when memory says another service owns the record's agent_id or one of its capabilities."""

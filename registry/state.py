@@ -83,6 +83,11 @@ class RegistryState:
         claim = self._claims.get(("capability", name))
         return claim[0] if claim else None
 
+    def holds(self, name: str, service: str, excluding: str) -> bool:
+        """Whether a live instance of ``service`` other than ``excluding`` offers ``name`` (committed, not claimed)."""
+        return any(agent_id != excluding and self.records[agent_id].service == service
+                   for agent_id in self.keys.offers.get(name, ()))
+
     def agent_id_owner(self, agent_id: str) -> str | None:
         """The service an agent_id belongs to: its record's (live or evicted), else the service it
         deregistered from, else the one registering it right now."""

@@ -56,11 +56,12 @@ class Store(Protocol):
         ...
 
     async def put_if_unchanged(self, key: str, value: bytes, since: int, prefixes: list[str],
-                               claims: Sequence[str] = ()) -> int | None:
-        """Put unless a key under one of ``prefixes``, or one of the ``claims`` (names this write takes, e.g. a
-        capability name), changed after revision ``since`` (what memory was checked at); the write touches
-        the claims. The check and the write are one step, so registries sharing a store cannot both take
-        one name. None, once memory holds what changed, when one did: check again and retry."""
+                               claims: Sequence[str] = (), held: Sequence[str] = ()) -> int | None:
+        """Put unless a key under one of ``prefixes``, or a claim (``claims``: names this write takes, e.g. a
+        capability name; ``held``: names its writer holds already), changed after revision ``since`` (what
+        memory was checked at); the write touches ``claims``. The check and the write are one step, so
+        registries sharing a store cannot both take one name. None, once memory holds what changed, when
+        one did: check again and retry."""
         ...
 
     async def delete(self, key: str) -> int: ...
@@ -175,7 +176,7 @@ class WalStore(Records):
         return await self._wal.append(encode_change(Change(key, value)))
 
     async def put_if_unchanged(self, key: str, value: bytes, since: int, prefixes: list[str],
-                               claims: Sequence[str] = ()) -> int | None:
+                               claims: Sequence[str] = (), held: Sequence[str] = ()) -> int | None:
         """One process writes this log: the registry's claims already keep its racing writes apart."""
         return await self.put(key, value)
 
