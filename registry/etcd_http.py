@@ -113,6 +113,9 @@ class EtcdHttp:
         only at its own request timeout, while the next member (or the same one, once a new leader is elected
         half a second later) commits at once. Sending again is safe for every request the stores make: the
         same put, a delete, a txn whose compare fails if the first try did commit."""
+        if self._session is None or self._session.closed:
+            # The registry is stopping: a request still in a handler gets the store's outage (503), not a 500.
+            raise WalUnavailable("etcd: this registry node is stopping")
         deadline = time.monotonic() + self.timeout
         per_try = self.timeout / 4
         problem = "no endpoint answered"

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import aiohttp
+import pytest
 
 from conftest import post, registration, wait_for
 from registry.etcd_store import EtcdStore
 from registry.server import RegistryServer
 from registry.store import Change
 from storage_support import AGENTREACH, agentreach, start_logged
+from wal import WalUnavailable
 
 
 async def agent_ids(http: aiohttp.ClientSession, server: RegistryServer) -> set[str]:
@@ -135,3 +137,13 @@ async def test_a_watch_message_larger_than_a_stream_line_is_applied(etcd_cluster
         assert store.snapshot() == {"big": big, "after": b"1"}
     finally:
         await store.close()
+
+
+async def test_a_write_after_the_store_closed_is_an_outage_not_a_crash(etcd_cluster, tmp_path):
+    """A handler still running while its registry stops used to raise RuntimeError("Session is closed"): a 500."""
+    cluster = await etcd_cluster()
+    store = EtcdStore(cluster.endpoints, f"/{tmp_path.name}/", timeout=2.0)
+    await store.open()
+    await store.close()
+    with pytest.raises(WalUnavailable, match="stopping"):
+        await store.put("instances/late", b"x")
