@@ -99,10 +99,19 @@ class RegistryServer:
         return f"http://{self.settings.host}:{self.port}"
 
     async def start(self) -> None:
+        """Everything started, or (a start that failed half way: a refused secrets.key, a port in use) nothing
+        left running: no open sessions, tasks or listener behind the exception."""
         if isinstance(self.store, EtcdStore):
             await self.store.open()
         else:
             self.replay = await asyncio.get_running_loop().run_in_executor(None, self.store.open)
+        try:
+            await self._start_parts()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start_parts(self) -> None:
         self.registry = Registry(self.store, self.settings.lifecycle)
         self.registry.access.ensure_secrets(self.settings.data_dir)
         self.registry.examples.judge = self._judge = example_judge(self.settings.example_evaluation)

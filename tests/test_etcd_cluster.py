@@ -20,8 +20,9 @@ from etcd_support import EtcdCluster, Relay
 from registry.etcd_cluster import EtcdMembership
 from registry.etcd_http import Range, b64, decode
 from registry.lifecycle import LifecycleConfig
-from registry.server import RegistryServer
+from registry.server import RegistryServer, RegistrySettings
 from registry.store import Fenced
+from sdk_support import free_port
 
 Start = Callable[..., Awaitable[RegistryServer]]
 FAST = {"node_ttl": 2, "cluster_poll": 0.2, "gossip_interval": 0.2}
@@ -175,6 +176,15 @@ async def test_a_node_with_another_secrets_key_refuses_to_start(etcd_cluster: Et
     await etcd_registry(cluster, **FAST)
     with pytest.raises(SecretsKeyError, match=r"secrets\.key differs"):
         await etcd_registry(cluster, data_dir=tmp_path / "elsewhere", **FAST)
+    # Refused half way (after it began listening): nothing is left running behind the exception.
+    port = free_port()
+    refused = RegistryServer(RegistrySettings(data_dir=tmp_path / "elsewhere", port=port, auth=False, store="etcd",
+                                              etcd_endpoints=cluster.endpoints, etcd_prefix=f"/{tmp_path.name}/",
+                                              etcd_timeout=2.0, **FAST))
+    with pytest.raises(SecretsKeyError):
+        await refused.start()
+    with pytest.raises(ConnectionRefusedError):
+        await asyncio.open_connection("127.0.0.1", port)
 
 
 async def test_a_node_joining_without_admin_key_keeps_the_clusters(etcd_cluster: Etcd, etcd_registry: Start,
