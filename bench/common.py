@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -131,7 +132,29 @@ def wrk_max(url: str, body: bytes, seconds: int, pid: int, connections: int = 64
     run = wrk(url, post_script(body, headers), connections, seconds, pid)
     assert run.cpu_seconds is not None
     return {"rps": run.rps, "cpu_us_per_call": run.cpu_seconds / run.calls * 1e6, "non_2xx": run.non_2xx,
-            "socket_errors": run.socket_errors}
+            "socket_errors": run.socket_errors, "p50_ms": run.latency_ms(50), "p99_ms": run.latency_ms(99)}
+
+
+async def alternating_rounds(targets: dict[str, Callable[[int], dict[str, Any]]], rounds: int,
+                             seconds: int) -> dict[str, list[dict[str, Any]]]:
+    """A 2 s warm-up run per target, then ``rounds`` rounds of ``targets[name](seconds)`` (run off the loop),
+    the order reversed every other round so no target always follows the same neighbour."""
+    loop = asyncio.get_running_loop()
+    for run in targets.values():
+        await loop.run_in_executor(None, run, 2)
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
+    for index in range(rounds):
+        for name in list(targets) if index % 2 == 0 else list(reversed(targets)):
+            result = await loop.run_in_executor(None, targets[name], seconds)
+            results[name].append(result)
+            print(f"  round {index + 1} {name:>16}: {result['rps']:7.0f} calls/s, "
+                  f"{result['cpu_us_per_call']:6.1f} us CPU/call, non-2xx {result['non_2xx']}", file=sys.stderr)
+    return results
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages, as a figure's context."""
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
 def best_rounds(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:

@@ -39,6 +39,7 @@ from common import (
     best_rounds,
     free_port,
     keep_alive,
+    load_average,
     machine,
     post_script,
     require,
@@ -223,10 +224,6 @@ def print_table(info: dict[str, str], summary: dict[str, Any]) -> None:
     print()
     for name, met in summary["targets"].items():
         print(f"target {name}: {'met' if met else 'MISSED'}")
-
-
-def load_average() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def main() -> None:

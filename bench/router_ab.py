@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -33,7 +34,20 @@ from typing import Any, NamedTuple
 
 import aiohttp
 
-from common import RESULTS, ROOT, free_port, keep_alive, machine, require, spawn, stop_processes, wait_http, wrk_max
+from common import (
+    RESULTS,
+    ROOT,
+    alternating_rounds,
+    free_port,
+    keep_alive,
+    load_average,
+    machine,
+    require,
+    spawn,
+    stop_processes,
+    wait_http,
+    wrk_max,
+)
 
 ROUTER_BENCH = str(Path(__file__).with_name("router_bench.py"))
 PAYLOAD = {"text": "hello, agent", "n": 1}  # router_bench's payload: the same calls
@@ -120,23 +134,6 @@ async def start_revision(tree: Path, data_dir: Path, echo_url: str, processes: l
     return Target(router_process.pid, f"{router_url}/atp", frame)
 
 
-async def measure(targets: dict[str, Target], rounds: int, seconds: int) -> dict[str, list[dict[str, Any]]]:
-    """A warm-up run per target, then ``rounds`` alternating rounds."""
-    loop = asyncio.get_running_loop()
-    for target in targets.values():
-        await loop.run_in_executor(None, wrk_max, target.url, target.body, 2, target.pid)
-    results: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
-    for index in range(rounds):
-        order = list(targets) if index % 2 == 0 else list(reversed(targets))
-        for name in order:
-            target = targets[name]
-            result = await loop.run_in_executor(None, wrk_max, target.url, target.body, seconds, target.pid)
-            results[name].append(result)
-            print(f"  round {index + 1} {name:>16}: {result['rps']:7.0f} calls/s, "
-                  f"{result['cpu_us_per_call']:6.1f} us CPU/call, non-2xx {result['non_2xx']}", file=sys.stderr)
-    return results
-
-
 async def bench(trees: dict[str, Path], rounds: int, seconds: int, audit: bool) -> dict[str, list[dict[str, Any]]]:
     echo, proxy = free_port(), free_port()
     echo_url = f"http://127.0.0.1:{echo}/echo"
@@ -153,7 +150,8 @@ async def bench(trees: dict[str, Path], rounds: int, seconds: int, audit: bool) 
                 data_dir.mkdir(mode=0o700)
                 targets[rev] = await start_revision(tree, data_dir, echo_url, processes, beats, audit)
             await wait_routable(targets["proxy"].url, targets["proxy"].body)
-            return await measure(targets, rounds, seconds)
+            return await alternating_rounds({name: functools.partial(wrk_max, target.url, target.body, pid=target.pid)
+                                             for name, target in targets.items()}, rounds, seconds)
         finally:
             for beat in beats:
                 beat.cancel()
@@ -187,10 +185,6 @@ def print_table(info: dict[str, Any], commits: dict[str, str], summary: dict[str
         print(f"| {name} | {commits.get(name, '-')} | {row['best_rps']:.0f} | {row['median_rps']:.0f} | "
               f"{row['best_cpu_us']:.0f} | {row['median_cpu_us']:.0f} | {row['best_vs_proxy']:.2f}x | "
               f"{row['median_vs_proxy']:.2f}x | {row['proxy_cpu_vs_cpu']:.2f}x | {row['non_2xx']:.0f} |")
-
-
-def load_average() -> str:
-    return " ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
 def main() -> None:

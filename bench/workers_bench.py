@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
-import os
 import signal
 import statistics
 import sys
@@ -30,17 +30,16 @@ import aiohttp
 from common import (
     RESULTS,
     ROOT,
-    cpu_seconds,
-    family,
+    alternating_rounds,
     free_port,
     keep_alive,
+    load_average,
     machine,
-    post_script,
     require,
     spawn,
     stop_processes,
     wait_http,
-    wrk,
+    wrk_max,
 )
 
 ROUTER_BENCH = str(Path(__file__).with_name("router_bench.py"))
@@ -54,17 +53,6 @@ class Target(NamedTuple):
     url: str
 
 
-def run_round(target: Target, body: bytes, seconds: int) -> dict[str, Any]:
-    """One wrk run against ``target``; CPU per call summed over the router's processes."""
-    pids = family(target.pid)
-    before = sum(cpu_seconds(pid) for pid in pids)
-    run = wrk(target.url, post_script(body), CONNECTIONS, seconds)
-    spent = sum(cpu_seconds(pid) for pid in pids) - before
-    return {"rps": run.rps, "cpu_us_per_call": spent / run.calls * 1e6, "non_2xx": run.non_2xx,
-            "socket_errors": run.socket_errors, "p50_ms": run.latency_ms(50), "p99_ms": run.latency_ms(99),
-            "processes": len(pids)}
-
-
 async def wait_routable(url: str, body: bytes, timeout: float = 60) -> None:
     """Until ``url`` answers 20 calls in a row 200, each on a connection of its own, so that every
     worker (the kernel spreads connections) has seen the echo instance on its watch feed."""
@@ -76,22 +64,6 @@ async def wait_routable(url: str, body: bytes, timeout: float = 60) -> None:
             in_a_row = in_a_row + 1 if response.status == 200 else 0
         if asyncio.get_running_loop().time() > deadline:
             raise RuntimeError(f"{url} did not route calls (last status {response.status})")
-
-
-async def measure(targets: dict[str, Target], body: bytes, rounds: int,
-                  seconds: int) -> dict[str, list[dict[str, Any]]]:
-    """A warm-up run per target, then ``rounds`` alternating rounds."""
-    loop = asyncio.get_running_loop()
-    for target in targets.values():
-        await loop.run_in_executor(None, run_round, target, body, 2)
-    results: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
-    for index in range(rounds):
-        for name in list(targets) if index % 2 == 0 else list(reversed(targets)):
-            result = await loop.run_in_executor(None, run_round, targets[name], body, seconds)
-            results[name].append(result)
-            print(f"  round {index + 1} {name:>10}: {result['rps']:7.0f} calls/s, "
-                  f"{result['cpu_us_per_call']:6.1f} us CPU/call, non-2xx {result['non_2xx']}", file=sys.stderr)
-    return results
 
 
 async def bench(workers: int, rounds: int, seconds: int) -> dict[str, list[dict[str, Any]]]:
@@ -123,7 +95,8 @@ async def bench(workers: int, rounds: int, seconds: int) -> dict[str, list[dict[
             for target in targets.values():
                 await wait_http(target.url.replace("/atp", "/healthz"))
                 await wait_routable(target.url, body)
-            return await measure(targets, body, rounds, seconds)
+            return await alternating_rounds({name: functools.partial(wrk_max, target.url, body, pid=target.pid)
+                                             for name, target in targets.items()}, rounds, seconds)
         finally:
             if beat is not None:
                 beat.cancel()
@@ -146,10 +119,6 @@ def summarize(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, fl
         row["median_vs_one"] = row["median_rps"] / one["median_rps"]
         row["calls_per_core"] = 1e6 / row["median_cpu_us"]
     return summary
-
-
-def load_average() -> str:
-    return " ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
 def print_table(info: dict[str, Any], summary: dict[str, dict[str, float]]) -> None:
