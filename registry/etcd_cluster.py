@@ -20,6 +20,7 @@ the records' watch never sees them.
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import hmac
 import logging
@@ -28,6 +29,7 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 import msgspec
+from agent_reach.exhaustion import Throttle
 
 from auth.kek import SECRETS_KEY_FILE, SecretsKeyError
 from mesh.cluster import ClusterView, EtcdEndpoint, NodeView
@@ -104,6 +106,8 @@ class EtcdMembership:
         # How many times this node took the lead, and evictions refused because it had lost it.
         self.terms_won = 0
         self._said_stale = False
+        self._step_failures = Throttle()
+        self._bad_entries = Throttle()
 
     # Decisions, read by the health checker, the API and /metrics.
 
@@ -165,7 +169,10 @@ class EtcdMembership:
             except WalUnavailable:
                 continue  # already reflected in leads() / stale_seconds(); the next step tries again
             except Exception:
-                log.exception("cluster step failed; retrying", extra={"step": getattr(step, "__name__", "")})
+                failures = self._step_failures.event()
+                if failures:  # a fault that repeats every half second is told once per interval
+                    log.exception("cluster step failed; retrying",
+                                  extra={"step": getattr(step, "__name__", ""), "events": failures})
 
     async def _check_secrets_key(self) -> None:
         """Every node must hold the same secrets.key (it opens the sealed signing keys and signs what nodes
@@ -218,7 +225,14 @@ class EtcdMembership:
             if key == self._leader_key:
                 leader = (unb64(kv.value), kv.create_revision)
             elif key.startswith(self._prefix + "nodes/"):
-                entry = msgspec.json.decode(unb64(kv.value), type=NodeEntry)
+                try:
+                    entry = msgspec.json.decode(base64.b64decode(kv.value), type=NodeEntry)
+                except (msgspec.DecodeError, ValueError):
+                    # One unreadable entry (written by hand, or by another version) must not stop this node
+                    # from seeing the others, and itself, every half second.
+                    self._bad_entries.log(log, logging.ERROR, "unreadable registry node entry in etcd; skipped",
+                                          key=key)
+                    continue
                 nodes[entry.node_id] = entry
         for gone in self.nodes.keys() - nodes.keys():
             log.warning("registry node left the cluster", extra={"node_id": gone})

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from auth.kek import SECRETS_KEY_FILE, SecretsKeyError
 from conftest import admin_key, call, post, registration, wait_for
 from etcd_support import EtcdCluster, Relay
-from registry.etcd_cluster import EtcdMembership
+from registry.etcd_cluster import EtcdMembership, cluster_prefix
 from registry.etcd_http import Range, b64, decode
 from registry.lifecycle import LifecycleConfig
 from registry.server import RegistryServer, RegistrySettings
@@ -202,3 +202,17 @@ async def test_a_node_joining_without_admin_key_keeps_the_clusters(etcd_cluster:
     for server in (first, second):
         status, _ = await call(http, "GET", f"{server.url}/agents", key)
         assert status == 200
+
+
+async def test_an_unreadable_node_entry_does_not_blind_the_others(etcd_cluster: Etcd, etcd_registry: Start,
+                                                                  tmp_path: Path, http: aiohttp.ClientSession) -> None:
+    """Before, the entry's decoding error ended every look: the node never listed itself nor led, and went stale."""
+    cluster = await etcd_cluster()
+    junk = cluster_prefix(f"/{tmp_path.name}/") + "nodes/junk"
+    async with http.post(f"{cluster.endpoints[0]}/v3/kv/put", json={"key": b64(junk), "value": b64("{not json")}):
+        pass
+    node = await etcd_registry(cluster, **FAST)
+    await wait_for(lambda: membership(node).leads(), timeout=10, what="the node leads")
+    view = await cluster_view(http, node)
+    assert [entry["url"] for entry in view["nodes"]] == [node.url] and view["leader"] == view["node_id"]
+    await wait_for(lambda: membership(node).stale_seconds() is None, what="a current view")
