@@ -31,7 +31,7 @@ from typing import Literal, cast
 import aiosqlite
 import msgspec
 
-from router.audit_writer import BUSY_TIMEOUT_SECONDS, FRAME
+from router.audit_writer import BUSY_TIMEOUT_SECONDS, FRAME, switch_to_wal
 from router.traces import CallTrace
 from wal.private import create_private_file
 
@@ -196,8 +196,8 @@ class AuditLog:
 
     async def start(self) -> None:
         create_private_file(self.path)  # 0600 before SQLite opens it: its -wal and -shm files copy the mode
+        await asyncio.to_thread(switch_to_wal, str(self.path))  # WAL is the file's mode from then on
         self._db = await aiosqlite.connect(self.path, timeout=BUSY_TIMEOUT_SECONDS)
-        await self._db.execute("PRAGMA journal_mode=WAL")
         # FULL: one fsync per committed batch, so a batch acknowledged as written survives power loss;
         # batching makes that a few fsyncs a second, on aiosqlite's thread, never on the event loop.
         await self._db.execute("PRAGMA synchronous=FULL")

@@ -15,15 +15,39 @@ batch, and starts a new writer.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import struct
 import sys
+import time
 from typing import BinaryIO
 
 FRAME = struct.Struct(">I")
 # Router workers share one file: a batch waits this long for another writer's commit (one fsync).
 BUSY_TIMEOUT_SECONDS = 10.0
+WAL_RETRY_PAUSE = 0.01
+
+
+def use_wal(db: sqlite3.Connection, patience: float = BUSY_TIMEOUT_SECONDS) -> None:
+    """Put the file in WAL mode. Switching a new file takes an exclusive lock that SQLite does not wait
+    for (its busy handler is skipped there), so router workers opening a new file together would see
+    "database is locked" at once: each retries until the file is switched, by it or another."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(WAL_RETRY_PAUSE)
+
+
+def switch_to_wal(path: str) -> None:
+    """use_wal on a connection of its own: for AuditLog, which then opens its aiosqlite connection."""
+    with contextlib.closing(sqlite3.connect(path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)) as db:
+        use_wal(db)
 
 
 def read_frame(stream: BinaryIO) -> bytes | None:
@@ -41,7 +65,7 @@ def read_frame(stream: BinaryIO) -> bytes | None:
 def serve(path: str, insert: str, requests: BinaryIO, acks: BinaryIO) -> None:
     db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None)
     try:
-        db.execute("PRAGMA journal_mode=WAL")
+        use_wal(db)
         db.execute("PRAGMA synchronous=FULL")  # one fsync per batch: an acknowledged batch survives power loss
         while (batch := read_frame(requests)) is not None:
             # Each row a JSON object whose values come in the table's column order (AuditEntry's fields).

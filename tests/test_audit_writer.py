@@ -11,6 +11,7 @@ import signal
 import sqlite3
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import aiohttp
@@ -20,6 +21,7 @@ from agentreach.cli import build_parser
 from agentreach.knobs import router_settings
 from conftest import wait_for
 from router.audit import AuditLog
+from router.audit_writer import use_wal
 from router_support import StartMesh
 from test_audit import entry, rows_in
 
@@ -168,3 +170,34 @@ async def test_a_flush_cancelled_while_waiting_for_its_ack_keeps_the_acks_in_ste
         with contextlib.suppress(ProcessLookupError):
             os.kill(stopped, signal.SIGCONT)  # a failing run's teardown must not wait on it
         await audit.stop()
+
+
+async def test_a_file_another_connection_is_reading_is_switched_to_wal_once_it_is_free(tmp_path: Path) -> None:
+    """Switching a new file to WAL takes a lock SQLite does not wait for: a router worker that opened the
+    audit file while another read it failed with "database is locked", and `up --workers 2` refused to
+    start (seen in CI). The switch now retries until the reader lets go."""
+    path = tmp_path / "audit.db"
+    reader = sqlite3.connect(path, isolation_level=None)
+    reader.execute("CREATE TABLE t (x)")
+    reader.execute("BEGIN")
+    reader.execute("SELECT * FROM t").fetchall()  # a shared lock, held until COMMIT
+    tries: list[str] = []
+    opener = sqlite3.connect(path, timeout=0.05, isolation_level=None, check_same_thread=False)
+    opener.set_trace_callback(tries.append)
+    switching = threading.Thread(target=use_wal, args=(opener,))
+    switching.start()
+    await wait_for(lambda: len(tries) >= 2, what="the switch to be retried while the file is read")
+    reader.execute("COMMIT")
+    switching.join(timeout=10)
+    assert not switching.is_alive()
+    assert opener.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+def test_the_switch_gives_up_after_its_patience(tmp_path: Path) -> None:
+    path = tmp_path / "audit.db"
+    reader = sqlite3.connect(path, isolation_level=None)
+    reader.execute("CREATE TABLE t (x)")
+    reader.execute("BEGIN")
+    reader.execute("SELECT * FROM t").fetchall()
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        use_wal(sqlite3.connect(path, timeout=0.01, isolation_level=None), patience=0.1)
