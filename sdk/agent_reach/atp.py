@@ -14,6 +14,7 @@ from typing import Any, Literal
 import msgspec
 
 from agent_reach.registration import RoutingPolicy
+from agent_reach.usage import Usage
 
 # A request id and a capability name travel in HTTP headers (X-Request-Id, X-Reach-Capability), so
 # both are bounded and plain: visible ASCII, nothing a header could be split on. Checked by the
@@ -112,6 +113,8 @@ class ResponseFrame(msgspec.Struct, kw_only=True, omit_defaults=True):
     context_update: dict[str, Any] | None = None
     business_error: BusinessError | None = None
     route: RouteFacts | None = None
+    # Tokens the call consumed: an agent reports them here; the router answers them with their cost.
+    usage: Usage | None = None
 
 
 class ErrorFrame(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*\Z"
 
@@ -22,6 +23,8 @@ TrustLevel = Literal["internal", "user_authorized", "public"]
 # What msgspec (and so the WAL and the watch feed) can encode: a bigger int is refused at the edge.
 Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 MetadataValue = str | Int64 | float | bool
+# A price, unit-free (agent_reach/usage.py); bounded so a cost summed over many calls stays finite.
+Price = Annotated[float, msgspec.Meta(ge=0, le=1e12)]
 
 
 class Capability(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -40,6 +43,11 @@ class Capability(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ] = []
     idempotent: bool = False
     trust_level: TrustLevel | None = None
+    # What a call costs (agent_reach/usage.py). Added after the stored layout was fixed
+    # (tests/test_mesh_contract.py): UNSET until given, so a capability without prices keeps its bytes.
+    cost_per_call: Price | UnsetType = UNSET
+    cost_per_1k_input_tokens: Price | UnsetType = UNSET
+    cost_per_1k_output_tokens: Price | UnsetType = UNSET
 
 
 class KnownMetadata(msgspec.Struct, kw_only=True):
