@@ -7,6 +7,8 @@ credentials from the same keys; a new kind of key is taught to both in one place
 
 from __future__ import annotations
 
+from typing import Any
+
 from agent_reach.registration import Capability
 
 from auth.book import AuthBook
@@ -19,6 +21,7 @@ from mesh.examples import (
     split_example_key,
 )
 from mesh.policy import Policy
+from mesh.quality import QUALITY_PREFIX, QualityScore, split_quality_key
 from mesh.records import ALERTS_KEY, POLICY_PREFIX, InstanceRecord, instance_id
 
 
@@ -37,6 +40,8 @@ class KeySpace:
         # capability -> example id -> learned example (mesh/examples.py), every state.
         self.examples: dict[str, dict[str, LearnedExample]] = {}
         self.example_settings: dict[str, ExampleSettings] = {}
+        # capability -> agent_id -> the instance's quality score (mesh/quality.py).
+        self.quality: dict[str, dict[str, QualityScore]] = {}
 
     def put(self, key: str, value: object) -> None:
         """Apply a stored value, already decoded; a value that is not what its key holds changes nothing."""
@@ -57,6 +62,10 @@ class KeySpace:
         elif key.startswith(EXAMPLE_SETTINGS_PREFIX):
             if isinstance(value, ExampleSettings):
                 self.example_settings[key[len(EXAMPLE_SETTINGS_PREFIX):]] = value
+        elif key.startswith(QUALITY_PREFIX):
+            if isinstance(value, QualityScore):
+                capability, agent_id = split_quality_key(key)
+                self.quality.setdefault(capability, {})[agent_id] = value
         elif self.auth.holds(key):
             self.auth.put(key, value)
 
@@ -70,13 +79,11 @@ class KeySpace:
         elif key == ALERTS_KEY:
             self.alerts = None
         elif key.startswith(EXAMPLE_PREFIX):
-            capability, identifier = split_example_key(key)
-            examples = self.examples.get(capability, {})
-            examples.pop(identifier, None)
-            if not examples:
-                self.examples.pop(capability, None)
+            _forget(self.examples, *split_example_key(key))
         elif key.startswith(EXAMPLE_SETTINGS_PREFIX):
             self.example_settings.pop(key[len(EXAMPLE_SETTINGS_PREFIX):], None)
+        elif key.startswith(QUALITY_PREFIX):
+            _forget(self.quality, *split_quality_key(key))
         elif self.auth.holds(key):
             self.auth.delete(key)
 
@@ -98,3 +105,11 @@ class KeySpace:
                 offers.pop(agent_id, None)
                 if not offers:
                     del self.offers[capability.name]
+
+
+def _forget(by_capability: dict[str, dict[str, Any]], capability: str, name: str) -> None:
+    """Drop one record of a capability, and the capability's entry with its last record."""
+    records = by_capability.get(capability, {})
+    records.pop(name, None)
+    if not records:
+        by_capability.pop(capability, None)

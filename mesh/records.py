@@ -15,6 +15,7 @@ from auth.records import AUTH_RECORD_TYPES
 from mesh.alerts import AlertConfig
 from mesh.examples import EXAMPLE_PREFIX, EXAMPLE_SETTINGS_PREFIX, ExampleSettings, LearnedExample
 from mesh.policy import Policy
+from mesh.quality import QUALITY_PREFIX, QualityScore
 
 INSTANCE_PREFIX = "instances/"
 POLICY_PREFIX = "policies/"
@@ -49,7 +50,7 @@ class AgentIdBinding(msgspec.Struct, kw_only=True):
 # Bindings are the registry's own business: they are not here, so the feed carries them without a value.
 RECORD_TYPES: list[tuple[str, type]] = [
     (INSTANCE_PREFIX, InstanceRecord), (POLICY_PREFIX, Policy), (ALERTS_KEY, AlertConfig), *AUTH_RECORD_TYPES,
-    (EXAMPLE_PREFIX, LearnedExample), (EXAMPLE_SETTINGS_PREFIX, ExampleSettings),
+    (EXAMPLE_PREFIX, LearnedExample), (EXAMPLE_SETTINGS_PREFIX, ExampleSettings), (QUALITY_PREFIX, QualityScore),
 ]
 
 _encoder = msgspec.msgpack.Encoder()

@@ -19,6 +19,7 @@ from auth.records import ClientCreate, PublishedKey, TokenCreate, client_view
 from mesh.alerts import AlertConfig
 from mesh.examples import Confirmation, ExampleSettings, NewExample, Rejection
 from mesh.policy import Policy
+from mesh.quality import QualityPost
 from mesh.watch import ROUTER_ID_MAX, encode_event, valid_router_id
 from registry.access import Access, admin_key_path
 from registry.cluster import Membership, SoleNode
@@ -27,6 +28,7 @@ from registry.gate import Gate
 from registry.gossip import SIGNATURE_HEADER
 from registry.health import HealthChecker
 from registry.metrics import metrics_registry, render
+from registry.quality import Quality
 from registry.service import Registry
 from registry.watch import WatchHub
 from wal import WalUnavailable
@@ -238,6 +240,30 @@ async def put_example_settings(request: web.Request) -> web.Response:
     return json_response(await examples(request).put_settings(capability, await read_json(request, ExampleSettings)))
 
 
+def quality(request: web.Request) -> Quality:
+    """Operators' quality scores per instance (registry/quality.py)."""
+    return request.app[REGISTRY_KEY].quality
+
+
+def quality_ref(request: web.Request) -> tuple[str, str]:
+    return path_capability(request), converted(request.match_info["agent_id"], Name, "agent_id")
+
+
+async def list_quality(request: web.Request) -> web.Response:
+    return json_response(quality(request).list(path_capability(request)))
+
+
+async def put_quality(request: web.Request) -> web.Response:
+    capability, agent_id = quality_ref(request)
+    return json_response(await quality(request).put(capability, agent_id, await read_json(request, QualityPost)))
+
+
+async def delete_quality(request: web.Request) -> web.Response:
+    capability, agent_id = quality_ref(request)
+    await quality(request).delete(capability, agent_id)
+    return json_response({"capability": capability, "agent_id": agent_id, "deleted": True})
+
+
 async def get_alert_settings(request: web.Request) -> web.Response:
     return json_response(request.app[REGISTRY_KEY].state.alerts)
 
@@ -344,6 +370,8 @@ ADMIN_ONLY: list[tuple[str, str, Handler]] = [
     ("POST", "/examples/{capability}/{example_id}/accept", accept_example),
     ("POST", "/examples/{capability}/{example_id}/reject", reject_example),
     ("DELETE", "/examples/{capability}/{example_id}", delete_example),
+    ("GET", "/quality/{capability}", list_quality), ("PUT", "/quality/{capability}/{agent_id}", put_quality),
+    ("DELETE", "/quality/{capability}/{agent_id}", delete_quality),
     ("GET", "/watch", watch), ("GET", "/cluster", cluster),
     ("POST", "/clients", create_client), ("GET", "/clients", clients), ("GET", "/clients/{client_id}", client),
     ("POST", "/clients/{client_id}/disable", disable_client), ("POST", "/clients/{client_id}/enable", enable_client),

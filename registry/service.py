@@ -32,6 +32,7 @@ from registry.access import Access
 from registry.bindings import bindings_to_forget
 from registry.examples import Examples
 from registry.lifecycle import QUERY_ORDER, LifecycleConfig, Liveness, Status, record_heartbeat, status_of
+from registry.quality import Quality
 from registry.records import build_record
 from registry.retention import evicted_to_forget
 from registry.state import RegistryState
@@ -71,6 +72,8 @@ class Registry:
         self.access = Access(store, self.state, wall_clock)
         # Learned phrasings of capabilities, confirmed by callers or written by operators (registry/examples.py).
         self.examples = Examples(store, self.state, wall_clock)
+        # Operators' quality verdicts per instance and capability (registry/quality.py).
+        self.quality = Quality(store, self.state, wall_clock)
         # Tokens whose revocation is on its way to the log: registrations with them are refused meanwhile.
         self._revoking: set[str] = set()
         self._unwatch = store.watch(self._apply)

@@ -130,5 +130,10 @@ class RegistryMirror:
     def policy(self, capability: str) -> Policy | None:
         return self.keys.policies.get(capability)
 
+    def quality(self, capability: str, agent_id: str) -> float | None:
+        """The instance's quality score for ``capability`` (0..1, mesh/quality.py); None when none is posted."""
+        score = self.keys.quality.get(capability, {}).get(agent_id)
+        return score.score if score is not None else None
+
     def capability_names(self) -> list[str]:
         return sorted(self.keys.offers)
