@@ -21,6 +21,7 @@ from agent_reach.headers import API_KEY_HEADER
 from agent_reach.registration import TrustLevel
 
 from agentreach.credentials import admin_key, default_registry
+from auth.records import BudgetPeriod
 from registry.access import admin_key_path
 
 TIMEOUT = aiohttp.ClientTimeout(total=15, connect=3)
@@ -53,6 +54,22 @@ def add_key_flags(parser: argparse.ArgumentParser) -> None:
                         help="where admin.key is read from without --admin-key (default: ./.agentreach)")
 
 
+def _budget_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--budget-tokens", type=int, default=None, metavar="N",
+                        help="tokens it may use per period, across every router")
+    parser.add_argument("--budget-cost", type=float, default=None, metavar="X",
+                        help="cost (the instances' unit-free prices) it may spend per period, across every router")
+    parser.add_argument("--budget-period", choices=get_args(BudgetPeriod), default=None,
+                        help="the budget's period, a calendar hour, day or month in UTC (needed with a budget)")
+
+
+def _budget(args: argparse.Namespace) -> dict[str, Any]:
+    """The budget flags given, as the API's fields (the registry checks them and names the one at fault)."""
+    given = {"budget_tokens": args.budget_tokens, "budget_cost": args.budget_cost,
+             "budget_period": args.budget_period}
+    return {name: value for name, value in given.items() if value is not None}
+
+
 def add_commands(commands: Any) -> None:
     """Add the `clients` and `tokens` command groups to the top-level subparsers."""
     clients = commands.add_parser("clients", help="create, list, disable, enable and rotate callers",
@@ -65,7 +82,12 @@ def add_commands(commands: Any) -> None:
                         help="a capability it may call, or a prefix such as order.* (repeat for more)")
     create.add_argument("--rate-limit", type=float, default=None, metavar="QPS",
                         help="calls per second through one router (default: the router's)")
+    _budget_flags(create)
     _common(create)
+    budget = client_commands.add_parser("budget", help="set a client's budget (no budget flag: remove it)")
+    budget.add_argument("client_id", metavar="ID")
+    _budget_flags(budget)
+    _common(budget)
     listing = client_commands.add_parser("list", help="list every client (never a secret)")
     _common(listing)
     for action, text in (("disable", "refuse its credentials from now on"), ("enable", "accept them again"),
@@ -110,7 +132,9 @@ def call_for(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Call:
         body: dict[str, Any] = {"name": args.name, "trust_level": args.trust, "grants": args.grants}
         if args.rate_limit is not None:
             body["rate_limit_qps"] = args.rate_limit
-        return Call("POST", "/clients", body)
+        return Call("POST", "/clients", {**body, **_budget(args)})
+    if args.action == "budget":
+        return Call("PUT", f"/clients/{quote(args.client_id, safe='')}/budget", _budget(args))
     if args.action == "list":
         return Call("GET", "/clients")
     return Call("POST", f"/clients/{quote(args.client_id, safe='')}/{args.action}")

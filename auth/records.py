@@ -7,7 +7,7 @@ call-signing key, is stored sealed (auth.sealing) and opened for the admin-only 
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 from agent_reach.registration import Name, TrustLevel
@@ -22,6 +22,10 @@ GRANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*(\.\*)?\Z"
 Grant = Annotated[str, msgspec.Meta(min_length=1, max_length=130, pattern=GRANT_PATTERN)]
 Grants = Annotated[list[Grant], msgspec.Meta(min_length=1, max_length=256)]
 Label = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+# A client's budget: tokens and/or cost (the routers' unit-free prices) per calendar period, UTC.
+BudgetPeriod = Literal["hour", "day", "month"]
+BudgetTokens = Annotated[int, msgspec.Meta(ge=1, le=2**53 - 1)]
+BudgetCost = Annotated[float, msgspec.Meta(gt=0)]
 
 
 class ClientRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -38,6 +42,10 @@ class ClientRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     rotated_at: float | None = None
     # Calls per second this client may make through one router; None means the router's default.
     rate_limit_qps: float | None = None
+    # What the client may spend per period across every router (router/budgets.py); None: no such budget.
+    budget_tokens: int | None = None
+    budget_cost: float | None = None
+    budget_period: BudgetPeriod | None = None
 
 
 class TokenRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -95,6 +103,17 @@ class ClientCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     trust_level: TrustLevel
     grants: Grants
     rate_limit_qps: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    budget_tokens: BudgetTokens | None = None
+    budget_cost: BudgetCost | None = None
+    budget_period: BudgetPeriod | None = None
+
+
+class ClientBudget(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The body of PUT /clients/{id}/budget: the client's whole budget (none given: no budget)."""
+
+    budget_tokens: BudgetTokens | None = None
+    budget_cost: BudgetCost | None = None
+    budget_period: BudgetPeriod | None = None
 
 
 class TokenCreate(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -114,6 +133,9 @@ class ClientView(msgspec.Struct, kw_only=True):
     created_at: float
     rotated_at: float | None = None
     rate_limit_qps: float | None = None
+    budget_tokens: int | None = None
+    budget_cost: float | None = None
+    budget_period: BudgetPeriod | None = None
 
 
 class ClientSecrets(msgspec.Struct, kw_only=True):
@@ -158,7 +180,9 @@ def published_key_key(kid: str) -> str:
 def client_view(record: ClientRecord) -> ClientView:
     return ClientView(client_id=record.client_id, name=record.name, trust_level=record.trust_level,
                       grants=record.grants, enabled=record.enabled, created_at=record.created_at,
-                      rotated_at=record.rotated_at, rate_limit_qps=record.rate_limit_qps)
+                      rotated_at=record.rotated_at, rate_limit_qps=record.rate_limit_qps,
+                      budget_tokens=record.budget_tokens, budget_cost=record.budget_cost,
+                      budget_period=record.budget_period)
 
 
 def token_view(record: TokenRecord) -> TokenView:

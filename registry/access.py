@@ -48,6 +48,7 @@ from auth.secrets import (
     new_secret,
 )
 from mesh.records import encode_value
+from registry.budgets import check_budget
 from registry.state import RegistryState
 from registry.store import Store
 from wal.private import write_private
@@ -80,12 +81,14 @@ class Access:
         self._kek: bytes | None = None
 
     async def create_client(self, request: ClientCreate) -> ClientSecrets:
+        check_budget(request.budget_tokens, request.budget_cost, request.budget_period)
         client_id = new_id("cli_")
         secret, api_key = new_secret(CLIENT_SECRET_PREFIX), new_secret(API_KEY_PREFIX)
         record = ClientRecord(client_id=client_id, name=request.name, trust_level=request.trust_level,
                               grants=list(dict.fromkeys(request.grants)), secret_digest=digest(secret),
                               api_key_digest=digest(api_key), created_at=self._wall_clock(),
-                              rate_limit_qps=request.rate_limit_qps)
+                              rate_limit_qps=request.rate_limit_qps, budget_tokens=request.budget_tokens,
+                              budget_cost=request.budget_cost, budget_period=request.budget_period)
         await self.store.put(client_key(client_id), encode_value(record))
         log.info("client created", extra={"client_id": client_id, "client_name": record.name,
                                           "trust_level": record.trust_level, "grants": record.grants})

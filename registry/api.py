@@ -15,8 +15,9 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
-from auth.records import ClientCreate, PublishedKey, TokenCreate, client_view
+from auth.records import ClientBudget, ClientCreate, PublishedKey, TokenCreate, client_view
 from mesh.alerts import AlertConfig
+from mesh.budgets import LeaseRequest
 from mesh.examples import Confirmation, ExampleSettings, NewExample, Rejection
 from mesh.policy import Policy
 from mesh.quality import QualityPost
@@ -328,6 +329,21 @@ async def create_token(request: web.Request) -> web.Response:
     return json_response(await access(request).create_token(await read_json(request, TokenCreate)), 201)
 
 
+async def set_budget(request: web.Request) -> web.Response:
+    budget = await read_json(request, ClientBudget)
+    return json_response(await request.app[REGISTRY_KEY].budgets.set_budget(request.match_info["client_id"], budget))
+
+
+async def budget(request: web.Request) -> web.Response:
+    return json_response(request.app[REGISTRY_KEY].budgets.account(request.match_info["client_id"]))
+
+
+async def lease_budget(request: web.Request) -> web.Response:
+    """A router's spend so far and its next chunk of the client's budget (registry/budgets.py)."""
+    ask = await read_json(request, LeaseRequest)
+    return json_response(await request.app[REGISTRY_KEY].budgets.lease(request.match_info["client_id"], ask))
+
+
 async def tokens(request: web.Request) -> web.Response:
     return json_response({"tokens": access(request).tokens()})
 
@@ -375,7 +391,8 @@ ADMIN_ONLY: list[tuple[str, str, Handler]] = [
     ("GET", "/watch", watch), ("GET", "/cluster", cluster),
     ("POST", "/clients", create_client), ("GET", "/clients", clients), ("GET", "/clients/{client_id}", client),
     ("POST", "/clients/{client_id}/disable", disable_client), ("POST", "/clients/{client_id}/enable", enable_client),
-    ("POST", "/clients/{client_id}/rotate", rotate_client),
+    ("POST", "/clients/{client_id}/rotate", rotate_client), ("PUT", "/clients/{client_id}/budget", set_budget),
+    ("GET", "/budgets/{client_id}", budget), ("POST", "/budgets/{client_id}/lease", lease_budget),
     ("POST", "/tokens", create_token), ("GET", "/tokens", tokens), ("POST", "/tokens/{token_id}/revoke", revoke_token),
     ("GET", "/signing-keys", published_keys), ("PUT", "/signing-keys", publish_keys)]
 # Only with auth on and a data dir to write the new key to.

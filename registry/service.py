@@ -30,6 +30,7 @@ from mesh.records import (
 )
 from registry.access import Access
 from registry.bindings import bindings_to_forget
+from registry.budgets import Budgets
 from registry.examples import Examples
 from registry.lifecycle import QUERY_ORDER, LifecycleConfig, Liveness, Status, record_heartbeat, status_of
 from registry.quality import Quality
@@ -72,6 +73,8 @@ class Registry:
         self.access = Access(store, self.state, wall_clock)
         # Learned phrasings of capabilities, confirmed by callers or written by operators (registry/examples.py).
         self.examples = Examples(store, self.state, wall_clock)
+        # Client budgets' accounts for their period and the leases routers spend from (registry/budgets.py).
+        self.budgets = Budgets(store, self.state, wall_clock)
         # Operators' quality verdicts per instance and capability (registry/quality.py).
         self.quality = Quality(store, self.state, wall_clock)
         # Tokens whose revocation is on its way to the log: registrations with them are refused meanwhile.
@@ -87,6 +90,7 @@ class Registry:
     def close(self) -> None:
         self._unwatch()
 
+        self.budgets.close()
     def status(self, agent_id: str, now: float) -> Status:
         record = self.state.records[agent_id]
         liveness = self.state.liveness.get(agent_id)

@@ -1,0 +1,115 @@
+"""Client budgets at the registry: each client's account for its period, and the leases routers ask for.
+
+The accounts are records in the store (``budgets/{client_id}/account``, mesh/budgets.py), so they
+survive a restart and are shared by registry nodes on one etcd: an ask is a read-change-write done
+with ``put_if_unchanged`` on the account's key, retried when another node wrote it first. They are
+not part of the routers' mirrored key space (a router needs only its own lease, not every account).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import msgspec
+
+from auth.records import BudgetPeriod, ClientBudget, ClientView, client_key, client_view
+from mesh.budgets import (
+    BUDGET_PREFIX,
+    BudgetAccount,
+    BudgetView,
+    LeaseGrant,
+    LeaseRequest,
+    Limits,
+    account_key,
+    budget_problem,
+    client_of,
+    current,
+    lease,
+    limits_of,
+    view,
+)
+from mesh.records import encode_value
+from registry.state import RegistryState
+from registry.store import Change, Store
+from weblayer.errors import ApiError
+
+log = logging.getLogger("agentreach.registry.budgets")
+
+_account_decoder = msgspec.msgpack.Decoder(BudgetAccount)
+
+
+def check_budget(tokens: int | None, cost: float | None, period: BudgetPeriod | None) -> None:
+    """A 400 naming the field when a budget's parts do not fit together."""
+    problem = budget_problem(tokens, cost, period)
+    if problem is not None:
+        raise ApiError(400, "invalid_field", problem[1], problem[0])
+
+
+class Budgets:
+    def __init__(self, store: Store, state: RegistryState, wall_clock: Callable[[], float]):
+        self._store = store
+        self._state = state
+        self._wall_clock = wall_clock
+        self._accounts: dict[str, BudgetAccount] = {}
+        for key, value in store.snapshot().items():
+            self._apply(Change(key, value))
+        self.close = store.watch(self._apply)
+        # One ask at a time in this process; across nodes sharing etcd, put_if_unchanged decides.
+        self._lock = asyncio.Lock()
+
+    def _apply(self, change: Change) -> None:
+        client_id = client_of(change.key)
+        if client_id is None:
+            return
+        if change.value is None:
+            self._accounts.pop(client_id, None)
+        else:
+            self._accounts[client_id] = _account_decoder.decode(change.value)
+
+    def _limits(self, client_id: str) -> Limits:
+        record = self._state.auth.clients.get(client_id)
+        if record is None:
+            raise ApiError(404, "client_not_found", f"No client {client_id!r}", "client_id")
+        limits = limits_of(record)
+        if limits is None:
+            raise ApiError(404, "no_budget", f"Client {client_id!r} has no budget", "client_id")
+        return limits
+
+    async def set_budget(self, client_id: str, budget: ClientBudget) -> ClientView:
+        """The client's whole budget replaced (none given: removed); its account for the period is kept."""
+        check_budget(budget.budget_tokens, budget.budget_cost, budget.budget_period)
+        record = self._state.auth.clients.get(client_id)
+        if record is None:
+            raise ApiError(404, "client_not_found", f"No client {client_id!r}", "client_id")
+        record = msgspec.structs.replace(record, budget_tokens=budget.budget_tokens, budget_cost=budget.budget_cost,
+                                         budget_period=budget.budget_period)
+        await self._store.put(client_key(client_id), encode_value(record))
+        log.warning("client budget set", extra={"client_id": client_id, "budget_tokens": budget.budget_tokens,
+                                                "budget_cost": budget.budget_cost, "period": budget.budget_period})
+        return client_view(record)
+
+    def account(self, client_id: str) -> BudgetView:
+        limits = self._limits(client_id)
+        return view(current(self._accounts.get(client_id), client_id, limits, self._wall_clock()), limits)
+
+    async def lease(self, client_id: str, request: LeaseRequest) -> LeaseGrant:
+        """Record a router's spend and grant it a chunk of what is left (nothing once the budget is committed)."""
+        limits = self._limits(client_id)
+        key = account_key(client_id)
+        async with self._lock:
+            while True:
+                since = self._store.revision
+                stored = self._accounts.get(client_id)
+                account, grant = lease(current(stored, client_id, limits, self._wall_clock()), limits, request)
+                if account == stored:
+                    return grant
+                # Another registry node may have changed this account since memory was read: read again then.
+                if await self._store.put_if_unchanged(key, encode_value(account), since,
+                                                      [f"{BUDGET_PREFIX}{client_id}/"]) is not None:
+                    break
+        log.info("budget lease", extra={"client_id": client_id, "router_id": request.router_id,
+                                        "granted_tokens": grant.share.granted_tokens,
+                                        "left_tokens": grant.left_tokens, "left_cost": grant.left_cost})
+        return grant
