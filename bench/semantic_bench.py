@@ -40,9 +40,9 @@ from mesh.keyspace import KeySpace
 from mesh.records import InstanceRecord, instance_key
 from mesh.watch import Reset
 from router.mirror import RegistryMirror
-from router.semantic.calibrate import EvalCapability, EvalSet, accuracy, is_calibration, load_eval_set, rank
+from router.semantic.calibrate import EvalSet, accuracy, is_calibration, load_eval_set, rank
 from router.semantic.embedder import DEFAULT_MODEL, MODELS, AsyncEmbedder
-from router.semantic.index import CapabilityIndex
+from router.semantic.index import CapabilityIndex, capability_text
 from router.semantic.index import described_capabilities as described_capabilities_of
 from router.semantic.judge import ExampleJudge
 from router.semantic.matcher import MatchRule
@@ -190,8 +190,8 @@ async def learning_curve(embedder: AsyncEmbedder, rule: MatchRule) -> list[dict[
     rows = []
     for per_capability in LEARNED_PER_CAPABILITY:
         learned = learned_phrasings(EVAL, per_capability)
-        everything = EvalSet([EvalCapability(c.name, c.description, [*c.examples, *learned.get(c.name, [])])
-                              for c in EVAL.capabilities], EVAL.intents).capability_texts()
+        everything = [capability_text(entry.name, entry.texts, learned.get(entry.name, ()))
+                      for entry in EVAL.capability_texts()]
         keys = await judged(embedder, rule, learned)
         row: dict[str, Any] = {"learned_per_capability": per_capability,
                                "rejected_by_judge": sum(e.state == "rejected" for examples in keys.examples.values()

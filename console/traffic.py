@@ -29,12 +29,17 @@ class Sample(msgspec.Struct, frozen=True, array_like=True):
     tokens: int
 
 
+def _tokens(call: CallTrace) -> int:
+    usage = call.usage
+    return 0 if usage is None else usage.input_tokens + usage.output_tokens
+
+
 def samples_of(call: CallTrace) -> list[Sample]:
     """One sample per attempt, stamped with when the attempt started on the wall clock."""
     answerer = len(call.attempts) - 1 if call.outcome != "failed" else -1
     return [Sample(at=call.started_at + attempt.started_ms / 1000, agent_id=attempt.instance,
                    capability=call.capability, elapsed_ms=attempt.elapsed_ms, error_code=attempt.error_code,
-                   tokens=(call.tokens or 0) if index == answerer else 0)
+                   tokens=_tokens(call) if index == answerer else 0)
             for index, attempt in enumerate(call.attempts)]
 
 

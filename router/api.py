@@ -47,6 +47,7 @@ from router.oauth import OAuthRefusal
 from router.reach import health_rate
 from router.streaming import CallerStream, Relay
 from router.tracecontext import ParentSpan, parent_span
+from router.usage import PERIOD_SECONDS
 from weblayer.errors import ApiError, from_decode_error
 from weblayer.guard import admin_only
 from weblayer.middleware import failure_response
@@ -359,6 +360,17 @@ async def reach(request: web.Request) -> web.Response:
     })
 
 
+async def usage(request: web.Request) -> web.Response:
+    """GET /usage?period=hour|day[&client=ID][&capability=NAME]: calls, tokens and cost this router metered,
+    per period kept (oldest first), in all and per client, capability and instance (router/usage.py)."""
+    period = request.query.get("period", "hour")
+    if period not in PERIOD_SECONDS:
+        raise ApiError(400, "invalid_field", f"period must be one of {', '.join(PERIOD_SECONDS)}", "period")
+    query = request.query
+    periods = request.app[ROUTER_KEY].usage.periods(period, query.get("client"), query.get("capability"))
+    return json_response({"period": period, "periods": periods})
+
+
 async def rule_stats(request: web.Request) -> web.Response:
     """Calls each live rule decided and each shadow rule's agreement with the live decisions, on this router."""
     book, capability = request.app[ROUTER_KEY].rules, request.query.get("capability")
@@ -453,6 +465,7 @@ OPEN: list[tuple[str, str, Handler]] = [
     ("POST", "/completions", completions), ("GET", "/healthz", healthz), ("GET", "/metrics", metrics)]
 ADMIN_ONLY: list[tuple[str, str, Handler]] = [
     ("GET", "/reach", reach), ("GET", "/alerts", alerts), ("GET", "/rules/stats", rule_stats),
+    ("GET", "/usage", usage),
     ("GET", "/traces", traces), ("GET", "/traces/{request_id}", trace)]
 # With an audit trail kept.
 AUDIT: tuple[str, str, Handler] = ("GET", "/audit", audit_entries)

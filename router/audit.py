@@ -70,6 +70,10 @@ class AuditEntry(msgspec.Struct, gc=False):
     # A streamed answer's chunks and their bytes (all of them, whatever the caller read); None: not streamed.
     chunks: int | None = None
     chunk_bytes: int | None = None
+    # The answer's usage and its cost (agent_reach.usage); None: the agent reported none and the instance has no price.
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost: float | None = None
 
 
 class AuditFilter(msgspec.Struct, kw_only=True, frozen=True):
@@ -93,7 +97,8 @@ CREATE TABLE IF NOT EXISTS audit (
     time REAL NOT NULL, capability TEXT NOT NULL, request_id TEXT NOT NULL, outcome TEXT NOT NULL,
     latency_ms REAL NOT NULL, caller TEXT, caller_name TEXT, instance TEXT, trace_id TEXT,
     parent_request_id TEXT, error_code TEXT, payload_bytes INTEGER NOT NULL, payload_sha256 TEXT,
-    auth_method TEXT, rule TEXT, chunks INTEGER, chunk_bytes INTEGER);
+    auth_method TEXT, rule TEXT, chunks INTEGER, chunk_bytes INTEGER, input_tokens INTEGER, output_tokens INTEGER,
+    cost REAL);
 CREATE INDEX IF NOT EXISTS audit_time ON audit (time);
 CREATE INDEX IF NOT EXISTS audit_capability ON audit (capability, time);
 CREATE INDEX IF NOT EXISTS audit_caller ON audit (caller, time);
@@ -104,7 +109,8 @@ CREATE INDEX IF NOT EXISTS audit_trace_id ON audit (trace_id);
 # of its own that takes no GIL from the loop, and costs less CPU than SQLite unpacking the array
 # itself (`INSERT ... SELECT json_extract(...) FROM json_each(?)`: ~11 against ~7 µs a row).
 # Columns added after the first release: a trail written before gains them (NULL in its old rows).
-ADDED_COLUMNS = (("rule", "TEXT"), ("chunks", "INTEGER"), ("chunk_bytes", "INTEGER"))
+ADDED_COLUMNS = (("rule", "TEXT"), ("chunks", "INTEGER"), ("chunk_bytes", "INTEGER"), ("input_tokens", "INTEGER"),
+                 ("output_tokens", "INTEGER"), ("cost", "REAL"))
 INSERT = f"INSERT INTO audit ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
 _batch_encoder = msgspec.json.Encoder()
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM audit"
@@ -114,6 +120,7 @@ def entry_from_trace(trace: CallTrace, caller_id: str | None, caller_name: str |
                      auth_method: AuthMethod | None, payload_sha256: str | None) -> AuditEntry:
     """The audit row for a routed call; who called is passed in, the rest comes from the trace."""
     refused = trace.error_code in REFUSAL_CODES
+    usage = trace.usage
     return AuditEntry(
         time=trace.started_at, capability=trace.capability, request_id=trace.request_id,
         outcome="refused" if refused else cast(AuditOutcome, trace.outcome),
@@ -121,6 +128,8 @@ def entry_from_trace(trace: CallTrace, caller_id: str | None, caller_name: str |
         instance=trace.attempts[-1].instance if trace.attempts else None, trace_id=trace.trace_id,
         parent_request_id=trace.parent_request_id, error_code=trace.error_code,
         payload_bytes=trace.payload_bytes, payload_sha256=payload_sha256, auth_method=auth_method, rule=trace.rule,
+        input_tokens=None if usage is None else usage.input_tokens,
+        output_tokens=None if usage is None else usage.output_tokens, cost=None if usage is None else usage.cost,
         **_streamed(trace))
 
 

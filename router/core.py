@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from agent_reach.atp import ErrorCode, ErrorFrame, RequestFrame, ResponseFrame, RouteFacts, error_frame
 from agent_reach.exhaustion import Throttle
-from agent_reach.registration import RoutingPolicy
+from agent_reach.registration import Capability, RoutingPolicy
+from agent_reach.usage import priced
 
 from mesh.alerts import AlertConfig
 from mesh.policy import DEFAULT_POLICY, Policy, SplitShare
@@ -45,6 +46,7 @@ from router.timeouts import ResolvedTimeouts, resolve_timeouts
 from router.tracecontext import CallSpan, ParentSpan, open_span
 from router.traces import AttemptTrace, CallTrace, TraceStore
 from router.traffic_mirror import TrafficMirror, mirrored, status_of
+from router.usage import UsageLedger
 
 if TYPE_CHECKING:
     from router.semantic.resolver import SemanticRouter
@@ -106,6 +108,7 @@ class _Attempts(msgspec.Struct, kw_only=True):
     plan: list[str] = []
     version: str | None = None  # the capability version of the instance last tried
     rule: str | None = None  # the policy rule that decided where the call went
+    served: Capability | None = None  # the capability of the instance last tried: its prices price the call
 
 
 class _InFlight(msgspec.Struct, kw_only=True):
@@ -133,6 +136,7 @@ class Router:
         self.releases = Releases()
         self.degradations = DegradationAlerts()
         self.traces = TraceStore(successes_per_second=settings.traced_successes_per_second)
+        self.usage = UsageLedger()
         # Set by the server when it keeps an audit trail: every call, refusals included, gets a row.
         self.audit: AuditLog | None = None
         # Set by the server when it can report confirmed intents to the registry.
@@ -224,6 +228,10 @@ class Router:
             self.ledger.record(frame.capability or "", outcome, code, (time.monotonic() - started) * 1000, time.time())
         if outcome == "degraded":
             self._degraded(frame, result.route)
+        if isinstance(result.frame, ResponseFrame) and result.frame.usage is not None:
+            self.usage.record(caller.client_id if isinstance(caller, Caller) else ANONYMOUS,
+                              result.route.capability or "", result.route.instance or "", result.frame.usage,
+                              time.time())
 
     def _degraded(self, frame: RequestFrame, route: RouteFacts) -> None:
         """An L1 capability's degraded answer is logged and alerted; an L2 one's is only counted."""
@@ -269,8 +277,6 @@ class Router:
             return
         route = result.route if result is not None else RouteFacts()
         answer = result.frame if result is not None else None
-        update = answer.context_update if isinstance(answer, ResponseFrame) else None
-        tokens = update.get("tokens_used") if update else None
         parent_request_id = frame.context.get("parent_request_id")
         trace = CallTrace(
             request_id=frame.request_id, capability=frame.capability or "", trace_id=str(frame.context["trace_id"]),
@@ -283,7 +289,7 @@ class Router:
             attempts=flight.tried, outcome=outcome,
             error_code=CANCELLED if answer is None else answer.error_code if isinstance(answer, ErrorFrame) else None,
             total_ms=round((time.monotonic() - started) * 1000, 3), overhead_ms=route.overhead_ms or 0.0,
-            tokens=tokens if isinstance(tokens, int) else None, span_id=flight.span.span_id,
+            usage=answer.usage if isinstance(answer, ResponseFrame) else None, span_id=flight.span.span_id,
             parent_span_id=flight.span.parent_span_id, streamed=flight.relay.streaming, chunks=flight.relay.chunks,
             chunk_bytes=flight.relay.bytes)
         if keep:
@@ -441,7 +447,8 @@ class Router:
             return None
         self.decisions["fixed_answer"] += 1
         answered = msgspec.structs.replace(attempts, answer=AgentAnswer(result=floor, sent=False), refusal=None,
-                                           instance=None, version=None, degraded=True, reason="fixed_answer")
+                                           instance=None, version=None, served=None, degraded=True,
+                                           reason="fixed_answer")
         return self._finish(frame, frame.capability or "", None, answered, started)
 
     async def _call_fallback(self, frame: RequestFrame, fallback: str, started: float,
@@ -523,6 +530,7 @@ class Router:
             attempt.error_code = answer.error_code
             state.attempts += 1
             state.instance, state.version = candidate.agent_id, candidate.version
+            state.served = offer.capability
             state.answer = answer
             state.agent_ms += answer.elapsed_ms
             answer.cut_short = hurried(answer.error_code, timeouts, own)
@@ -617,8 +625,9 @@ class Router:
         assert answer is not None
         if answer.error_code is None:
             return CallResult(frame=ResponseFrame(request_id=frame.request_id, status="success", result=answer.result,
-                                                  context_update=answer.context_update, route=route), route=route,
-                              plan=attempts.plan)
+                                                  context_update=answer.context_update, route=route,
+                                                  usage=priced(attempts.served, answer.usage)),
+                              route=route, plan=attempts.plan)
         error = error_frame(frame.request_id, answer.error_code, answer.message)
         error.business_error, error.route = answer.business_error, route
         return CallResult(frame=error, route=route, plan=attempts.plan)

@@ -32,6 +32,7 @@ from agent_reach.headers import (
 from agent_reach.registration import Protocol
 from agent_reach.signing import sign
 from agent_reach.sse import CHUNK, ERROR, EVENT_STREAM, MESSAGE, RESPONSE, EventParser
+from agent_reach.usage import Usage, usage_from
 from yarl import URL
 
 from router.a2a.outbound import A2AAgents, CardError, Verdict, a2a_request, stream_step, verdict_of
@@ -65,6 +66,8 @@ class AgentAnswer(msgspec.Struct, kw_only=True):
     cut_short: bool = False
     # Chunks of a streamed answer this attempt passed on: after the first, the call is never failed over.
     chunks: int = 0
+    # The tokens the agent reported for the call (None: none, or a report the router could not read).
+    usage: Usage | None = None
 
     @property
     def ok(self) -> bool:
@@ -80,6 +83,7 @@ class _AgentReply(msgspec.Struct, kw_only=True):
     business_error: BusinessError | None = None
     error_code: str | None = None
     error_message: str = ""
+    usage: Any = None  # read by usage_from: a garbled report is dropped, never a failed call
 
 
 _reply_decoder = msgspec.json.Decoder(_AgentReply)
@@ -137,11 +141,31 @@ def _classify_atp(status: int, body: bytes) -> AgentAnswer:
         return AgentAnswer(error_code=ErrorCode.BUSY, message="agent answered busy")
     if reply.status == "error" or not 200 <= status < 300:
         return AgentAnswer(error_code=ErrorCode.AGENT_ERROR, message=f"agent answered status error (HTTP {status})")
-    return AgentAnswer(result=reply.result, context_update=reply.context_update)
+    return AgentAnswer(result=reply.result, context_update=reply.context_update, usage=usage_from(reply.usage))
 
 
 _business_decoder = msgspec.json.Decoder(dict[str, Any] | list[Any] | str | int | float | bool | None)
 _raw_decoder = msgspec.json.Decoder(msgspec.Raw)
+
+
+class _RestUsage(msgspec.Struct):
+    """A rest answer's top-level ``usage``, read apart from the answer, which is passed on untouched."""
+
+    usage: Any = None
+
+
+_rest_usage_decoder = msgspec.json.Decoder(_RestUsage)
+
+
+def _rest_usage(body: bytes) -> Usage | None:
+    """The usage a rest answer carries; only answers that name one are read twice (an object's other
+    members are skipped, an answer that is no object has none)."""
+    if b'"usage"' not in body:
+        return None
+    try:
+        return usage_from(_rest_usage_decoder.decode(body).usage)
+    except msgspec.MsgspecError:
+        return None
 
 
 def _classify_rest(status: int, body: bytes) -> AgentAnswer:
@@ -153,13 +177,13 @@ def _classify_rest(status: int, body: bytes) -> AgentAnswer:
             # the router has no reason to rebuild it.
             if not body.isascii():
                 body.decode()
-            return AgentAnswer(result=_raw_decoder.decode(body) if body else None)
+            return AgentAnswer(result=_raw_decoder.decode(body) if body else None, usage=_rest_usage(body))
         result = _business_decoder.decode(body)
     except (msgspec.MsgspecError, UnicodeDecodeError) as exc:
         return _malformed(f"the body is not JSON ({exc})")
     raw = result.get("business_error") if isinstance(result, dict) else None
     if raw is None:
-        return AgentAnswer(result=result)
+        return AgentAnswer(result=result, usage=usage_from(result.get("usage")) if isinstance(result, dict) else None)
     business = agent_business_error(raw)
     if business is None:
         return _malformed("business_error must be a string or an object with a string code")

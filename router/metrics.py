@@ -74,6 +74,16 @@ class RouterCollector(Collector):
         yield GaugeMetricFamily("agentreach_router_limit_share",
                                 "Fraction of every client rate and instance max_qps this router admits",
                                 value=router.mirror.limit_share)
+        tokens = CounterMetricFamily("agentreach_tokens", "Tokens agents reported, by capability and direction",
+                                     labels=["capability", "direction"])
+        cost = CounterMetricFamily("agentreach_cost", "Cost of the calls at the serving instances' prices (unit-free)",
+                                   labels=["capability"])
+        for capability, used in router.usage.lifetime().items():
+            tokens.add_metric([capability, "input"], used.input_tokens)
+            tokens.add_metric([capability, "output"], used.output_tokens)
+            cost.add_metric([capability], used.cost)
+        yield tokens
+        yield cost
         yield CounterMetricFamily("agentreach_router_traces_sampled_out",
                                   "Successful calls not traced: over the traced successes per second",
                                   value=router.traces.sampled_out)

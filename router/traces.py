@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 from agent_reach.atp import ErrorCode, RoutedBy
 from agent_reach.registration import Protocol
+from agent_reach.usage import Usage
 
 
 class AttemptTrace(msgspec.Struct, kw_only=True, gc=False):
@@ -52,7 +53,8 @@ class CallTrace(msgspec.Struct, kw_only=True, gc=False):
     error_code: str | None = None  # an ErrorCode, or CANCELLED (nothing was answered)
     total_ms: float = 0.0
     overhead_ms: float = 0.0
-    tokens: int | None = None
+    # The answer's tokens and their cost at the serving instance's prices (the caller's ``usage``); None: neither.
+    usage: Usage | None = None
     span_id: str = ""  # the router's W3C span of this call
     parent_span_id: str | None = None  # the caller's span, from its traceparent
     # A streamed answer: whether the caller read it as a stream, its chunks and their bytes (JSON) together.

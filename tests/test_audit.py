@@ -132,7 +132,8 @@ async def test_each_filter_over_http(open_log, serve, http) -> None:
                        "latency_ms": 1.5, "caller": None, "caller_name": None, "instance": None, "trace_id": "t3",
                        "parent_request_id": None, "error_code": "UNAUTHENTICATED", "payload_bytes": 10,
                        "payload_sha256": hashlib.sha256(b"payload 4").hexdigest(), "auth_method": None,
-                       "rule": None, "chunks": None, "chunk_bytes": None}
+                       "rule": None, "chunks": None, "chunk_bytes": None, "input_tokens": None,
+                       "output_tokens": None, "cost": None}
     assert (await get(http, url, request_id="req-2"))[1]["entries"][0]["parent_request_id"] == "req-1"
 
 

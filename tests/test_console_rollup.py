@@ -3,6 +3,8 @@ that survive a router restart, per-agent traffic and the heartbeat history."""
 
 from __future__ import annotations
 
+from agent_reach.usage import Usage
+
 from console.heartbeats import HeartbeatLog
 from console.rollup import capability_reach, counter_deltas, merged, period_totals, reach_points, recent
 from console.traffic import QPS_SECONDS, WINDOW_SECONDS, TrafficWindow, samples_of
@@ -63,7 +65,8 @@ def test_merged_tallies_add_histograms():
 def trace(request_id: str, at: float, attempts: list[tuple[str, float, str | None]], outcome: str,
           tokens: int | None = None, capability: str = "cap") -> CallTrace:
     return CallTrace(request_id=request_id, capability=capability, trace_id=request_id, started_at=at,
-                     outcome=outcome, tokens=tokens,
+                     outcome=outcome,
+                     usage=None if tokens is None else Usage(input_tokens=1, output_tokens=tokens - 1),
                      attempts=[AttemptTrace(instance=agent, endpoint="http://x", protocol="rest", started_ms=i * 10.0,
                                             elapsed_ms=elapsed, error_code=code)
                                for i, (agent, elapsed, code) in enumerate(attempts)])

@@ -56,7 +56,8 @@ async def test_every_call_and_every_refusal_leaves_a_row_with_the_payload_digest
         "caller": reader["client_id"], "caller_name": "support-desk", "instance": "orders-1",
         "trace_id": "incident-7", "parent_request_id": None, "error_code": None,
         "payload_bytes": len(msgspec.json.encode(secret)), "payload_sha256": digest_of(secret),
-        "auth_method": "api_key", "rule": None, "chunks": None, "chunk_bytes": None}
+        "auth_method": "api_key", "rule": None, "chunks": None, "chunk_bytes": None, "input_tokens": None,
+        "output_tokens": None, "cost": None}
     assert (rows["no-grant-1"]["outcome"], rows["no-grant-1"]["error_code"], rows["no-grant-1"]["caller"],
             rows["no-grant-1"]["instance"]) == ("refused", "FORBIDDEN", outsider["client_id"], None)
     assert (rows["anon-1"]["outcome"], rows["anon-1"]["error_code"], rows["anon-1"]["caller"]) == \

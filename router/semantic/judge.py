@@ -43,10 +43,10 @@ def labelled_phrasings(keys: KeySpace) -> list[tuple[str, str]]:
 
 
 def with_example(capabilities: list[CapabilityText], capability: str, text: str) -> list[CapabilityText]:
-    """The index's capabilities with ``text`` among ``capability``'s (its first text if it had none)."""
+    """The index's capabilities with ``text`` among ``capability``'s learned examples."""
     others = [entry for entry in capabilities if entry.name != capability]
-    own = next((entry.texts for entry in capabilities if entry.name == capability), ())
-    return [*others, capability_text(capability, (*own, text))]
+    own = next((entry for entry in capabilities if entry.name == capability), CapabilityText(capability, ()))
+    return [*others, capability_text(capability, own.texts, (*own.learned, text))]
 
 
 class ExampleJudge:

@@ -20,6 +20,12 @@ export function count(value) {
   return Number(value).toLocaleString("en-US");
 }
 
+// A cost in the prices' own (unit-free) units: up to 4 significant decimals, no currency sign.
+export function cost(value) {
+  if (value === null || value === undefined) return DASH;
+  return Number(value).toLocaleString("en-US", { maximumSignificantDigits: 4 });
+}
+
 export function rate(value) {
   if (value === null || value === undefined) return DASH;
   return value >= 100 ? Math.round(value).toLocaleString("en-US") : value.toFixed(value >= 10 ? 1 : 2);

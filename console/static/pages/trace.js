@@ -37,7 +37,8 @@ function callDetails(c, names) {
     h("section", { class: "stage", "aria-label": "Answer" }, h("h3", { text: "Answer" }), facts([
       ["Outcome", badge(c.outcome)], ["Error", c.error_code], ["Total", fmt.ms(c.total_ms)],
       ["Router overhead", fmt.ms(c.overhead_ms)], ["In agents", fmt.ms(agentMs)],
-      ["Tokens", c.tokens === null || c.tokens === undefined ? null : fmt.count(c.tokens)],
+      ["Tokens", c.usage ? `${fmt.count(c.usage.input_tokens)} in, ${fmt.count(c.usage.output_tokens)} out` : null],
+      ["Cost", c.usage ? fmt.cost(c.usage.cost) : null],
     ])));
 }
 
