@@ -8,6 +8,7 @@ import time
 
 import msgspec
 from agent_reach import BusinessFailure, ResponseFrame
+from agent_reach.usage import Usage
 
 from conftest import wait_for
 from sdk_support import agent_view, free_port, post_frame, wait_state
@@ -45,7 +46,7 @@ async def test_registers_turns_healthy_and_serves_frames(registry, make_agent, h
     assert msgspec.convert(answer, ResponseFrame) == ResponseFrame(
         request_id="r-1", status="success",
         result={"payload": {"x": 1}, "request_id": "r-1", "context": {"session_id": "s-1", "trace_id": trace}},
-        context_update={"seen_by": "echo-1", "tokens_used": 7})
+        context_update={"seen_by": "echo-1", "tokens_used": 7}, usage=Usage(output_tokens=7))
 
     async with http.get(f"{agent.base_url}/healthz") as response:
         assert response.status == 200

@@ -105,12 +105,15 @@ class AgentReachSDK:
 
     def capability(self, name: str, *, version: str = "1.0", description: str = "", examples: Sequence[str] = (),
                    timeout_sla_ms: int = 30_000, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
-                   idempotent: bool = False, trust_level: TrustLevel | None = None) -> Callable[[Handler], Handler]:
+                   idempotent: bool = False, trust_level: TrustLevel | None = None,
+                   **prices: float) -> Callable[[Handler], Handler]:
         """Serve ``async def handler(payload, ctx)`` as capability ``name`` over ATP; a handler that is an
-        async generator streams its answer, one chunk per ``yield`` (agent_reach.dispatch)."""
+        async generator streams its answer, one chunk per ``yield`` (agent_reach.dispatch). ``prices``:
+        ``cost_per_call``, ``cost_per_1k_input_tokens``, ``cost_per_1k_output_tokens`` (agent_reach.usage)."""
         capability = _declare(name, endpoint=f"/atp/{name}", protocol="atp", version=version,
                               description=description, examples=list(examples), timeout_sla_ms=timeout_sla_ms,
-                              max_payload_bytes=max_payload_bytes, idempotent=idempotent, trust_level=trust_level)
+                              max_payload_bytes=max_payload_bytes, idempotent=idempotent, trust_level=trust_level,
+                              **prices)
 
         def decorate(handler: Handler) -> Handler:
             if not (inspect.iscoroutinefunction(handler) or inspect.isasyncgenfunction(handler)):

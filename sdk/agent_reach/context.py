@@ -19,6 +19,7 @@ import msgspec
 
 from agent_reach.atp import new_request_id
 from agent_reach.headers import CONTEXT_HEADER, TIMEOUT_HEADER, TRACEPARENT_HEADER
+from agent_reach.usage import Usage
 
 _current: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar("agentreach_call", default=None)
 
@@ -37,6 +38,7 @@ class CallContext:
         "request_id",
         "tokens_reported",
         "tokens_spent",
+        "usage",
     )
 
     def __init__(self, request_id: str, capability: str, context: dict[str, Any], deadline: float | None = None):
@@ -46,6 +48,7 @@ class CallContext:
         self.deadline = deadline
         self.tokens_reported = 0
         self.tokens_spent = 0
+        self.usage: Usage | None = None  # what the handler reported: the answer's usage
         self.context_update: dict[str, Any] = {}
 
     @property
@@ -74,10 +77,21 @@ class CallContext:
         """Seconds until the caller stops waiting, or None without a deadline."""
         return None if self.deadline is None else self.deadline - time.monotonic()
 
+    def report_usage(self, input_tokens: int = 0, output_tokens: int = 0) -> None:
+        """Count tokens this handler consumed (once per model call, or once with the sums): the answer's
+        ``usage`` carries them to the router, which prices them; heartbeats and the call's token budget
+        see them too."""
+        if input_tokens < 0 or output_tokens < 0:
+            raise ValueError("token counts cannot be negative")
+        so_far = self.usage or Usage()
+        self.usage = Usage(input_tokens=so_far.input_tokens + input_tokens,
+                           output_tokens=so_far.output_tokens + output_tokens)
+        self.tokens_reported += input_tokens + output_tokens
+        self.tokens_spent += input_tokens + output_tokens
+
     def report_tokens(self, n: int) -> None:
-        """Count tokens this handler consumed (model calls); heartbeats and budgets see them."""
-        self.tokens_reported += n
-        self.tokens_spent += n
+        """Tokens with no split between prompt and completion, reported as output tokens."""
+        self.report_usage(output_tokens=n)
 
     def spent_by_callee(self, n: int) -> None:
         """Tokens a nested call reported; they use up this call's budget but are not this agent's."""

@@ -193,7 +193,7 @@ class Dispatcher:
         update = {**call.context_update, "tokens_used": call.tokens_spent} if call.tokens_spent else call.context_update
         if failure is None:
             outcome, frame = "ok", ResponseFrame(request_id=call.request_id, status="success", result=task.result(),
-                                                 context_update=update or None)
+                                                 context_update=update or None, usage=call.usage)
         else:
             business = BusinessError(code=failure.code, message=failure.message, details=failure.details)
             outcome, frame = "business_error", ResponseFrame(request_id=call.request_id, status="error",
