@@ -102,12 +102,13 @@ def _up(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     async def start_router() -> RouterServer:
         # The router follows the registry's hub, which exists once the registry has started, and
         # publishes its token verifying keys straight into it (so routers started elsewhere accept its tokens);
-        # reported intents and canary rollbacks go straight into it too.
+        # reported intents, canary rollbacks and budget leases go straight into it too.
         assert registry.registry is not None
         return await _started(RouterServer(router_settings(args, args.router_port, None), hub=registry.hub,
                                            publish_keys=registry.registry.access.publish_keys,
                                            report_confirmation=registry.registry.examples.confirm,
-                                           write_policy=registry.registry.put_policy))()
+                                           write_policy=registry.registry.put_policy,
+                                           lease_budget=registry.registry.budgets.lease))()
 
     async def start_demo() -> DemoAgents:
         # Credentials are minted in process, once the registry (and its admin key) exist.

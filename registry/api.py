@@ -325,10 +325,6 @@ async def rotate_client(request: web.Request) -> web.Response:
     return json_response(await access(request).rotate(request.match_info["client_id"]))
 
 
-async def create_token(request: web.Request) -> web.Response:
-    return json_response(await access(request).create_token(await read_json(request, TokenCreate)), 201)
-
-
 async def set_budget(request: web.Request) -> web.Response:
     budget = await read_json(request, ClientBudget)
     return json_response(await request.app[REGISTRY_KEY].budgets.set_budget(request.match_info["client_id"], budget))
@@ -342,6 +338,10 @@ async def lease_budget(request: web.Request) -> web.Response:
     """A router's spend so far and its next chunk of the client's budget (registry/budgets.py)."""
     ask = await read_json(request, LeaseRequest)
     return json_response(await request.app[REGISTRY_KEY].budgets.lease(request.match_info["client_id"], ask))
+
+
+async def create_token(request: web.Request) -> web.Response:
+    return json_response(await access(request).create_token(await read_json(request, TokenCreate)), 201)
 
 
 async def tokens(request: web.Request) -> web.Response:

@@ -89,8 +89,8 @@ class Registry:
 
     def close(self) -> None:
         self._unwatch()
-
         self.budgets.close()
+
     def status(self, agent_id: str, now: float) -> Status:
         record = self.state.records[agent_id]
         liveness = self.state.liveness.get(agent_id)

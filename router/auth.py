@@ -52,6 +52,8 @@ class Refusal(msgspec.Struct, kw_only=True, frozen=True):
     message: str
     decision: str
     retry_after: int | None = None
+    # When a spent budget resets (ISO 8601, UTC), for BUDGET_EXHAUSTED.
+    reset_at: str | None = None
 
 
 class AdminRefusal(msgspec.Struct, kw_only=True, frozen=True):

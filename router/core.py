@@ -26,6 +26,7 @@ from mesh.alerts import AlertConfig
 from mesh.policy import DEFAULT_POLICY, Policy, SplitShare
 from router.audit import AuditLog, entry_from_trace
 from router.auth import Caller, Refusal, Unauthenticated, authorize
+from router.budgets import NO_TICKET, Budgets, Ticket
 from router.canary import assign, share_point
 from router.degradation import DegradationAlerts
 from router.forward import DEFAULT_MAX_ANSWER_BYTES, AgentAnswer, Forwarder
@@ -118,6 +119,7 @@ class _InFlight(msgspec.Struct, kw_only=True):
     span: CallSpan
     tried: list[AttemptTrace] = []  # every attempt so far, fallback's included, in order
     relay: Relay = msgspec.field(default_factory=Relay)  # a streamed answer's chunks, to the caller if it streams
+    budget: Ticket = NO_TICKET  # its reservation in its client's budget lease, its session (router/budgets.py)
 
 
 class Router:
@@ -142,6 +144,8 @@ class Router:
         # Set by the server when it can report confirmed intents to the registry.
         self.confirmations: ConfirmationQueue | None = None
         self.client_limits = ClientLimits(self.limit_share)
+        # Client budgets spent from leases of the registry's account, and sessions' token caps.
+        self.budgets = Budgets(mirror.router_id, lambda client_id: self.mirror.auth.clients.get(client_id))
         self._timed_out: OrderedDict[str, tuple[str, str, str]] = OrderedDict()
         # Out of descriptors, every call fails alike: one log line per interval, not one per call.
         self._short_of_resources = Throttle()
@@ -204,6 +208,11 @@ class Router:
             refusal = authorize(caller, capability, offers)
             if refusal is not None:
                 return self._refuse(frame, refusal, caller, started)
+        # Once the caller may make the call: a refused one must not take from its budget's lease.
+        admitted = await self.budgets.admit(caller.client_id if isinstance(caller, Caller) else None, frame.context)
+        if isinstance(admitted, Refusal):
+            return self._refuse(frame, admitted, caller, started)
+        flight.budget = admitted
         if frame.confirm_intent and frame.intent and offers is not None and self.confirmations is not None:
             # Only once the caller may call it: nobody teaches the mesh phrasings for capabilities it may not use.
             self.confirmations.offer(capability, frame.intent,
@@ -217,6 +226,8 @@ class Router:
                  payload: bytes, caller: Caller | Unauthenticated | None, flight: _InFlight) -> None:
         """Trace, audit and count one call that ended; ``result`` is None when it was cancelled."""
         outcome = self._outcome(result) if result is not None else "failed"
+        answered = result.frame if result is not None else None
+        self.budgets.settle(flight.budget, answered.usage if isinstance(answered, ResponseFrame) else None)
         self._trace(frame, result, outcome, started, started_at, payload, caller, flight)
         if result is None or not result.ledgered:
             return
@@ -253,18 +264,20 @@ class Router:
                        message=f"Client {caller.client_id} is over its {caller.rate_limit_qps:g} calls/s{shared}; "
                                f"retry in {wait} s")
 
-    def _refuse(self, frame: RequestFrame, refusal: Refusal, caller: Caller | Unauthenticated,
+    def _refuse(self, frame: RequestFrame, refusal: Refusal, caller: Caller | Unauthenticated | None,
                 started: float) -> CallResult:
         """Answer a refused call with nothing forwarded; traced like any call, kept out of the reach
         ledger (any caller could invent capability names, and a refusal says nothing about health)."""
         self.decisions[refusal.decision] += 1
-        client_id = caller.client_id
+        client_id = caller.client_id if caller is not None else None
         logger = log.info if refusal.code is ErrorCode.BUSY else log.warning
         logger("call refused", extra={"error_code": refusal.code.value, "client_id": client_id,
                                       "reason": refusal.message})
         result = self._error(frame, refusal.code, refusal.message, RouteFacts(capability=frame.capability), started,
                              ledgered=False)
         result.retry_after = refusal.retry_after
+        if isinstance(result.frame, ErrorFrame):
+            result.frame.reset_at = refusal.reset_at
         return result
 
     def _trace(self, frame: RequestFrame, result: CallResult | None, outcome: Outcome, started: float,

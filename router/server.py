@@ -20,6 +20,7 @@ from mesh.watch import WatchFeed
 from router.api import DEFAULT_MAX_BODY, MAX_HEADER_LINE, create_app
 from router.audit import AuditLog
 from router.auth import Authenticator
+from router.budgets import LeaseBudget, lease_over_http
 from router.core import Router, RouterSettings
 from router.feed import follow_http, follow_hub
 from router.forward import Forwarder
@@ -76,7 +77,7 @@ class RouterServer:
 
     def __init__(self, settings: RouterServerSettings, hub: WatchFeed | None = None,
                  publish_keys: PublishKeys | None = None, report_confirmation: ReportConfirmation | None = None,
-                 write_policy: WritePolicy | None = None):
+                 write_policy: WritePolicy | None = None, lease_budget: LeaseBudget | None = None):
         """``publish_keys`` stores this router's verifying keys in the registry, so every router accepts
         its tokens; by default over HTTP (`PUT /signing-keys`) when following a registry by URL."""
         if hub is None and settings.registry_url is None:
@@ -88,6 +89,8 @@ class RouterServer:
         self._report_confirmation = report_confirmation
         # Canary rollbacks to the registry (router/rollback.py); over HTTP by default.
         self._write_policy = write_policy
+        # Leases of clients' budgets from the registry (router/budgets.py); over HTTP by default.
+        self._lease_budget = lease_budget
         self.registries = Failover(settings.registry_url) if settings.registry_url is not None else None
         self._published: list[PublishedKey] = []
         self.mirror = RegistryMirror()
@@ -128,6 +131,7 @@ class RouterServer:
             self.semantic = await SemanticRouter.create(self.mirror, self.settings.semantic)
         self.router = Router(self.mirror, forwarder, self.settings.routing, semantic=self.semantic)
         self.router.releases.write = self._policy_writer()
+        self.router.budgets.lease_budget = self._budget_leaser()
         confirmations = self._confirmations()
         if confirmations is not None:
             self.router.confirmations = confirmations
@@ -173,6 +177,13 @@ class RouterServer:
         session, registries, key = self._session, self.registries, self.settings.registry_key
         assert session is not None
         return lambda capability, policy: write_policy_over_http(session, registries.current, key, capability, policy)
+
+    def _budget_leaser(self) -> LeaseBudget | None:
+        if self._lease_budget is not None or self.registries is None:
+            return self._lease_budget
+        session, registries, key = self._session, self.registries, self.settings.registry_key
+        assert session is not None
+        return lambda client_id, request: lease_over_http(session, registries.current, key, client_id, request)
 
     def _confirmations(self) -> ConfirmationQueue | None:
         report = self._report_confirmation

@@ -128,6 +128,8 @@ class ErrorFrame(msgspec.Struct, kw_only=True, omit_defaults=True):
     route: RouteFacts | None = None
     # The frame member at fault, when the caller's frame was refused (e.g. "request_id", "context").
     field: str | None = None
+    # BUDGET_EXHAUSTED: when the client's budget resets (ISO 8601, UTC).
+    reset_at: str | None = None
 
 
 class ErrorCode(StrEnum):
@@ -156,6 +158,7 @@ class ErrorCode(StrEnum):
     INTENT_UNMATCHED = "INTENT_UNMATCHED"
     VERSION_UNSATISFIABLE = "VERSION_UNSATISFIABLE"
     INTERNAL_ERROR = "INTERNAL_ERROR"
+    BUDGET_EXHAUSTED = "BUDGET_EXHAUSTED"
 
     @property
     def http_status(self) -> int:
@@ -199,6 +202,9 @@ _ERROR_TABLE: dict[ErrorCode, tuple[int, bool]] = {
     # The router failed itself (a bug, or out of file descriptors): nothing about the agent, so never
     # counted against one; the same call may well succeed a moment later, or through another router.
     ErrorCode.INTERNAL_ERROR: (500, True),
+    # The caller's budget (its client's for the period, or its session's token_budget) is spent: retry once it
+    # resets (the frame's reset_at, the Retry-After header); nothing was sent to an agent.
+    ErrorCode.BUDGET_EXHAUSTED: (429, True),
 }
 
 

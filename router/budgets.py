@@ -1,0 +1,264 @@
+"""Budgets at one router: a client's spending from its lease of the shared account, a session's token cap.
+
+A client with a budget (its record's ``budget_*``) spends, at each router, from a lease the registry
+hands out (mesh/budgets.py). Admission reserves the call's estimate (the largest usage this router has
+seen the client's calls use) and needs the lease to cover it; when it does not, the router asks the
+registry for more (one ask at a time per client, its spend so far with it) and refuses the call with
+BUDGET_EXHAUSTED, its reset time and Retry-After, once the account has nothing left. A call's usage is
+known only when it ends, so the budget can be overshot by what calls in flight use beyond their
+estimates: at most, per router, (calls of the client in flight at once) x (largest call's usage - the
+estimate reserved), summed over the routers.
+
+A registry that cannot be reached fails closed past the lease held: the router spends what it was
+granted and then refuses (Retry-After a few seconds) until the registry answers again.
+
+A session's cap is the largest ``context.token_budget`` its calls (``context.session_id``, per client)
+carried; once the session's calls through this router used that many tokens, its next call is refused.
+Kept per router, in bounded memory: a session whose calls go through several routers is capped at
+each of them separately.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import msgspec
+from agent_reach.atp import ErrorCode
+from agent_reach.exhaustion import Throttle
+from agent_reach.headers import API_KEY_HEADER
+from agent_reach.usage import Usage
+
+from auth.records import ClientRecord
+from mesh.budgets import LeaseGrant, LeaseRequest, Limits, limits_of
+from router.auth import Refusal
+
+log = logging.getLogger("agentreach.router.budgets")
+
+LeaseBudget = Callable[[str, LeaseRequest], Awaitable[LeaseGrant]]
+# After an ask the registry did not answer, calls the lease cannot cover are refused this long without asking.
+UNREACHABLE_RETRY_SECONDS = 5
+# Sessions whose usage is remembered; past this the least recently seen is forgotten (its count starts over).
+MAX_SESSIONS = 100_000
+_TIMEOUT = aiohttp.ClientTimeout(total=3, sock_connect=1)
+_grant_decoder = msgspec.json.Decoder(LeaseGrant)
+
+
+class LeaseRefused(Exception):
+    """The registry answered the lease request, but not with a lease."""
+
+
+async def lease_over_http(session: aiohttp.ClientSession, registry_url: str, admin_key: str | None,
+                          client_id: str, request: LeaseRequest) -> LeaseGrant:
+    headers = {"Content-Type": "application/json", **({API_KEY_HEADER: admin_key} if admin_key else {})}
+    async with session.post(f"{registry_url}/budgets/{client_id}/lease", data=msgspec.json.encode(request),
+                            headers=headers, allow_redirects=False, timeout=_TIMEOUT) as response:
+        body = await response.read()
+        if response.status != 200:
+            raise LeaseRefused(f"registry answered {response.status}: {body[:200]!r}")
+        return _grant_decoder.decode(body)
+
+
+class Ticket(msgspec.Struct, frozen=True, gc=False):
+    """What an admitted call holds until it ends: its reservation in its client's lease, its session."""
+
+    client_id: str | None = None
+    period_start: float = 0.0
+    tokens: int = 0
+    cost: float = 0.0
+    session: tuple[str, str] | None = None
+
+
+NO_TICKET = Ticket()
+
+
+class _Lease:
+    """One client's lease at this router, for one period: cumulative granted and spent, reserved in flight."""
+
+    __slots__ = ("asking", "dry", "granted_cost", "granted_tokens", "largest_cost", "largest_tokens", "limits",
+                 "period_start", "reserved_cost", "reserved_tokens", "reset_at", "retry_at", "spent_cost",
+                 "spent_tokens")
+
+    def __init__(self, limits: Limits, largest_tokens: int = 0, largest_cost: float = 0.0):
+        self.limits = limits
+        self.period_start = 0.0
+        self.reset_at = math.inf
+        self.granted_tokens, self.granted_cost = 0, 0.0
+        self.spent_tokens, self.spent_cost = 0, 0.0
+        self.reserved_tokens, self.reserved_cost = 0, 0.0
+        # The estimate a call reserves: the largest usage this router has seen the client's calls use.
+        self.largest_tokens, self.largest_cost = largest_tokens, largest_cost
+        # The account had nothing left at the last ask: nothing more until the period resets or the budget changes.
+        self.dry = False
+        self.retry_at = 0.0
+        self.asking: asyncio.Task[bool] | None = None
+
+    def shortfall(self) -> tuple[int, float]:
+        """What the lease lacks to cover one more call's estimate, per limited dimension (0: it covers it).
+        Even a client whose calls have used nothing yet needs some of the lease left."""
+        tokens, cost = 0, 0.0
+        if self.limits.tokens is not None:
+            left = self.granted_tokens - self.spent_tokens - self.reserved_tokens
+            tokens = max(0, max(self.largest_tokens, 1) - left)
+        if self.limits.cost is not None:
+            left_cost = self.granted_cost - self.spent_cost - self.reserved_cost
+            cost = max(0.0, max(self.largest_cost, 1e-9) - left_cost)
+        return tokens, cost
+
+    def take(self, grant: LeaseGrant) -> None:
+        if grant.period_start != self.period_start:
+            # A period this lease has not spent in yet: calls admitted before it are not counted in it.
+            self.spent_tokens, self.spent_cost = 0, 0.0
+            self.reserved_tokens, self.reserved_cost = 0, 0.0
+        self.period_start, self.reset_at = grant.period_start, grant.reset_at
+        share = grant.share
+        self.granted_tokens, self.granted_cost = share.granted_tokens, share.granted_cost
+        self.spent_tokens = max(self.spent_tokens, share.spent_tokens)
+        self.spent_cost = max(self.spent_cost, share.spent_cost)
+        self.dry = grant.left_tokens == 0 or (grant.left_cost is not None and grant.left_cost <= 0)
+
+
+class _Session:
+    __slots__ = ("cap", "used")
+
+    def __init__(self, cap: int):
+        self.cap, self.used = cap, 0
+
+
+def reset_time(reset_at: float) -> str:
+    return datetime.fromtimestamp(reset_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _budget_words(limits: Limits) -> str:
+    parts = ([f"{limits.tokens} tokens"] if limits.tokens is not None else []) + \
+            ([f"{limits.cost:g} cost"] if limits.cost is not None else [])
+    return " and ".join(parts) + f" per {limits.period}"
+
+
+class Budgets:
+    def __init__(self, router_id: str, clients: Callable[[str], ClientRecord | None],
+                 wall_clock: Callable[[], float] = time.time):
+        self.router_id = router_id
+        self._clients = clients
+        self._wall_clock = wall_clock
+        # Set by the server: how this router asks the registry for a lease (None: it cannot, budgets fail closed).
+        self.lease_budget: LeaseBudget | None = None
+        self._leases: dict[str, _Lease] = {}
+        self._sessions: OrderedDict[tuple[str, str], _Session] = OrderedDict()
+        self._unreachable = Throttle()
+
+    async def admit(self, client_id: str | None, context: dict[str, Any]) -> Ticket | Refusal:
+        """The call's reservation, or why it may not go on: its session's cap, or its client's budget spent."""
+        session = self._session(client_id or "", context)
+        if isinstance(session, Refusal):
+            return session
+        limits = limits_of(self._clients(client_id)) if client_id is not None else None
+        if limits is None:
+            return Ticket(session=session) if session is not None else NO_TICKET
+        assert client_id is not None
+        now = self._wall_clock()
+        lease = self._lease(client_id, limits, now)
+        while True:
+            tokens, cost = lease.shortfall()
+            if not tokens and not cost:
+                break
+            if lease.dry:
+                return self._exhausted(client_id, lease, now)
+            if now < lease.retry_at or not await self._renewed(client_id, lease, tokens, cost):
+                return self._unreachable_refusal(client_id, lease)
+        estimate_tokens = lease.largest_tokens if limits.tokens is not None else 0
+        estimate_cost = lease.largest_cost if limits.cost is not None else 0.0
+        lease.reserved_tokens += estimate_tokens
+        lease.reserved_cost += estimate_cost
+        return Ticket(client_id=client_id, period_start=lease.period_start, tokens=estimate_tokens,
+                      cost=estimate_cost, session=session)
+
+    def settle(self, ticket: Ticket, usage: Usage | None) -> None:
+        """A call ended: its reservation released, what it used spent (nothing known: nothing spent)."""
+        tokens = usage.input_tokens + usage.output_tokens if usage is not None else 0
+        cost = (usage.cost or 0.0) if usage is not None else 0.0
+        lease = self._leases.get(ticket.client_id) if ticket.client_id is not None else None
+        if lease is not None:
+            lease.largest_tokens, lease.largest_cost = max(lease.largest_tokens, tokens), max(lease.largest_cost, cost)
+            if lease.period_start == ticket.period_start:
+                lease.reserved_tokens -= ticket.tokens
+                lease.reserved_cost -= ticket.cost
+                lease.spent_tokens += tokens
+                lease.spent_cost += cost
+        if ticket.session is not None:
+            session = self._sessions.get(ticket.session)
+            if session is not None:
+                session.used += tokens
+
+    def _lease(self, client_id: str, limits: Limits, now: float) -> _Lease:
+        """The client's lease for now: a new one once its period ended; a changed budget may be asked again."""
+        lease = self._leases.get(client_id)
+        if lease is None or now >= lease.reset_at or lease.limits.period != limits.period:
+            carried = (lease.largest_tokens, lease.largest_cost) if lease is not None else (0, 0.0)
+            lease = self._leases[client_id] = _Lease(limits, *carried)
+        elif lease.limits != limits:
+            lease.limits, lease.dry = limits, False
+        return lease
+
+    async def _renewed(self, client_id: str, lease: _Lease, tokens: int, cost: float) -> bool:
+        """Ask the registry for more (callers needing it at once share one ask); False when it cannot be asked."""
+        if lease.asking is None:
+            lease.asking = asyncio.get_running_loop().create_task(self._ask(client_id, lease, tokens, cost))
+        return await asyncio.shield(lease.asking)
+
+    async def _ask(self, client_id: str, lease: _Lease, tokens: int, cost: float) -> bool:
+        request = LeaseRequest(router_id=self.router_id, period_start=lease.period_start,
+                               spent_tokens=lease.spent_tokens, spent_cost=lease.spent_cost,
+                               want_tokens=tokens, want_cost=cost)
+        try:
+            if self.lease_budget is None:
+                raise LeaseRefused("this router has no way to ask the registry for a lease")
+            lease.take(await self.lease_budget(client_id, request))
+            return True
+        except Exception as exc:  # the registry away, refusing, answering garbage: the call is refused, not failed
+            lease.retry_at = self._wall_clock() + UNREACHABLE_RETRY_SECONDS
+            self._unreachable.log(log, logging.WARNING, "budget lease not renewed: calls past this router's lease "
+                                  "are refused", client_id=client_id, error=repr(exc))
+            return False
+        finally:
+            lease.asking = None
+
+    def _exhausted(self, client_id: str, lease: _Lease, now: float) -> Refusal:
+        return Refusal(code=ErrorCode.BUDGET_EXHAUSTED, decision="budget_exhausted",
+                       retry_after=max(1, math.ceil(lease.reset_at - now)), reset_at=reset_time(lease.reset_at),
+                       message=f"Client {client_id} has used its budget ({_budget_words(lease.limits)}); it resets "
+                               f"at {reset_time(lease.reset_at)}")
+
+    def _unreachable_refusal(self, client_id: str, lease: _Lease) -> Refusal:
+        return Refusal(code=ErrorCode.BUDGET_EXHAUSTED, decision="budget_unconfirmed",
+                       retry_after=UNREACHABLE_RETRY_SECONDS,
+                       message=f"Client {client_id} has used this router's lease of its budget and the registry "
+                               "cannot be asked for more now; retry shortly")
+
+    def _session(self, client_id: str, context: dict[str, Any]) -> tuple[str, str] | Refusal | None:
+        """The session this call counts toward (None: it names no session and cap), or why it is refused."""
+        session_id, cap = context.get("session_id"), context.get("token_budget")
+        if not isinstance(session_id, str) or type(cap) is not int or cap < 0:
+            return None
+        key = (client_id, session_id)
+        session = self._sessions.get(key)
+        if session is None:
+            session = self._sessions[key] = _Session(cap)
+            if len(self._sessions) > MAX_SESSIONS:
+                self._sessions.popitem(last=False)
+        else:
+            self._sessions.move_to_end(key)
+            # The session's own budget: nested calls carry what their caller has left, which must not lower it.
+            session.cap = max(session.cap, cap)
+        if session.used >= session.cap:
+            return Refusal(code=ErrorCode.BUDGET_EXHAUSTED, decision="session_budget_exhausted",
+                           message=f"Session {session_id!r} has used its token_budget ({session.used} of "
+                                   f"{session.cap} tokens through this router)")
+        return key
