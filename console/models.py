@@ -71,6 +71,7 @@ class TrafficStat(msgspec.Struct, kw_only=True):
     errors: int = 0
     errors_by_code: dict[str, int] = {}
     tokens: int = 0
+    cost: float = 0.0  # at the serving instances' prices (agent_reach.usage)
     latency_p95_ms: float | None = None
     latency_p99_ms: float | None = None
 
@@ -112,6 +113,7 @@ class HourRow(msgspec.Struct, kw_only=True):
     degraded: int = 0
     failed: int = 0
     tokens: int = 0
+    cost: float = 0.0
     reach_rate: float | None = None
     latency_p95_ms: float | None = None
     latency_p99_ms: float | None = None

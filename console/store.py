@@ -17,7 +17,7 @@ import aiosqlite
 import msgspec
 
 from console.models import HourRow
-from console.rollup import absorb, merged, quantile, reach_of
+from console.rollup import merged, quantile, reach_of
 from console.traffic import Sample, Usage
 from router.reach import PeriodSummary, Tally
 from wal.private import create_private_file
@@ -31,7 +31,7 @@ CREATE TABLE IF NOT EXISTS reach_hours (
 CREATE TABLE IF NOT EXISTS reach_folded (capability TEXT PRIMARY KEY, last_start REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS agent_hours (
     hour INTEGER NOT NULL, agent_id TEXT NOT NULL, capability TEXT NOT NULL, tally TEXT NOT NULL,
-    tokens INTEGER NOT NULL, PRIMARY KEY (hour, agent_id, capability));
+    tokens INTEGER NOT NULL, cost REAL NOT NULL DEFAULT 0, PRIMARY KEY (hour, agent_id, capability));
 CREATE TABLE IF NOT EXISTS decision_hours (
     hour INTEGER NOT NULL, decision TEXT NOT NULL, count INTEGER NOT NULL, PRIMARY KEY (hour, decision));
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -47,6 +47,10 @@ def hour_of(moment: float) -> int:
 
 def _tally(text: str) -> Tally:
     return _tally_decoder.decode(text)
+
+
+def _usage(tally: str, tokens: int, cost: float) -> Usage:
+    return Usage(tally=_tally(tally), tokens=tokens, cost=cost)
 
 
 def _text(value: object) -> str:
@@ -68,6 +72,9 @@ class ConsoleStore:
         self._db = await aiosqlite.connect(self.path)
         await self._db.execute("PRAGMA journal_mode=WAL")
         await self._db.executescript(SCHEMA)
+        async with self._db.execute("PRAGMA table_info(agent_hours)") as cursor:
+            if "cost" not in {row[1] for row in await cursor.fetchall()}:  # a store kept before calls had a cost
+                await self._db.execute("ALTER TABLE agent_hours ADD COLUMN cost REAL NOT NULL DEFAULT 0")
         await self._db.commit()
 
     async def close(self) -> None:
@@ -114,15 +121,14 @@ class ConsoleStore:
             usage.setdefault((hour_of(sample.at), sample.agent_id, sample.capability), Usage()).add(sample)
         for (hour, agent_id, capability), used in usage.items():
             async with self.db.execute(
-                    "SELECT tally, tokens FROM agent_hours WHERE hour = ? AND agent_id = ? AND capability = ?",
+                    "SELECT tally, tokens, cost FROM agent_hours WHERE hour = ? AND agent_id = ? AND capability = ?",
                     (hour, agent_id, capability)) as cursor:
                 row = await cursor.fetchone()
             if row:
-                absorb(used.tally, _tally(row[0]))
-                used.tokens += row[1]
+                used.absorb(_usage(*row))
             await self.db.execute(
-                "INSERT OR REPLACE INTO agent_hours (hour, agent_id, capability, tally, tokens) VALUES (?, ?, ?, ?, ?)",
-                (hour, agent_id, capability, _text(used.tally), used.tokens))
+                "INSERT OR REPLACE INTO agent_hours (hour, agent_id, capability, tally, tokens, cost) "
+                "VALUES (?, ?, ?, ?, ?, ?)", (hour, agent_id, capability, _text(used.tally), used.tokens, used.cost))
         await self._put_meta("traces_watermark", watermark)
         await self.db.commit()
 
@@ -137,10 +143,10 @@ class ConsoleStore:
         await self.db.commit()
 
     async def reach_hours(self, since: float) -> list[HourRow]:
-        return await self._hours("SELECT hour, tally, 0 FROM reach_hours WHERE hour >= ?", (hour_of(since),))
+        return await self._hours("SELECT hour, tally, 0, 0 FROM reach_hours WHERE hour >= ?", (hour_of(since),))
 
     async def agent_hours(self, agent_id: str, since: float) -> list[HourRow]:
-        return await self._hours("SELECT hour, tally, tokens FROM agent_hours WHERE hour >= ? AND agent_id = ?",
+        return await self._hours("SELECT hour, tally, tokens, cost FROM agent_hours WHERE hour >= ? AND agent_id = ?",
                                  (hour_of(since), agent_id))
 
     async def decision_hours(self, since: float) -> list[HourRow]:
@@ -153,16 +159,14 @@ class ConsoleStore:
                 for hour, decisions in found.items()]
 
     async def _hours(self, sql: str, params: tuple[object, ...]) -> list[HourRow]:
-        """Rows of (hour, tally, tokens) merged per hour, oldest first."""
+        """Rows of (hour, tally, tokens, cost) merged per hour, oldest first."""
         by_hour: dict[int, Usage] = {}
         async with self.db.execute(sql, params) as cursor:
-            for hour, text, tokens in await cursor.fetchall():
-                used = by_hour.setdefault(hour, Usage())
-                absorb(used.tally, _tally(text))
-                used.tokens += tokens
+            for hour, *row in await cursor.fetchall():
+                by_hour.setdefault(hour, Usage()).absorb(_usage(*row))
         return [HourRow(hour=hour, total=used.tally.total, success=used.tally.success,
                         degraded=used.tally.degraded, failed=used.tally.failed,
-                        tokens=used.tokens, reach_rate=reach_of(used.tally),
+                        tokens=used.tokens, cost=used.cost, reach_rate=reach_of(used.tally),
                         latency_p95_ms=quantile(used.tally, 0.95), latency_p99_ms=quantile(used.tally, 0.99))
                 for hour, used in sorted(by_hour.items())]
 

@@ -27,38 +27,43 @@ class Sample(msgspec.Struct, frozen=True, array_like=True):
     elapsed_ms: float
     error_code: str | None
     tokens: int
-
-
-def _tokens(call: CallTrace) -> int:
-    usage = call.usage
-    return 0 if usage is None else usage.input_tokens + usage.output_tokens
+    cost: float = 0.0
 
 
 def samples_of(call: CallTrace) -> list[Sample]:
     """One sample per attempt, stamped with when the attempt started on the wall clock."""
     answerer = len(call.attempts) - 1 if call.outcome != "failed" else -1
+    usage = call.usage
+    tokens, cost = (usage.input_tokens + usage.output_tokens, usage.cost or 0.0) if usage is not None else (0, 0.0)
     return [Sample(at=call.started_at + attempt.started_ms / 1000, agent_id=attempt.instance,
                    capability=call.capability, elapsed_ms=attempt.elapsed_ms, error_code=attempt.error_code,
-                   tokens=_tokens(call) if index == answerer else 0)
+                   tokens=tokens if index == answerer else 0, cost=cost if index == answerer else 0.0)
             for index, attempt in enumerate(call.attempts)]
 
 
 class Usage(msgspec.Struct, kw_only=True):
-    """Attempts counted as a Tally (so percentiles merge like the router's) plus their tokens."""
+    """Attempts counted as a Tally (so percentiles merge like the router's) plus their tokens and cost."""
 
     tally: Tally = msgspec.field(default_factory=Tally)
     tokens: int = 0
+    cost: float = 0.0
 
     def add(self, sample: Sample) -> None:
         outcome: Outcome = "failed" if sample.error_code else "success"
         self.tally.add(outcome, sample.error_code, sample.elapsed_ms)
         self.tokens += sample.tokens
+        self.cost += sample.cost
+
+    def absorb(self, other: Usage) -> None:
+        absorb(self.tally, other.tally)
+        self.tokens += other.tokens
+        self.cost += other.cost
 
 
 def stat(usage: Usage, recent_calls: int) -> TrafficStat:
     tally = usage.tally
     return TrafficStat(calls=tally.total, qps=round(recent_calls / QPS_SECONDS, 3), errors=tally.failed,
-                       errors_by_code=dict(tally.failed_by_code), tokens=usage.tokens,
+                       errors_by_code=dict(tally.failed_by_code), tokens=usage.tokens, cost=usage.cost,
                        latency_p95_ms=quantile(tally, 0.95), latency_p99_ms=quantile(tally, 0.99))
 
 
@@ -90,9 +95,7 @@ class TrafficWindow:
                 name = key(agent_id, capability)
                 if name is None:
                     continue
-                total = usage.setdefault(name, Usage())
-                absorb(total.tally, used.tally)
-                total.tokens += used.tokens
+                usage.setdefault(name, Usage()).absorb(used)
                 if second >= now - QPS_SECONDS:
                     recent[name] = recent.get(name, 0) + used.tally.total
         return {name: stat(used, recent.get(name, 0)) for name, used in usage.items()}

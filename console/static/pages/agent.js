@@ -37,6 +37,7 @@ function capabilityTable(agent, stats) {
     { label: "P95", numeric: true, cell: (c) => fmt.ms(stats[c.name]?.latency_p95_ms) },
     { label: "P99", numeric: true, cell: (c) => fmt.ms(stats[c.name]?.latency_p99_ms) },
     { label: "Tokens", numeric: true, cell: (c) => fmt.count(stats[c.name]?.tokens ?? 0) },
+    { label: "Cost", numeric: true, cell: (c) => fmt.cost(stats[c.name]?.cost ?? 0) },
     { label: "Errors", cell: (c) => errorsText(stats[c.name]?.errors_by_code) },
     { label: "Endpoint", cell: (c) => url(c.endpoint) },
   ], agent.capabilities, { caption: "Capabilities and their traffic", empty: "No capability." });
@@ -48,6 +49,7 @@ function hoursTable(hours) {
     { label: "Attempts", numeric: true, cell: (r) => fmt.count(r.total) },
     { label: "Errors", numeric: true, cell: (r) => fmt.count(r.failed) },
     { label: "Tokens", numeric: true, cell: (r) => fmt.count(r.tokens) },
+    { label: "Cost", numeric: true, cell: (r) => fmt.cost(r.cost) },
     { label: "P95", numeric: true, cell: (r) => fmt.ms(r.latency_p95_ms) },
     { label: "P99", numeric: true, cell: (r) => fmt.ms(r.latency_p99_ms) },
   ], [...hours].reverse(), { caption: "Hourly history", empty: "No traffic recorded for this agent in the last 24 hours." });
@@ -78,6 +80,7 @@ export async function render(main, { params, live }) {
         h("div", {}, h("dt", { text: "P95" }), h("dd", { text: fmt.ms(traffic.latency_p95_ms) })),
         h("div", {}, h("dt", { text: "P99" }), h("dd", { text: fmt.ms(traffic.latency_p99_ms) })),
         h("div", {}, h("dt", { text: "Tokens" }), h("dd", { text: fmt.count(traffic.tokens) })),
+        h("div", {}, h("dt", { text: "Cost" }), h("dd", { text: fmt.cost(traffic.cost) })),
         h("div", {}, h("dt", { text: "Errors" }), h("dd", { text: fmt.count(traffic.errors) }))),
       h("p", { class: "muted", text: `Errors by code: ${errorsText(traffic.errors_by_code)}` }));
     const beats = card("Heartbeat history", { id: "heartbeats", note: `Up to the last ${HISTORY_SECONDS / 60} minutes, as the console saw each beat arrive; the line is the load each beat reported.` },

@@ -1,5 +1,5 @@
 // The agent view: every instance with its registry state and the traffic it served lately
-// (QPS over 60 s; P95 / P99, tokens and errors over 5 min, from the router's traces).
+// (QPS over 60 s; P95 / P99, tokens, their cost and errors over 5 min, from the router's traces).
 
 import { h, replace, table, badge, field } from "../lib/dom.js";
 import { keepFocus } from "../lib/live-table.js";
@@ -22,6 +22,7 @@ const COLUMNS = [
   { label: "P95", numeric: true, cell: (a) => fmt.ms(a.traffic.latency_p95_ms) },
   { label: "P99", numeric: true, cell: (a) => fmt.ms(a.traffic.latency_p99_ms) },
   { label: "Tokens", numeric: true, cell: (a) => fmt.count(a.traffic.tokens) },
+  { label: "Cost", numeric: true, cell: (a) => fmt.cost(a.traffic.cost) },
   { label: "Errors", numeric: true, cell: (a) => h("span", { class: a.traffic.errors ? "bad-text" : "", text: fmt.count(a.traffic.errors) }) },
 ];
 
