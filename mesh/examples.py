@@ -77,11 +77,33 @@ class Rejection(msgspec.Struct, forbid_unknown_fields=True):
     reason: Annotated[str, msgspec.Meta(max_length=500)] | None = None
 
 
-class Confirmation(msgspec.Struct, forbid_unknown_fields=True):
-    """A router's report: ``caller`` confirmed that ``text`` meant the capability it was routed to."""
+class Confirmation(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """A router's report: ``caller`` confirmed that ``text`` meant the capability it was routed to.
+
+    With the threshold and margin the router matches intents with (none when it does not match them):
+    acceptance checks an example with the loosest rule any router reported.
+    """
 
     text: ExampleText
     caller: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    threshold: Annotated[float, msgspec.Meta(ge=-1.0, le=1.0)] | None = None
+    margin: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] | None = None
+
+
+class HeardRule(msgspec.Struct, frozen=True):
+    """The loosest threshold and margin the routers reported: an example must misroute nothing on any of them."""
+
+    threshold: float
+    margin: float
+
+
+def loosest(heard: HeardRule | None, confirmation: Confirmation) -> HeardRule | None:
+    """``heard`` loosened by the rule ``confirmation`` carries, if it carries one."""
+    if confirmation.threshold is None or confirmation.margin is None:
+        return heard
+    if heard is None:
+        return HeardRule(confirmation.threshold, confirmation.margin)
+    return HeardRule(min(heard.threshold, confirmation.threshold), min(heard.margin, confirmation.margin))
 
 
 def phrasing(text: str) -> str:

@@ -23,6 +23,7 @@ from mesh.examples import (
     ExampleSettings,
     ExampleSummary,
     ExampleView,
+    HeardRule,
     LearnedExample,
     confirmed,
     due_for_acceptance,
@@ -30,6 +31,7 @@ from mesh.examples import (
     example_key,
     example_settings_key,
     example_view,
+    loosest,
 )
 from mesh.keyspace import KeySpace
 from mesh.records import encode_value
@@ -39,8 +41,9 @@ from weblayer.errors import ApiError
 
 log = logging.getLogger("agentreach.registry.examples")
 
-# (the key space as stored, capability, phrasing) -> why accepting it would route something wrongly, or None.
-Judge = Callable[[KeySpace, str, str], Awaitable[str | None]]
+# (the key space as stored, capability, phrasing, the routers' loosest rule or None for the model's own)
+# -> why accepting it would route something wrongly, or None.
+Judge = Callable[[KeySpace, str, str, HeardRule | None], Awaitable[str | None]]
 
 
 class Examples:
@@ -49,6 +52,9 @@ class Examples:
         self._state = state
         self._wall_clock = wall_clock
         self.judge: Judge | None = None
+        # The loosest threshold and margin routers reported with confirmations since this registry started:
+        # an example must misroute nothing on any router, so it is checked with the most permissive rule.
+        self.heard_rule: HeardRule | None = None
         # Read, change, write one example at a time: two confirmations of one phrasing both count.
         self._lock = asyncio.Lock()
 
@@ -100,7 +106,8 @@ class Examples:
 
     async def _judged(self, example: LearnedExample) -> LearnedExample:
         """Accepted, or rejected naming what it would send astray."""
-        reason = await self.judge(self._state.keys, example.capability, example.text) if self.judge else None
+        reason = await self.judge(self._state.keys, example.capability, example.text, self.heard_rule) \
+            if self.judge else None
         if self.judge is None:
             log.warning("example accepted unchecked: no embedding model at this registry",
                         extra={"capability": example.capability})
@@ -123,6 +130,7 @@ class Examples:
         new phrasing is not kept (no room left, or this caller alone already has its share pending). A router
         reports these (in process or over HTTP)."""
         text, caller = confirmation.text, confirmation.caller
+        self.heard_rule = loosest(self.heard_rule, confirmation)
         async with self._lock:
             identifier = example_id(text)
             example = self._stored(capability).get(identifier)

@@ -84,6 +84,16 @@ class RouterCollector(Collector):
             cost.add_metric([capability], used.cost)
         yield tokens
         yield cost
+        if router.confirmations is not None:
+            confirmations = CounterMetricFamily("agentreach_router_confirmations",
+                                                "Confirmed intents by what became of their report to the registry",
+                                                labels=["outcome"])
+            for outcome, count in sorted(router.confirmations.outcomes.items()):
+                confirmations.add_metric([outcome], count)
+            yield confirmations
+            yield CounterMetricFamily("agentreach_router_confirmation_retries",
+                                      "Further tries of confirmations the registry did not take at first",
+                                      value=router.confirmations.retries)
         yield CounterMetricFamily("agentreach_router_traces_sampled_out",
                                   "Successful calls not traced: over the traced successes per second",
                                   value=router.traces.sampled_out)

@@ -192,7 +192,8 @@ class RouterServer:
             assert session is not None
             report = lambda capability, confirmation: report_over_http(  # noqa: E731
                 session, registries.current, key, capability, confirmation)
-        return ConfirmationQueue(report) if report is not None else None
+        rule = self.semantic.rule if self.semantic is not None else None
+        return ConfirmationQueue(report, rule) if report is not None else None
 
     def _authenticator(self) -> Authenticator:
         settings = self.settings

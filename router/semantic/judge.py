@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from mesh.examples import phrasing
+from mesh.examples import HeardRule, phrasing
 from mesh.keyspace import KeySpace
 from router.semantic.cache import LruCache, intent_key
 from router.semantic.embedder import AsyncEmbedder
@@ -81,8 +81,12 @@ class ExampleJudge:
             self._vectors.put(key, vector)
         return vector
 
-    async def __call__(self, keys: KeySpace, capability: str, text: str) -> str | None:
-        """Why accepting ``text`` as an example of ``capability`` would route something wrongly, or None."""
+    async def __call__(self, keys: KeySpace, capability: str, text: str, heard: HeardRule | None = None) -> str | None:
+        """Why accepting ``text`` as an example of ``capability`` would route something wrongly, or None.
+
+        Checked with ``heard``, the routers' loosest threshold and margin, when they reported one; else with
+        the rule this judge was given, or the model's calibrated one.
+        """
         if capability not in keys.offers:
             return (f"No instance offers {capability!r} now: an example is checked against the capabilities "
                     "it would compete with, so it can be accepted only while one does")
@@ -91,6 +95,8 @@ class ExampleJudge:
             if label != capability and phrasing(other_text) == phrasing(text):
                 return f"{text!r} is labelled {label!r}" if label else f"{text!r} is labelled to route nowhere"
         embedder, rule, before, after = await self._ready()
+        if heard is not None:
+            rule = MatchRule(threshold=heard.threshold, margin=heard.margin, top_k=rule.top_k)
         capabilities = described_capabilities(keys)
         await before.update(capabilities)
         await after.update(with_example(capabilities, capability, text))
