@@ -52,8 +52,8 @@ class Totals(msgspec.Struct, kw_only=True):
 class PeriodUsage(msgspec.Struct, kw_only=True):
     """One hour or day of usage: the whole, and broken down each way (after the request's filters)."""
 
-    start: float  # unix seconds
-    end: float
+    start: int  # unix seconds
+    end: int
     total: Totals
     by_client: dict[str, Totals]
     by_capability: dict[str, Totals]
