@@ -181,3 +181,23 @@ async def test_usage_is_for_operators_and_refuses_an_unknown_period(start_mesh, 
         body = await response.json()
         assert (response.status, body["error"], body["field"]) == (400, "invalid_field", "period")
         assert body["message"]
+
+
+async def test_a_fallbacks_answer_is_priced_at_its_own_instance_and_a_fixed_answer_costs_nothing(mesh,
+                                                                                                start_scripted):
+    down, backup = await start_scripted("main-1"), await start_scripted("backup-1")
+    down.status, down.body = 500, b'{"usage": {"input_tokens": 1000}}'
+    backup.body = b'{"answer": "from backup", "usage": {"output_tokens": 500}}'
+    await mesh.add(down, "llm.main", cost_per_call=100.0, cost_per_1k_input_tokens=100.0)
+    await mesh.add(backup, "llm.backup", cost_per_1k_output_tokens=2.0)
+    await mesh.put_policy("llm.main", {"fallback_capability": "llm.backup"})
+    answer = await mesh.call("llm.main")
+    assert (answer.status, answer.route["capability"], answer.route["reason"]) == (200, "llm.backup", "fallback")
+    assert answer.body["usage"] == {"input_tokens": 0, "output_tokens": 500, "cost": 1.0}
+    (day,) = (await mesh.get("/usage?period=day"))["periods"]
+    assert (list(day["by_capability"]), list(day["by_instance"])) == (["llm.backup"], ["backup-1"])
+
+    await mesh.put_policy("llm.main", {"degradation": {"level": "L2", "answer": "sorry"}})
+    floor = await mesh.call("llm.main")
+    assert (floor.status, floor.body["result"], floor.route["reason"]) == (200, "sorry", "fixed_answer")
+    assert "usage" not in floor.body  # nobody answered: the failed instance's price is not due
