@@ -139,6 +139,39 @@ class DegradationConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknow
 
 DEFAULT_DEGRADATION = DegradationConfig()
 
+Weight = Annotated[float, msgspec.Meta(ge=0, le=1000)]
+
+
+class ScoreWeights(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """How much each part of an instance's score counts under the scored policy (router/scoring.py has the
+    parts and their fixed bounds); only the ratios matter. By default a failure rate weighs twice latency,
+    and prices not at all: ``cost``, or ``cost_sensitivity`` s, brings them in. s is cost's share of the
+    whole score, the other parts keeping their ratios (0.5: cost counts as much as everything else)."""
+
+    latency: Weight = 1.0
+    errors: Weight = 2.0
+    load: Weight = 1.0
+    cost: Weight = 0.0
+    quality: Weight = 1.0
+    cost_sensitivity: Annotated[float, msgspec.Meta(ge=0, le=0.9)] | None = None
+
+    @property
+    def whole(self) -> float:
+        """Every weight together (``cost_sensitivity`` is no weight)."""
+        return self.latency + self.errors + self.load + self.cost + self.quality
+
+    def resolved(self) -> ScoreWeights:
+        """The weights with ``cost_sensitivity`` turned into the cost weight."""
+        if self.cost_sensitivity is None:
+            return self
+        others = self.whole - self.cost
+        return msgspec.structs.replace(self, cost=others * self.cost_sensitivity / (1 - self.cost_sensitivity),
+                                       cost_sensitivity=None)
+
+
+DEFAULT_WEIGHTS = ScoreWeights()
+DEFAULT_EXPLORE_SHARE = 0.05
+
 
 class MirrorConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """Copy ``percent`` of the calls to an instance of ``version``, compare, never answer with the copy.
@@ -167,6 +200,13 @@ class Policy(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=Tr
     rollback: RollbackConfig | UnsetType | None = UNSET
     degradation: DegradationConfig | UnsetType = UNSET
     mirror: MirrorConfig | UnsetType | None = UNSET
+    # The scored policy (docs/atp.md "Scored routing"): its weights, the share of calls that explore, and the
+    # posted quality below which an instance leaves rotation under any policy (unless none other is left).
+    # 15 fields: a 16th would change every stored policy's bytes (msgpack's map header grows past 15 entries),
+    # so a later field nests in an existing one.
+    weights: ScoreWeights | UnsetType = UNSET
+    explore_share: Annotated[float, msgspec.Meta(ge=0, le=0.5)] | UnsetType = UNSET
+    quality_floor: Annotated[float, msgspec.Meta(ge=0, le=1)] | UnsetType = UNSET
 
     @property
     def rule_list(self) -> list[Rule]:
@@ -187,6 +227,20 @@ class Policy(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=Tr
     @property
     def mirror_config(self) -> MirrorConfig | None:
         return self.mirror if not isinstance(self.mirror, UnsetType) else None
+
+    @property
+    def score_weights(self) -> ScoreWeights:
+        """The weights as the scorer applies them (``cost_sensitivity`` resolved)."""
+        return self.weights.resolved() if not isinstance(self.weights, UnsetType) else DEFAULT_WEIGHTS
+
+    @property
+    def exploration(self) -> float:
+        return self.explore_share if not isinstance(self.explore_share, UnsetType) else DEFAULT_EXPLORE_SHARE
+
+    @property
+    def min_quality(self) -> float | None:
+        """The quality floor; None: no floor."""
+        return self.quality_floor if not isinstance(self.quality_floor, UnsetType) else None
 
 
 DEFAULT_POLICY = Policy()
@@ -212,6 +266,7 @@ def validate_policy(policy: Policy, capability_name: str) -> None:
     validate_rules(policy.rule_list)
     validate_split(policy.shares, policy.rollback_config)
     validate_degradation(policy)
+    validate_weights(policy)
     mirror = policy.mirror_config
     if mirror is not None and (problem := check_constraint(mirror.version)) is not None:
         raise PolicyError(f"mirror.version: {problem}", "mirror.version")
@@ -283,3 +338,15 @@ def validate_degradation(policy: Policy) -> None:
     for index, rule in enumerate(policy.rule_list):
         if rule.action == "degrade":
             raise PolicyError(f"rules[{index}] degrades, and an L0 capability never degrades", f"rules[{index}].action")
+
+
+def validate_weights(policy: Policy) -> None:
+    """Weights that tell instances apart, and one way of weighing cost, not two."""
+    if isinstance(policy.weights, UnsetType):
+        return
+    weights = policy.weights
+    if weights.resolved().whole == 0:
+        raise PolicyError("weights add up to 0: every instance would score alike", "weights")
+    if weights.cost and weights.cost_sensitivity is not None:
+        raise PolicyError("weights.cost_sensitivity sets the cost weight: give it or weights.cost, not both",
+                          "weights.cost_sensitivity")

@@ -16,6 +16,7 @@ from typing import Any, cast
 import msgspec
 from agent_reach import logs
 from agent_reach.atp import (
+    BUDGET_LABELS,
     MAX_CAPABILITY_CHARS,
     MAX_REQUEST_ID_CHARS,
     ErrorCode,
@@ -23,6 +24,7 @@ from agent_reach.atp import (
     RequestFrame,
     RouteFacts,
     error_frame,
+    valid_budget,
     valid_capability,
     valid_request_id,
     valid_routing_hint,
@@ -35,6 +37,7 @@ from aiohttp.typedefs import Handler
 from multidict import MultiMapping
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from mesh.policy import DEFAULT_POLICY
 from router import jsonrpc
 from router.a2a.endpoint import A2AEndpoint
 from router.audit import AuditLog
@@ -160,6 +163,9 @@ def checked(frame: RequestFrame) -> RequestFrame | CallResult:
     if not valid_routing_hint(frame.context):
         return invalid_frame(frame.request_id, "context.routing_hint must be an object: the metadata labels an "
                                                "instance must have, with their values", "context.routing_hint")
+    if not valid_budget(frame.context):
+        return invalid_frame(frame.request_id, f"context.budget must be one of {', '.join(BUDGET_LABELS)}",
+                             "context.budget")
     if frame.context and len(context := _encoder.encode(frame.context)) > MAX_CONTEXT_BYTES:
         return invalid_frame(frame.request_id, f"context is {len(context)} bytes as JSON; the mesh carries at most "
                                                f"{MAX_CONTEXT_BYTES} (it travels in a header to rest agents): send "
@@ -360,6 +366,20 @@ async def reach(request: web.Request) -> web.Response:
     })
 
 
+async def scores(request: web.Request) -> web.Response:
+    """GET /scores/{capability}: every instance's score under the scored policy, its parts and the figures
+    behind them, as this router measured them (each router learns from its own calls)."""
+    router, capability = request.app[ROUTER_KEY], request.match_info["capability"]
+    found = router.scores(capability)
+    if found is None:
+        raise ApiError(404, "unknown_capability", f"No instance offers capability {capability!r}", "capability")
+    policy_name, instances = found
+    policy = router.mirror.policy(capability) or DEFAULT_POLICY
+    return json_response({"capability": capability, "policy": policy_name, "weights": policy.score_weights,
+                          "explore_share": policy.exploration, "quality_floor": policy.min_quality,
+                          "instances": instances})
+
+
 async def usage(request: web.Request) -> web.Response:
     """GET /usage?period=hour|day[&client=ID][&capability=NAME]: calls, tokens and cost this router metered,
     per period kept (oldest first), in all and per client, capability and instance (router/usage.py)."""
@@ -466,6 +486,7 @@ OPEN: list[tuple[str, str, Handler]] = [
 ADMIN_ONLY: list[tuple[str, str, Handler]] = [
     ("GET", "/reach", reach), ("GET", "/alerts", alerts), ("GET", "/rules/stats", rule_stats),
     ("GET", "/usage", usage),
+    ("GET", "/scores/{capability}", scores),
     ("GET", "/traces", traces), ("GET", "/traces/{request_id}", trace)]
 # With an audit trail kept.
 AUDIT: tuple[str, str, Handler] = ("GET", "/audit", audit_entries)

@@ -31,12 +31,14 @@ from router.canary import assign, share_point
 from router.degradation import DegradationAlerts
 from router.forward import DEFAULT_MAX_ANSWER_BYTES, AgentAnswer, Forwarder
 from router.instances import InstanceBook
+from router.measurements import Measurements
 from router.mirror import Offer, RegistryMirror
 from router.outcome import Observer, Step, hurried
 from router.ratelimit import ClientLimits
 from router.reach import Outcome, ReachLedger
 from router.rollback import Releases
 from router.rules import CallerFacts, CandidatesOf, Decision, decide, minute_of_week, ordered, serviceable
+from router.scoring import InstanceScore, Score, explain, reference_cost, scoring_of
 from router.selection import Candidate, RouteRefusal, choose_policy, plan_route, session_hash_key
 from router.semantic.confirmations import ANONYMOUS, ConfirmationQueue
 from router.semantic.outcome import IntentMatch, IntentRefusal
@@ -109,6 +111,7 @@ class _Attempts(msgspec.Struct, kw_only=True):
     plan: list[str] = []
     version: str | None = None  # the capability version of the instance last tried
     rule: str | None = None  # the policy rule that decided where the call went
+    score: Score | None = None  # the scored policy's score of the instance last tried
     served: Capability | None = None  # the capability of the instance last tried: its prices price the call
 
 
@@ -131,6 +134,7 @@ class Router:
         self.settings = settings
         self.book = InstanceBook(self.limit_share)
         self.observer = Observer(self.book)
+        self.measurements = Measurements()
         self.sticky = StickyTable()
         self.ledger = ReachLedger(period_seconds=settings.period_seconds, alert=settings.alert)
         self.decisions: Counter[str] = Counter()
@@ -500,7 +504,9 @@ class Router:
                           sticky_agent=self.sticky.get(sticky, now) if sticky else None,
                           rng=self._rng, panic_threshold=self.settings.panic_threshold,
                           versions=narrowed.versions if narrowed else (),
-                          allow_degraded=policy.degradation_config.level != "L0")
+                          allow_degraded=policy.degradation_config.level != "L0",
+                          scoring=scoring_of(policy, frame.context.get("budget")) if policy_name == "scored" else None,
+                          quality_floor=policy.min_quality)
         if isinstance(plan, RouteRefusal):
             return _Attempts(refusal=plan, policy=policy_name)
         sla_ms = by_id[plan.order[0].agent_id].capability.timeout_sla_ms
@@ -548,6 +554,8 @@ class Router:
             state.agent_ms += answer.elapsed_ms
             answer.cut_short = hurried(answer.error_code, timeouts, own)
             step = self.observer.observe(breaker, candidate.agent_id, answer, time.monotonic())
+            self.measurements.observe(capability, candidate.agent_id, answer)
+            state.score = candidate.score
             if flight.relay.delivered:
                 break  # the caller has chunks of this answer: another instance's would not continue them
             if step is Step.RETRY:
@@ -565,6 +573,19 @@ class Router:
             return _Attempts(refusal=refusal, policy=policy_name, plan=state.plan)
         return state
 
+    def scores(self, capability: str) -> tuple[RoutingPolicy, list[InstanceScore]] | None:
+        """The policy ordering ``capability`` and every instance's score as the scored policy sees it now
+        (None: no instance offers it)."""
+        offers = self.mirror.offers(capability)
+        if offers is None:
+            return None
+        policy = self.mirror.policy(capability) or DEFAULT_POLICY
+        now = time.monotonic()
+        candidates = [self._candidate(offer, capability, policy, now) for offer in offers]
+        policy_name = choose_policy(policy.policy, [o.record.metadata.get("routing_policy") for o in offers],
+                                    self.settings.default_policy)
+        return policy_name, explain(candidates, policy.score_weights, policy.min_quality)
+
     def _candidate(self, offer: Offer, capability: str, policy: Policy, now: float) -> Candidate:
         agent_id = offer.record.agent_id
         max_qps = float(offer.record.metadata.get("max_qps") or 0)
@@ -574,7 +595,9 @@ class Router:
             metadata=offer.record.metadata, max_qps=max_qps,
             available=self.book.available(capability, agent_id, policy.circuit_breaker, now),
             has_capacity=self.book.bucket(agent_id, max_qps).available(now) >= 1,
-            version=offer.version,
+            version=offer.version, measured=self.measurements.get(capability, agent_id),
+            cost=reference_cost(offer.capability), quality=self.mirror.quality(capability, agent_id),
+            sla_ms=offer.capability.timeout_sla_ms,
         )
 
     async def _send(self, frame: RequestFrame, capability: str, offer: Offer, timeouts: ResolvedTimeouts,
@@ -632,6 +655,9 @@ class Router:
                            degraded=attempts.degraded, timeout_sla_ms=sla_ms, capability=capability,
                            overhead_ms=round(max(0.0, elapsed_ms - attempts.agent_ms), 3), reason=attempts.reason,
                            rule=attempts.rule, version=attempts.version)
+        if attempts.score is not None:
+            route.score, route.score_parts, route.explored = \
+                attempts.score.total, attempts.score.parts, attempts.score.explored
         if attempts.refusal is not None:
             return self._error(frame, attempts.refusal.code, attempts.refusal.reason, route, started)
         answer = attempts.answer

@@ -2,7 +2,7 @@
 
 hint filter, then version constraints (both hard; never route elsewhere) -> state tier (healthy, else
 pending and demoted, degraded) -> availability (breakers, ejections; ignored in panic) -> capacity
-(max_qps; none left is BUSY) -> policy order -> sticky instance first.
+(max_qps; none left is BUSY) -> quality floor (unless none would be left) -> policy order -> sticky instance first.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from agent_reach.registration import Protocol, RoutingPolicy
 from agent_reach.versions import parse_constraint, parse_version, satisfies
 
 from router.hashring import HashRing
+from router.measurements import Measured
+from router.scoring import Score, Scoring, by_score
 
 HEALTHY = "healthy"
 DEGRADED_STATES = frozenset({"pending", "demoted"})
@@ -41,6 +43,14 @@ class Candidate(msgspec.Struct, kw_only=True):
     available: bool = True  # False: breaker open or passively ejected (the I/O side decides)
     has_capacity: bool = True  # False: its max_qps token bucket is empty right now
     version: str = ""  # its version of the capability (agent_reach.versions.instance_version)
+    # What the scored policy weighs (router/scoring.py): this router's figures (None: never measured), the price
+    # of a reference call (None: none declared), the quality posted for it (None: none), the capability's SLA;
+    # ``score`` is set by the scored order.
+    measured: Measured | None = None
+    cost: float | None = None
+    quality: float | None = None
+    sla_ms: int = 30_000
+    score: Score | None = None
 
 
 class RoutePlan(msgspec.Struct, kw_only=True):
@@ -94,10 +104,14 @@ def plan_route(
     p2c_above: int = 8,
     versions: tuple[str, ...] = (),
     allow_degraded: bool = True,
+    scoring: Scoring | None = None,
+    quality_floor: float | None = None,
 ) -> RoutePlan | RouteRefusal:
     """Order the candidates to try for one call, or say why none may be tried. ``versions``: constraints
     (already validated) every candidate's version must satisfy: the frame's, a rule's, a canary's.
-    ``allow_degraded`` False (an L0 capability): pending and demoted instances are never used."""
+    ``allow_degraded`` False (an L0 capability): pending and demoted instances are never used.
+    ``scoring``: the scored policy's weights and label. ``quality_floor``: instances whose posted quality is
+    below it are left out, under any policy, unless none would be left."""
     if not candidates:
         return RouteRefusal(code=ErrorCode.NO_ROUTABLE_INSTANCE, reason="the capability has no registered instance")
     matching = candidates
@@ -126,7 +140,10 @@ def plan_route(
     pool = [candidate for candidate in (tier if panic else available) if candidate.has_capacity]
     if not pool:
         return RouteRefusal(code=ErrorCode.BUSY, reason="every eligible instance is at its max_qps")
-    order = _ORDERS[policy_name](pool, candidates, hash_key, rng, p2c_above)
+    if quality_floor is not None:
+        pool = [candidate for candidate in pool if candidate.quality is None or candidate.quality >= quality_floor] \
+            or pool
+    order = _ORDERS[policy_name](pool, candidates, hash_key, rng, p2c_above, scoring)
     if sticky_agent is not None:
         order.sort(key=lambda candidate: candidate.agent_id != sticky_agent)
     return RoutePlan(order=order, policy=policy_name, degraded=degraded, panic=panic,
@@ -148,7 +165,7 @@ def versions_filter(candidates: list[Candidate], versions: tuple[str, ...]) -> l
 
 
 def _by_load(pool: list[Candidate], candidates: list[Candidate], hash_key: str, rng: random.Random,
-             p2c_above: int) -> list[Candidate]:
+             p2c_above: int, scoring: Scoring | None) -> list[Candidate]:
     """Ascending in-flight + load, ties in random order so idle instances share the calls.
 
     On pools larger than ``p2c_above`` the first choice is the better of two random picks (power of
@@ -167,7 +184,7 @@ def _by_load(pool: list[Candidate], candidates: list[Candidate], hash_key: str, 
 
 
 def _by_hash(pool: list[Candidate], candidates: list[Candidate], hash_key: str, rng: random.Random,
-             p2c_above: int) -> list[Candidate]:
+             p2c_above: int, scoring: Scoring | None) -> list[Candidate]:
     """The ring's preference order for ``hash_key``, over every instance of the capability.
 
     The ring spans all candidates, not just the eligible ones, so it is rebuilt only when the
@@ -188,10 +205,11 @@ def _ring_of(members: frozenset[str]) -> HashRing:
     return HashRing(members)
 
 
-_Order = Callable[[list[Candidate], list[Candidate], str, random.Random, int], list[Candidate]]
+_Order = Callable[[list[Candidate], list[Candidate], str, random.Random, int, Scoring | None], list[Candidate]]
 _ORDERS: dict[RoutingPolicy, _Order] = {
     "least_load": _by_load,
     # Affinity's hard part is the hint filter, applied under every policy; among matches, least load.
     "affinity": _by_load,
     "hash": _by_hash,
+    "scored": by_score,
 }

@@ -217,7 +217,9 @@ class RouterServer:
                 logger("reach_alert", extra={"capability": alert.capability, "state": alert.state,
                                              "reach_rate": alert.reach_rate, "threshold": alert.threshold,
                                              "failures": alert.failures, "periods": alert.periods})
-            self.router.book.forget(set(self.mirror.instances))
+            live = set(self.mirror.instances)
+            self.router.book.forget(live)
+            self.router.measurements.forget(live)
             await self.router.releases.judge(self.mirror)
             if self.auth is not None:
                 self.auth.issuer.keys.prune()

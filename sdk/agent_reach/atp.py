@@ -42,6 +42,16 @@ def valid_routing_hint(context: dict[str, Any]) -> bool:
     return hint is None or isinstance(hint, dict)
 
 
+BUDGET_LABELS = ("economy", "standard", "premium")
+
+
+def valid_budget(context: dict[str, Any]) -> bool:
+    """``context.budget`` absent, null or one of BUDGET_LABELS: a label the router does not know is refused,
+    not read as "standard", so a caller who misspelt "economy" is told rather than routed at any price."""
+    budget = context.get("budget")
+    return budget is None or budget in BUDGET_LABELS
+
+
 def valid_capability(name: str) -> bool:
     """A capability name as the registry takes it: letters, digits and ``._:-``, up to 128, no newline."""
     return len(name) <= MAX_CAPABILITY_CHARS and _CAPABILITY.fullmatch(name) is not None
@@ -81,6 +91,17 @@ class IntentCandidate(msgspec.Struct, frozen=True):
     score: float
 
 
+class ScoreParts(msgspec.Struct, kw_only=True, frozen=True):
+    """An instance's score under the scored policy, part by part, each 0 (best) to 1 (worst) against fixed
+    bounds (docs/atp.md "Scored routing")."""
+
+    latency: float
+    errors: float
+    load: float
+    cost: float
+    quality: float
+
+
 # How a call was routed: its capability's policy, or "direct" when the router was unreachable and the
 # SDK called an instance itself (agent_reach.direct).
 RoutedBy = RoutingPolicy | Literal["direct"]
@@ -102,6 +123,11 @@ class RouteFacts(msgspec.Struct, kw_only=True, omit_defaults=True):
     # The policy rule that decided the call (absent: none matched) and the version of the instance that answered.
     rule: str | None = None
     version: str | None = None
+    # Under the scored policy: the instance's score (0 best, 1 worst) and its parts, and whether it was an
+    # exploration pick rather than the best score.
+    score: float | None = None
+    score_parts: ScoreParts | None = None
+    explored: bool = False
 
 
 class ResponseFrame(msgspec.Struct, kw_only=True, omit_defaults=True):

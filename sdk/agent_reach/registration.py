@@ -17,7 +17,7 @@ Name = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=NAME_PA
 Url = Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
 Label = Annotated[str, msgspec.Meta(max_length=256)]
 Protocol = Literal["atp", "rest", "a2a"]
-RoutingPolicy = Literal["least_load", "hash", "affinity"]
+RoutingPolicy = Literal["least_load", "hash", "affinity", "scored"]
 TrustLevel = Literal["internal", "user_authorized", "public"]
 
 # What msgspec (and so the WAL and the watch feed) can encode: a bigger int is refused at the edge.
