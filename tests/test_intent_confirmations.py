@@ -21,6 +21,7 @@ from router.semantic.matcher import MatchRule
 from router.semantic.settings import SemanticSettings
 from router.server import RouterServer, RouterServerSettings
 from router_support import capability
+from test_intent_learning import confirm_weather
 from test_semantic_routing import CAPABILITIES
 from weblayer.errors import ApiError
 
@@ -135,13 +136,7 @@ async def test_the_routers_metrics_count_retries_and_outcomes(start_registry: An
                               http, flaky.url, None, name, confirmation))
     await router.start()
     try:
-        agent = await start_agent("weather")
-        body = {"agent_id": "weather", "capabilities": [capability("weather.forecast", agent.endpoint)]}
-        assert (await call(http, "POST", f"{registry.url}/register", None, body))[0] == 200
-        await wait_for(lambda: router.mirror.offers("weather.forecast"), timeout=5, what="the router to see it")
-        frame = {"capability": "weather.forecast", "intent": "umbrella?", "confirm_intent": True, "payload": {}}
-        async with http.post(f"{router.url}/atp", json=frame) as response:
-            assert response.status == 200, await response.text()
+        await confirm_weather(http, registry, router, await start_agent("weather"), "umbrella?")
         await wait_for(lambda: len(flaky.received) == 3, timeout=10, what="two retries")
 
         async def scraped() -> str | None:

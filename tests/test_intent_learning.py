@@ -75,6 +75,17 @@ class LearningMesh:
         await wait_for(routed, timeout=10, interval=0.1, what=f"{intent!r} to route to {name} on {router.url}")
 
 
+async def confirm_weather(http: aiohttp.ClientSession, registry: RegistryServer, router: RouterServer, agent: Any,
+                          intent: str) -> None:
+    """Register ``agent`` as weather.forecast (auth off), then confirm ``intent`` meant it through ``router``."""
+    body = {"agent_id": "weather", "capabilities": [capability("weather.forecast", agent.endpoint)]}
+    assert (await call(http, "POST", f"{registry.url}/register", None, body))[0] == 200
+    await wait_for(lambda: router.mirror.offers("weather.forecast"), timeout=5, what="the router to see it")
+    frame = {"capability": "weather.forecast", "intent": intent, "confirm_intent": True, "payload": {}}
+    async with http.post(f"{router.url}/atp", json=frame) as response:
+        assert response.status == 200, await response.text()
+
+
 @pytest.fixture
 async def learning(start_registry: Callable[..., Awaitable[RegistryServer]], start_agent: Any,
                    http: aiohttp.ClientSession) -> AsyncIterator[LearningMesh]:
@@ -279,13 +290,7 @@ async def test_a_router_in_process_reports_confirmations_straight_to_its_registr
                           report_confirmation=registry.registry.examples.confirm)
     await router.start()
     try:
-        agent = await start_agent("weather")
-        body = {"agent_id": "weather", "capabilities": [capability("weather.forecast", agent.endpoint)]}
-        assert (await call(http, "POST", f"{registry.url}/register", None, body))[0] == 200
-        await wait_for(lambda: router.mirror.offers("weather.forecast"), timeout=5, what="the router to see it")
-        frame = {"capability": "weather.forecast", "intent": UMBRELLA, "confirm_intent": True, "payload": {}}
-        async with http.post(f"{router.url}/atp", json=frame) as response:
-            assert response.status == 200, await response.text()
+        await confirm_weather(http, registry, router, await start_agent("weather"), UMBRELLA)
         listed = await wait_for(lambda: registry.registry.examples.list("weather.forecast"), timeout=5,
                                 what="the confirmation")
         assert [(e.text, e.state, e.confirmations) for e in listed] == [(UMBRELLA, "pending", 1)]

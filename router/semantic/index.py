@@ -90,7 +90,7 @@ def _assemble(entries: dict[str, _Centroids]) -> _Matrix:
     if not names:
         return _EMPTY
     taught = [position for position, name in enumerate(names) if entries[name].declared is not None]
-    declared = [entries[names[position]].declared for position in taught]
+    declared = [row for name in names if (row := entries[name].declared) is not None]
     return _Matrix(names, np.stack([entries[name].every for name in names]), np.array(taught, dtype=np.intp),
                    np.stack(declared) if declared else np.empty((0, 0), np.float32))
 
