@@ -11,6 +11,7 @@ from collections import Counter
 import pytest
 
 from agent_support import Agent
+from conftest import wait_for
 from router_support import Answer, Mesh
 
 SEED = 15
@@ -149,3 +150,43 @@ async def test_bad_scored_policy_is_refused_naming_the_field(registry, http, bod
         answer = await response.json()
     assert response.status == 400 and answer["field"] == field, answer
     assert registry.store.revision == 0
+
+
+async def post_quality(mesh: Mesh, agent_id: str, score: float) -> None:
+    async with mesh.http.put(f"{mesh.registry.url}/quality/echo/{agent_id}", json={"score": score},
+                             headers=mesh.admin) as response:
+        assert response.status == 200, await response.text()
+    await wait_for(lambda: mesh.router.mirror.quality("echo", agent_id) == score,
+                   what=f"the router to learn {agent_id}'s quality")
+
+
+@pytest.mark.parametrize("policy", ["scored", "least_load"])
+async def test_a_quality_floor_takes_an_instance_out_of_rotation_and_back(mesh: Mesh, start_agent, policy):
+    agents = await three(mesh, start_agent, {"policy": policy, "quality_floor": 0.5})
+    await post_quality(mesh, "fast", 0.2)
+    below = await calls(mesh, 40)
+    assert agents["fast"].calls == 0 and {answer.status for answer in below} == {200}
+    listed = {row["agent_id"]: row for row in (await mesh.get("/scores/echo"))["instances"]}
+    assert listed["fast"]["below_quality_floor"] and listed["fast"]["parts"]["quality"] == pytest.approx(0.8)
+    await post_quality(mesh, "fast", 0.9)
+    restored = await calls(mesh, 40)
+    assert agents["fast"].calls > 0 and "fast" in {answer.route["instance"] for answer in restored}
+
+
+async def test_below_the_floor_an_instance_still_serves_when_no_other_is_left(mesh: Mesh, start_agent):
+    agent = await start_agent("only")
+    await mesh.add(agent, "echo")
+    await mesh.put_policy("echo", {"policy": "scored", "quality_floor": 0.5})
+    await post_quality(mesh, "only", 0.1)
+    answer = await mesh.call()
+    assert answer.status == 200 and answer.route["instance"] == "only"
+
+
+async def test_scores_are_for_operators_only(start_mesh, start_agent, http):
+    mesh = await start_mesh(auth=True)
+    await mesh.add(await start_agent("echo-1"), "echo")
+    async with http.get(f"{mesh.url}/scores/echo") as response:
+        assert response.status == 401
+    assert [row["agent_id"] for row in (await mesh.get("/scores/echo"))["instances"]] == ["echo-1"]
+    async with http.get(f"{mesh.url}/scores/nothing", headers=mesh.admin) as response:
+        assert response.status == 404 and (await response.json())["field"] == "capability"
