@@ -227,11 +227,19 @@ class ConsoleApi:
 
     async def examples(self, request: web.Request) -> web.Response:
         """Learned examples: the request relayed to the registry's /examples as it came (registry/examples.py)."""
+        return await self.relayed(request, "/examples")
+
+    async def quality(self, request: web.Request) -> web.Response:
+        """Quality scores and their alerts: relayed to the registry's /quality as it came (registry/quality.py)."""
+        return await self.relayed(request, "/quality")
+
+    async def relayed(self, request: web.Request, root: str) -> web.Response:
+        """The request relayed to the registry under ``root``, each part of the path's tail one segment."""
         parts = [segment(part) for part in request.match_info.get("tail", "").split("/") if part]
         if {".", ".."} & set(parts):
-            raise ApiError(404, "not_found", "No such examples path", None)
+            raise ApiError(404, "not_found", f"No such {root[1:]} path", None)
         body = await request.read() if request.can_read_body else None
-        return relay(await self.registry.request(request.method, "/".join(["/examples", *parts]), body))
+        return relay(await self.registry.request(request.method, "/".join([root, *parts]), body))
 
     async def cluster(self, request: web.Request) -> web.Response:
         """The registry's /cluster as the first registry that answers sees it (the console sends its admin key)."""
@@ -323,6 +331,9 @@ class ConsoleApi:
         routes.add_get("/api/examples", self.examples)
         for method in ("GET", "POST", "PUT", "DELETE"):
             routes.add_route(method, "/api/examples/{tail:.+}", self.examples)
+        routes.add_get("/api/quality", self.quality)
+        for method in ("GET", "PUT", "DELETE"):
+            routes.add_route(method, "/api/quality/{tail:.+}", self.quality)
         routes.add_get("/api/alerts", self.alerts)
         routes.add_get("/api/settings/alerts", self.alert_settings)
         routes.add_put("/api/settings/alerts", self.put_alert_settings)

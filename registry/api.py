@@ -250,8 +250,12 @@ def quality_ref(request: web.Request) -> tuple[str, str]:
     return path_capability(request), converted(request.match_info["agent_id"], Name, "agent_id")
 
 
+async def quality_alerts(request: web.Request) -> web.Response:
+    return json_response({"alerts": quality(request).alerts()})
+
+
 async def list_quality(request: web.Request) -> web.Response:
-    return json_response(quality(request).list(path_capability(request)))
+    return json_response(quality(request).scores(path_capability(request)))
 
 
 async def put_quality(request: web.Request) -> web.Response:
@@ -386,7 +390,8 @@ ADMIN_ONLY: list[tuple[str, str, Handler]] = [
     ("POST", "/examples/{capability}/{example_id}/accept", accept_example),
     ("POST", "/examples/{capability}/{example_id}/reject", reject_example),
     ("DELETE", "/examples/{capability}/{example_id}", delete_example),
-    ("GET", "/quality/{capability}", list_quality), ("PUT", "/quality/{capability}/{agent_id}", put_quality),
+    ("GET", "/quality", quality_alerts), ("GET", "/quality/{capability}", list_quality),
+    ("PUT", "/quality/{capability}/{agent_id}", put_quality),
     ("DELETE", "/quality/{capability}/{agent_id}", delete_quality),
     ("GET", "/watch", watch), ("GET", "/cluster", cluster),
     ("POST", "/clients", create_client), ("GET", "/clients", clients), ("GET", "/clients/{client_id}", client),

@@ -83,6 +83,7 @@ class Registry:
 
     def _apply(self, change: Change) -> None:
         self.state.apply(change)
+        self.quality.noticed(change.key)
         agent_id = instance_id(change.key)
         if agent_id is not None:
             self.touched.add(agent_id)
@@ -242,6 +243,7 @@ class Registry:
         # One at a time, looking again after each: another deregistration may be forgetting too.
         while forgotten := bindings_to_forget(self.state.bindings, self.config.kept_agent_ids):
             await self.store.delete(binding_key(forgotten[0]))
+            await self.quality.forget(forgotten[0])
 
     async def evict(self, agent_id: str, reason: str, fence: Fence | None = None) -> None:
         """``fence``: written only while it holds (the leader's, so a node that lost the lead evicts nothing)."""

@@ -143,9 +143,16 @@ async def test_a_score_stored_in_etcd_is_read_at_every_node(etcd_cluster: Callab
         status, listed = await call(http, "GET", f"{first.url}/quality/ticket.triage")
         return status == 200 and [v["score"] for v in listed] == [0.25]
     await wait_for(listed_at_first, timeout=10, what="the first node to read the score")
+    # A floor set at one node: both nodes judge the score below it from the same records.
+    assert (await call(http, "PUT", f"{first.url}/policies/ticket.triage", body={"quality_floor": 0.5}))[0] == 200
+
+    async def alerting_at_both() -> bool:
+        answers = [await call(http, "GET", f"{server.url}/quality") for server in (first, second)]
+        return all([a["agent_id"] for a in body["alerts"]] == ["triage-a"] for _, body in answers)
+    await wait_for(alerting_at_both, timeout=10, what="both nodes to raise the alert")
     assert (await call(http, "DELETE", f"{first.url}/quality/ticket.triage/triage-a"))[0] == 200
-    await wait_for(lambda: keys(second).quality == {}, timeout=10,
-                   what="the second node to forget the score")
+    await wait_for(lambda: keys(second).quality == {} and second.registry and not second.registry.quality.alerts(),
+                   timeout=10, what="the second node to forget the score and resolve its alert")
 
 
 def test_quality_scores_keep_their_stored_and_feed_layout() -> None:
@@ -165,3 +172,17 @@ def test_quality_scores_keep_their_stored_and_feed_layout() -> None:
     assert space.quality == {"ticket.triage": {"triage-a": score}}
     space.delete(key)
     assert space.quality == {}
+
+
+async def test_a_score_is_forgotten_with_its_agent_id(start_registry: Start, http: aiohttp.ClientSession) -> None:
+    """Once the registry forgets a deregistered agent_id (past the bindings it keeps) its scores go too: they
+    are bounded by the instances and bindings kept, and another service taking the id inherits nothing."""
+    registry = await start_registry(kept_agent_ids=1)
+    await scored_mesh(registry, http)
+    for agent_id in ("triage-a", "triage-b"):
+        assert (await call(http, "PUT", f"{registry.url}/quality/ticket.triage/{agent_id}", body={"score": 0.5}))[0] \
+            == 200
+    assert (await call(http, "POST", f"{registry.url}/deregister", body={"agent_id": "triage-a"}))[0] == 200
+    assert set(keys(registry).quality["ticket.triage"]) == {"triage-a", "triage-b"}  # its binding is kept
+    assert (await call(http, "POST", f"{registry.url}/deregister", body={"agent_id": "triage-b"}))[0] == 200
+    assert set(keys(registry).quality["ticket.triage"]) == {"triage-b"}

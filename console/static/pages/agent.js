@@ -5,6 +5,7 @@ import { get } from "../lib/api.js";
 import { h, replace, card, table, badge, url } from "../lib/dom.js";
 import { beatTimeline, windowStart } from "../lib/charts.js";
 import { refreshOnTick } from "../lib/refresh.js";
+import { qualityCard } from "../lib/quality.js";
 import * as fmt from "../lib/format.js";
 
 const HISTORY_SECONDS = 300;
@@ -60,7 +61,9 @@ export async function render(main, { params, live }) {
   const head = h("div", { class: "page-head" }, h("p", { class: "crumbs" }, h("a", { href: "#/agents", text: "Agents" }), " / "),
     h("h1", { text: id }));
   const body = h("div", { class: "agent-body" }, h("p", { class: "loading", text: "Loading…" }));
-  replace(main, head, body);
+  // Outside the refreshed body: an operator's half-typed score survives the page's refreshes.
+  const quality = h("div");
+  replace(main, head, body, quality);
 
   async function refresh() {
     let detail;
@@ -71,6 +74,7 @@ export async function render(main, { params, live }) {
       return;
     }
     const { agent, traffic } = detail;
+    if (!quality.childElementCount) replace(quality, qualityCard(id, agent.capabilities.map((c) => c.name)));
     replace(head.querySelector("h1"), id, " ", badge(agent.state));
     const now = Date.now() / 1000;
     const timeline = h("div", { class: "chart" });

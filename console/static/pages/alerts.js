@@ -4,6 +4,7 @@ import { call } from "../lib/api.js";
 import { h, replace, card, table, field, clearFieldErrors, showRefusal } from "../lib/dom.js";
 import { refreshOnTick } from "../lib/refresh.js";
 import * as fmt from "../lib/format.js";
+import { qualityAlertTable } from "../lib/quality.js";
 
 const SETTINGS = [
   ["reach_threshold", "Reach threshold", "A fraction: 0.98 alerts below 98 %."],
@@ -53,12 +54,14 @@ function settingsForm(current) {
 export async function render(main, { live }) {
   const active = h("div", { "aria-live": "polite" });
   const resolved = h("div");
+  const quality = h("div", { "aria-live": "polite" });
   const inForce = h("p", { class: "card-note" });
   const settings = h("div");
   replace(main,
     h("div", { class: "page-head" }, h("h1", { text: "Alerts" }),
       h("p", { class: "page-sub", text: "A capability alerts when its reach rate stays below the threshold for consecutive periods with enough failures." })),
     card("Active", { id: "active" }, active),
+    card("Below quality floor", { id: "quality-alerts", note: "Live instances whose posted quality score is under their capability's policy quality_floor: out of rotation until restored." }, quality),
     h("div", { class: "grid-2 wide-left" },
       card("Recently resolved", { id: "resolved" }, resolved),
       h("section", { class: "card", "aria-labelledby": "thresholds-title" },
@@ -68,8 +71,15 @@ export async function render(main, { live }) {
   if (stored.ok) replace(settings, settingsForm(stored.body));
   else replace(settings, h("p", { class: "notice bad", role: "alert", text: `Cannot read the thresholds: ${stored.body?.message || stored.status}` }));
 
+  async function refreshQuality() {
+    const answer = await call("/api/quality");
+    replace(quality, answer.ok ? qualityAlertTable(answer.body.alerts)
+      : h("p", { class: "notice bad", role: "alert", text: `The registry gave no quality alerts: ${answer.body?.message || answer.status}` }));
+  }
+
   let lastKey = "";
   async function refresh() {
+    await refreshQuality();
     const answer = await call("/api/alerts");
     if (!answer.ok) {
       replace(active, h("p", { class: "notice bad", role: "alert", text: `The router gave no alerts: ${answer.body?.message || answer.status}` }));

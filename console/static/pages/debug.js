@@ -32,9 +32,16 @@ function factList(id, rows) {
     h("dt", { text: k }), h("dd", {}, v ?? fmt.DASH))));
 }
 
+// The scored policy's parts, each 0 (best) to 1 (worst) against fixed bounds, in the policy's weight order.
+function scoreParts(parts) {
+  return parts ? Object.entries(parts).map(([name, value]) => `${name} ${value.toFixed(2)}`).join(" · ") : null;
+}
+
 function routeFacts(route) {
+  const scored = route.score === undefined || route.score === null ? [] : [
+    ["Score", `${route.score.toFixed(3)}${route.explored ? " (exploring)" : ""}`], ["Score parts", scoreParts(route.score_parts)]];
   return factList("route-facts", [["Capability", route.capability], ["Instance", route.instance], ["Policy", route.policy],
-    ["Attempts", route.attempts], ["Degraded", route.degraded ? "yes" : "no"], ["Reason", route.reason],
+    ...scored, ["Attempts", route.attempts], ["Degraded", route.degraded ? "yes" : "no"], ["Reason", route.reason],
     ["SLA", route.timeout_sla_ms ? fmt.ms(route.timeout_sla_ms) : null]]);
 }
 
