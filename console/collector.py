@@ -22,6 +22,7 @@ from console.rollup import PeriodKey, counter_deltas, period_totals, raw_success
 from console.store import ConsoleStore
 from console.traffic import Sample, TrafficWindow, samples_of
 from console.upstream import Reply, Upstream
+from mesh.quality import QualityAlert
 from registry.views import AgentView
 from router.reach import Alert, PeriodSummary
 from router.traces import CallTrace
@@ -52,6 +53,10 @@ class ReachAnswer(msgspec.Struct):
 class AlertsAnswer(msgspec.Struct):
     alerts: list[Alert]
     config: dict[str, Any] = {}
+
+
+class QualityAlertsAnswer(msgspec.Struct):
+    alerts: list[QualityAlert]
 
 
 class TracesAnswer(msgspec.Struct):
@@ -92,6 +97,8 @@ class Collector:
         self.agents: list[AgentView] = []
         self.reach = ReachAnswer(period_seconds=60.0, periods=[])
         self.alerts: list[Alert] = []
+        # The registry's quality alerts (registry/quality.py): live instances below their quality floor.
+        self.quality_alerts: list[QualityAlert] = []
         self.registry_status = UpstreamStatus()
         self.router_status = UpstreamStatus()
         self.traces_status = UpstreamStatus()
@@ -124,14 +131,16 @@ class Collector:
 
     async def tick(self) -> None:
         self.polls += 1
-        agents, reach, alerts, traces = await asyncio.gather(
+        agents, reach, alerts, traces, quality = await asyncio.gather(
             self.registry.get("/agents"), self.router.get("/reach"), self.router.get("/alerts"),
-            self.router.get("/traces", {"limit": str(TRACES_PER_POLL)}))
+            self.router.get("/traces", {"limit": str(TRACES_PER_POLL)}), self.registry.get("/quality"))
         now = time.time()
         self._take_agents(decoded(agents, AgentsAnswer, self.registry_status, now), now)
         await self._take_reach(decoded(reach, ReachAnswer, self.router_status, now), now)
         answered = decoded(alerts, AlertsAnswer, UpstreamStatus(), now)
         self.alerts = answered.alerts if answered is not None else self.alerts
+        scored = decoded(quality, QualityAlertsAnswer, UpstreamStatus(), now)
+        self.quality_alerts = scored.alerts if scored is not None else self.quality_alerts
         await self._take_traces(decoded(traces, TracesAnswer, self.traces_status, now))
         if now - self._pruned_at > PRUNE_EVERY_SECONDS:
             await self.store.prune(now)
@@ -213,6 +222,7 @@ class Collector:
             reach_rate=reach_of(window), raw_success_rate=raw_success_of(window),
             instance_health_rate=self.reach.instance_health_rate, window_seconds=REACH_WINDOW_SECONDS,
             states=states, active_alerts=sum(alert.state == "active" for alert in self.alerts),
+            quality_alerts=len(self.quality_alerts),
             curve=self.curve(now), registry=self.registry_status, router=self.router_status,
             traces=self.traces_status)
 

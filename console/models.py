@@ -57,6 +57,7 @@ class Overview(msgspec.Struct, kw_only=True):
     window_seconds: int
     states: dict[str, int]
     active_alerts: int
+    quality_alerts: int  # live instances below their capability's quality floor (the registry's GET /quality)
     curve: list[ReachPoint]
     registry: UpstreamStatus
     router: UpstreamStatus

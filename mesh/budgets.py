@@ -94,8 +94,11 @@ class LeaseRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, fro
     period_start: float = 0.0
     spent_tokens: Tokens = 0
     spent_cost: Cost = 0.0
+    # What it lacks to admit its next call; none (0 in every dimension): it only reports its spend.
     want_tokens: Tokens = 0
     want_cost: Cost = 0.0
+    # The router stops: what it was granted beyond what it spent goes back to the account.
+    release: bool = False
 
 
 class LeaseGrant(msgspec.Struct, kw_only=True, frozen=True):
@@ -154,18 +157,22 @@ def committed(account: BudgetAccount) -> tuple[int, float]:
 
 
 def _given(budget: float | None, used: float, want: float, chunk: float) -> float:
-    """What one ask gets of a limited dimension: a chunk (or what it wants, if more), never past the budget."""
-    if budget is None:
+    """What one ask gets of a limited dimension: a chunk (or what it wants, if more), never past the budget;
+    nothing when it wants none."""
+    if budget is None or want <= 0:
         return 0
     return max(0, min(max(chunk, want), budget - used))
 
 
 def lease(account: BudgetAccount, limits: Limits, request: LeaseRequest) -> tuple[BudgetAccount, LeaseGrant]:
-    """The account after ``request`` (its spend recorded, a chunk granted) and the answer to it."""
+    """The account after ``request`` (its spend recorded, a chunk granted, or its unspent grant given back)
+    and the answer to it."""
     share = account.routers.get(request.router_id, RouterShare())
     if request.period_start == account.period_start:
         share = msgspec.structs.replace(share, spent_tokens=max(share.spent_tokens, request.spent_tokens),
                                         spent_cost=max(share.spent_cost, request.spent_cost))
+    if request.release:
+        share = msgspec.structs.replace(share, granted_tokens=share.spent_tokens, granted_cost=share.spent_cost)
     routers = {**account.routers, request.router_id: share}
     used_tokens, used_cost = committed(msgspec.structs.replace(account, routers=routers))
     # Committing the grant adds to the router's committed part only what its grant passes its spend by.

@@ -45,6 +45,8 @@ log = logging.getLogger("agentreach.router.budgets")
 LeaseBudget = Callable[[str, LeaseRequest], Awaitable[LeaseGrant]]
 # After an ask the registry did not answer, calls the lease cannot cover are refused this long without asking.
 UNREACHABLE_RETRY_SECONDS = 5
+# How often at most the router tells the registry what it spent while no lease runs low (GET /budgets is current).
+REPORT_SECONDS = 10.0
 # Sessions whose usage is remembered; past this the least recently seen is forgotten (its count starts over).
 MAX_SESSIONS = 100_000
 _TIMEOUT = aiohttp.ClientTimeout(total=3, sock_connect=1)
@@ -83,7 +85,7 @@ class _Lease:
     """One client's lease at this router, for one period: cumulative granted and spent, reserved in flight."""
 
     __slots__ = ("asking", "dry", "granted_cost", "granted_tokens", "largest_cost", "largest_tokens", "limits",
-                 "period_start", "reserved_cost", "reserved_tokens", "reset_at", "retry_at", "spent_cost",
+                 "period_start", "reported", "reserved_cost", "reserved_tokens", "reset_at", "retry_at", "spent_cost",
                  "spent_tokens")
 
     def __init__(self, limits: Limits, largest_tokens: int = 0, largest_cost: float = 0.0):
@@ -92,6 +94,8 @@ class _Lease:
         self.reset_at = math.inf
         self.granted_tokens, self.granted_cost = 0, 0.0
         self.spent_tokens, self.spent_cost = 0, 0.0
+        # The spend the registry was last told of.
+        self.reported: tuple[int, float] = (0, 0.0)
         self.reserved_tokens, self.reserved_cost = 0, 0.0
         # The estimate a call reserves: the largest usage this router has seen the client's calls use.
         self.largest_tokens, self.largest_cost = largest_tokens, largest_cost
@@ -143,8 +147,8 @@ def _budget_words(limits: Limits) -> str:
 
 
 class Budgets:
-    def __init__(self, router_id: str, clients: Callable[[str], ClientRecord | None],
-                 wall_clock: Callable[[], float] = time.time):
+    def __init__(self, router_id: str, clients: Callable[[str], ClientRecord | None], *,
+                 report_every: float = REPORT_SECONDS, wall_clock: Callable[[], float] = time.time):
         self.router_id = router_id
         self._clients = clients
         self._wall_clock = wall_clock
@@ -153,6 +157,7 @@ class Budgets:
         self._leases: dict[str, _Lease] = {}
         self._sessions: OrderedDict[tuple[str, str], _Session] = OrderedDict()
         self._unreachable = Throttle()
+        self.report_every = report_every
 
     async def admit(self, client_id: str | None, context: dict[str, Any]) -> Ticket | Refusal:
         """The call's reservation, or why it may not go on: its session's cap, or its client's budget spent."""
@@ -197,6 +202,22 @@ class Budgets:
             if session is not None:
                 session.used += tokens
 
+    async def report_forever(self) -> None:
+        """Every ``report_every`` seconds, tell the registry what each client spent here since it last heard, so
+        its account is current while no lease runs low."""
+        while True:
+            await asyncio.sleep(self.report_every)
+            await self.report()
+
+    async def report(self, *, release: bool = False) -> None:
+        """Report the spend the registry has not heard of; ``release`` (the router stops, its calls ended): what
+        this router holds unspent goes back too."""
+        now = self._wall_clock()
+        due = [(client_id, lease) for client_id, lease in self._leases.items()
+               if lease.period_start and now < lease.reset_at
+               and (release or lease.reported != (lease.spent_tokens, lease.spent_cost))]
+        await asyncio.gather(*(self._renewed(client_id, lease, 0, 0.0, release) for client_id, lease in due))
+
     def _lease(self, client_id: str, limits: Limits, now: float) -> _Lease:
         """The client's lease for now: a new one once its period ended; a changed budget may be asked again."""
         lease = self._leases.get(client_id)
@@ -207,25 +228,27 @@ class Budgets:
             lease.limits, lease.dry = limits, False
         return lease
 
-    async def _renewed(self, client_id: str, lease: _Lease, tokens: int, cost: float) -> bool:
-        """Ask the registry for more (callers needing it at once share one ask); False when it cannot be asked."""
+    async def _renewed(self, client_id: str, lease: _Lease, tokens: int, cost: float, release: bool = False) -> bool:
+        """Ask the registry for more (callers needing it at once share one ask; an ask already on its way
+        reports the spend too); False when it cannot be asked."""
         if lease.asking is None:
-            lease.asking = asyncio.get_running_loop().create_task(self._ask(client_id, lease, tokens, cost))
+            lease.asking = asyncio.get_running_loop().create_task(self._ask(client_id, lease, tokens, cost, release))
         return await asyncio.shield(lease.asking)
 
-    async def _ask(self, client_id: str, lease: _Lease, tokens: int, cost: float) -> bool:
+    async def _ask(self, client_id: str, lease: _Lease, tokens: int, cost: float, release: bool) -> bool:
         request = LeaseRequest(router_id=self.router_id, period_start=lease.period_start,
                                spent_tokens=lease.spent_tokens, spent_cost=lease.spent_cost,
-                               want_tokens=tokens, want_cost=cost)
+                               want_tokens=tokens, want_cost=cost, release=release)
         try:
             if self.lease_budget is None:
                 raise LeaseRefused("this router has no way to ask the registry for a lease")
             lease.take(await self.lease_budget(client_id, request))
+            lease.reported = (request.spent_tokens, request.spent_cost)
             return True
         except Exception as exc:  # the registry away, refusing, answering garbage: the call is refused, not failed
             lease.retry_at = self._wall_clock() + UNREACHABLE_RETRY_SECONDS
-            self._unreachable.log(log, logging.WARNING, "budget lease not renewed: calls past this router's lease "
-                                  "are refused", client_id=client_id, error=repr(exc))
+            self._unreachable.log(log, logging.WARNING, "budget lease not renewed (or spend not reported): calls "
+                                  "past this router's lease are refused", client_id=client_id, error=repr(exc))
             return False
         finally:
             lease.asking = None

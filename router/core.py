@@ -26,7 +26,7 @@ from mesh.alerts import AlertConfig
 from mesh.policy import DEFAULT_POLICY, Policy, SplitShare
 from router.audit import AuditLog, entry_from_trace
 from router.auth import Caller, Refusal, Unauthenticated, authorize
-from router.budgets import NO_TICKET, Budgets, Ticket
+from router.budgets import NO_TICKET, REPORT_SECONDS, Budgets, Ticket
 from router.canary import assign, share_point
 from router.degradation import DegradationAlerts
 from router.forward import DEFAULT_MAX_ANSWER_BYTES, AgentAnswer, Forwarder
@@ -80,6 +80,8 @@ class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):
     # An agent's answer larger than this (decoded) is cut off while read: ANSWER_TOO_LARGE. One cap for
     # every capability, as large as the router's own request limit: answers often outgrow their payloads.
     max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
+    # Seconds between this router's reports of clients' budget spend to the registry (router/budgets.py).
+    budget_report_seconds: float = REPORT_SECONDS
 
 
 class CallResult(msgspec.Struct, kw_only=True):
@@ -149,7 +151,8 @@ class Router:
         self.confirmations: ConfirmationQueue | None = None
         self.client_limits = ClientLimits(self.limit_share)
         # Client budgets spent from leases of the registry's account, and sessions' token caps.
-        self.budgets = Budgets(mirror.router_id, lambda client_id: self.mirror.auth.clients.get(client_id))
+        self.budgets = Budgets(mirror.router_id, lambda client_id: self.mirror.auth.clients.get(client_id),
+                               report_every=settings.budget_report_seconds)
         self._timed_out: OrderedDict[str, tuple[str, str, str]] = OrderedDict()
         # Out of descriptors, every call fails alike: one log line per interval, not one per call.
         self._short_of_resources = Throttle()

@@ -157,7 +157,8 @@ class RouterServer:
             assert self.registries is not None
             feed = follow_http(self._session, self.registries, self.mirror, synced=synced,
                                admin_key=self.settings.registry_key)
-        self._tasks += [asyncio.create_task(feed), asyncio.create_task(self._housekeeping())]
+        self._tasks += [asyncio.create_task(feed), asyncio.create_task(self._housekeeping()),
+                        asyncio.create_task(self.router.budgets.report_forever())]
         if self.semantic is not None:
             self._tasks.append(asyncio.create_task(self.semantic.follow()))
         app = create_app(self.router, max_body=self.settings.max_body, auth=self.auth)
@@ -244,7 +245,11 @@ class RouterServer:
             return
         self._stopped = True
         await cancel(*self._tasks)
-        await close(self._runner, self._session)
+        await close(self._runner, None)
+        if self.router is not None:
+            # Every call has ended: what this router holds of clients' budgets and did not spend goes back.
+            await self.router.budgets.report(release=True)
+        await close(None, self._session)
         if self.audit is not None:
             # After the server closed: calls still in progress while it closed have their rows.
             await self.audit.stop()

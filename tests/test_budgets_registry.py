@@ -70,13 +70,24 @@ def test_an_ask_repeated_after_a_lost_answer_is_not_counted_twice():
     limits = Limits(tokens=1000, cost=2.0, period="day")
     account = BudgetAccount(client_id="c", period="day", period_start=0.0)
     account, first = lease(account, limits, LeaseRequest(router_id="a", want_tokens=10, want_cost=0.5))
-    report = LeaseRequest(router_id="a", period_start=0.0, spent_tokens=40, spent_cost=0.1)
-    account, second = lease(account, limits, report)
-    again, third = lease(account, limits, report)
+    ask = LeaseRequest(router_id="a", period_start=0.0, spent_tokens=40, spent_cost=0.1, want_tokens=20)
+    account, second = lease(account, limits, ask)
+    again, third = lease(account, limits, ask)
     # Spend is cumulative (max of what was reported), so the repeat records nothing new; it is granted anew.
     assert again.routers["a"].spent_tokens == 40 and third.share.spent_cost == 0.1
     assert first.share.granted_tokens == 50 and first.share.granted_cost == 0.5  # 5% chunk, or the want if more
     assert second.share.granted_tokens == 100 and third.share.granted_tokens == 150
+
+
+def test_an_ask_wanting_nothing_reports_and_a_release_gives_back_what_was_not_spent():
+    limits = Limits(tokens=1000, cost=None, period="day")
+    account = BudgetAccount(client_id="c", period="day", period_start=0.0)
+    account, _ = lease(account, limits, LeaseRequest(router_id="a", want_tokens=300))
+    account, reported = lease(account, limits, LeaseRequest(router_id="a", period_start=0.0, spent_tokens=120))
+    assert reported.share == RouterShare(granted_tokens=300, spent_tokens=120) and reported.left_tokens == 700
+    account, released = lease(account, limits, LeaseRequest(router_id="a", period_start=0.0, spent_tokens=130,
+                                                            release=True))
+    assert released.share == RouterShare(granted_tokens=130, spent_tokens=130) and released.left_tokens == 870
 
 
 async def test_a_client_is_created_with_a_budget_and_its_budget_changed(start_registry, http):
@@ -152,7 +163,7 @@ async def test_the_account_survives_a_restart(start_registry, http, tmp_path):
     start = first["period_start"]
     await ask(http, registry, key, client_id, period_start=start, spent_tokens=550)
     status, before = await call(http, "GET", f"{registry.url}/budgets/{client_id}", key)
-    assert status == 200 and before["spent_tokens"] == 550 and before["committed_tokens"] == 650
+    assert status == 200 and before["spent_tokens"] == 550 and before["committed_tokens"] == 600
     await registry.stop()
 
     again = await start_registry(data, auth=True)
@@ -160,8 +171,9 @@ async def test_the_account_survives_a_restart(start_registry, http, tmp_path):
     assert status == 200 and after == before
     # Another router gets only what is left, and then nothing.
     other = await ask(http, again, key, client_id, router_id="r-2", want_tokens=1000)
-    assert other["share"]["granted_tokens"] == 350 and other["left_tokens"] == 0
-    assert (await ask(http, again, key, client_id, router_id="r-3"))["share"].get("granted_tokens", 0) == 0
+    assert other["share"]["granted_tokens"] == 400 and other["left_tokens"] == 0
+    assert (await ask(http, again, key, client_id, router_id="r-3", want_tokens=1))["share"].get(
+        "granted_tokens", 0) == 0
     stored = again.registry.store.snapshot()[account_key(client_id)]
     assert b"r-2" in stored and datetime.fromtimestamp(after["reset_at"], UTC).hour == 0
 

@@ -15,6 +15,7 @@ import pytest
 
 from conftest import call, wait_for
 from recording_support import starting
+from router.core import RouterSettings
 from router_support import Answer, Mesh, run_load
 from test_usage_routing import MeteredAgent
 
@@ -29,10 +30,12 @@ async def metered() -> AsyncIterator[Callable[..., Awaitable[MeteredAgent]]]:
         yield start
 
 
-async def routers(start_mesh, metered, count: int = 2, **prices: Any) -> list[Mesh]:
+async def routers(start_mesh, metered, count: int = 2, routing: RouterSettings = RouterSettings(),
+                  **prices: Any) -> list[Mesh]:
     """``count`` routers following one registry over HTTP, each seeing one metered agent healthy."""
-    first = await start_mesh(follow="http", auth=True)
-    meshes = [first, *[await start_mesh(follow="http", auth=True, registry=first.registry) for _ in range(count - 1)]]
+    first = await start_mesh(follow="http", auth=True, routing=routing)
+    meshes = [first, *[await start_mesh(follow="http", auth=True, registry=first.registry, routing=routing)
+                       for _ in range(count - 1)]]
     agent = await metered("llm-1")
     await first.add(agent, "llm.chat", **prices)
     for mesh in meshes[1:]:
@@ -172,3 +175,30 @@ async def test_a_session_is_capped_at_its_token_budget(start_mesh, metered):
     assert (await spend(mesh, other, context=session)).status == 200
     assert (await spend(mesh, key, context={"session_id": "s-1"})).status == 200
     assert mesh.router.decisions["session_budget_exhausted"] == 2
+
+
+async def test_routers_report_their_spend_and_give_back_what_they_hold_when_they_stop(start_mesh, metered, http):
+    meshes = await routers(start_mesh, metered, routing=RouterSettings(budget_report_seconds=0.05))
+    key = await budgeted(meshes, budget_tokens=1000, budget_period="day")
+    for mesh in meshes:
+        for _ in range(3):
+            assert (await spend(mesh, key)).status == 200
+    registry = meshes[0].registry
+    client_id = next(iter(registry.registry.state.auth.clients))
+    ids = [mesh.router.mirror.router_id for mesh in meshes]
+
+    async def account() -> dict[str, Any]:
+        status, body = await call(http, "GET", f"{registry.url}/budgets/{client_id}", meshes[0].admin_key)
+        assert status == 200
+        return dict(body)
+
+    async def reported() -> bool:
+        return (await account())["spent_tokens"] == 60
+
+    # No lease ran low (each holds a 50-token chunk, 30 spent): the spend reaches the registry all the same.
+    await wait_for(reported, timeout=5, what="both routers to report 60 tokens spent")
+    assert (await account())["committed_tokens"] == 100
+    await meshes[0].router_server.stop()
+    shares = (await account())["routers"]
+    assert (shares[ids[0]]["granted_tokens"], shares[ids[0]]["spent_tokens"]) == (30, 30)
+    assert (shares[ids[1]]["granted_tokens"], shares[ids[1]]["spent_tokens"]) == (50, 30)

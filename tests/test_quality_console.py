@@ -22,6 +22,7 @@ async def test_quality_is_relayed_to_the_registry(rig: Rig, start_agent: Any) ->
     assert (await rig.request("PUT", "/api/policies/echo", {"quality_floor": 0.5}))[0] == 200
     alerts = (await rig.get("/api/quality"))["alerts"]
     assert [(a["agent_id"], a["score"], a["floor"]) for a in alerts] == [(agent_id, 0.3, 0.5)]
+    await rig.until("/api/overview", lambda o: o["quality_alerts"] == 1, what="the overview to count the alert")
     status, refused = await rig.request("PUT", f"/api/quality/echo/{agent_id}", {"score": 3})
     assert status == 400 and refused["field"] == "score", refused
     status, missing = await rig.request("PUT", "/api/quality/nothing.here/echo-1", {"score": 0.3})
@@ -29,6 +30,7 @@ async def test_quality_is_relayed_to_the_registry(rig: Rig, start_agent: Any) ->
     assert (await rig.request("GET", "/api/quality/echo/%2E%2E"))[0] == 404
     assert (await rig.request("DELETE", f"/api/quality/echo/{agent_id}"))[0] == 200
     assert await rig.get("/api/quality/echo") == [] and (await rig.get("/api/quality"))["alerts"] == []
+    await rig.until("/api/overview", lambda o: o["quality_alerts"] == 0, what="the overview to drop the alert")
 
 
 async def test_an_operator_edits_quality_on_the_agent_page_and_sees_the_alert(rig: Rig, start_agent: Any,
@@ -51,6 +53,7 @@ async def test_an_operator_edits_quality_on_the_agent_page_and_sees_the_alert(ri
     assert [v["score"] for v in await rig.get("/api/quality/echo")] == [0.2]
     await screenshot(page, "quality-agent")
 
+    await expect(page.locator("#alert-count")).to_have_text("1", timeout=WAIT_MS)
     await page.goto(f"{rig.url}/#/alerts")
     alert = page.locator("#quality-alerts tbody tr", has_text=agent_id)
     await expect(alert).to_contain_text("0.50", timeout=WAIT_MS)
@@ -66,6 +69,7 @@ async def test_an_operator_edits_quality_on_the_agent_page_and_sees_the_alert(ri
     assert await rig.get("/api/quality/echo") == []
     await page.goto(f"{rig.url}/#/alerts")
     await expect(page.locator("#quality-alerts")).to_contain_text("Every scored instance meets", timeout=WAIT_MS)
+    await expect(page.locator("#alert-count")).to_be_hidden(timeout=WAIT_MS)
 
 
 async def test_a_scored_call_shows_its_score_and_parts_on_the_debug_page(rig: Rig, start_agent: Any,

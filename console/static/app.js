@@ -84,7 +84,7 @@ async function start() {
   live.on("overview", (overview) => {
     showUpstream("up-registry", "Registry", overview.registry);
     showUpstream("up-router", "Router", overview.router);
-    showAlertCount(overview.active_alerts);
+    showAlertCount(overview.active_alerts + overview.quality_alerts);
   });
   const context = { config, live };
   window.addEventListener("hashchange", () => route(context));

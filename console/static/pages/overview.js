@@ -109,7 +109,8 @@ export async function render(main, { live }) {
     replace(states, STATES.map((s) => h("li", {}, badge(s), h("span", { class: "num", text: fmt.count(o.states[s] || 0) }))));
     replace(alerts, o.active_alerts
       ? h("a", { href: "#/alerts", class: "alert-link", text: `${o.active_alerts} active reach alert${o.active_alerts > 1 ? "s" : ""}` })
-      : h("span", { class: "muted", text: "No active reach alert." }));
+      : h("span", { class: "muted", text: "No active reach alert." }),
+    o.quality_alerts ? [" ", h("a", { href: "#/alerts", class: "alert-link", text: `${o.quality_alerts} instance${o.quality_alerts > 1 ? "s" : ""} below quality floor` })] : null);
     const curveKey = JSON.stringify(o.curve) + Math.floor(o.at / 10);
     if (curveKey !== lastCurve) {
       lastCurve = curveKey;
