@@ -241,6 +241,10 @@ class ConsoleApi:
         body = await request.read() if request.can_read_body else None
         return relay(await self.registry.request(request.method, "/".join([root, *parts]), body))
 
+    async def scores(self, request: web.Request) -> web.Response:
+        """Every instance's score under the scored policy, as the router sees it (router/scoring.py)."""
+        return relay(await self.router.get(f"/scores/{segment(request.match_info['capability'])}"))
+
     async def cluster(self, request: web.Request) -> web.Response:
         """The registry's /cluster as the first registry that answers sees it (the console sends its admin key)."""
         return relay(await self.registry.get("/cluster"))
@@ -327,6 +331,7 @@ class ConsoleApi:
         routes.add_put("/api/policies/{capability}", self.put_policy)
         routes.add_delete("/api/policies/{capability}", self.delete_policy)
         routes.add_get("/api/rules/stats", self.rule_stats)
+        routes.add_get("/api/scores/{capability}", self.scores)
         routes.add_get("/api/cluster", self.cluster)
         routes.add_get("/api/examples", self.examples)
         for method in ("GET", "POST", "PUT", "DELETE"):

@@ -87,3 +87,21 @@ async def test_a_scored_call_shows_its_score_and_parts_on_the_debug_page(rig: Ri
     for part in ("latency", "errors", "load", "cost", "quality 0.25"):
         await expect(parts).to_contain_text(part)
     await screenshot(page, "quality-debug-score")
+
+
+async def test_the_routing_page_lists_every_instances_score(rig: Rig, start_agent: Any, page: Any) -> None:
+    first = await rig.mesh.add(await start_agent("echo-1"), "echo")
+    second = await rig.mesh.add(await start_agent("echo-2"), "echo")
+    assert (await rig.request("PUT", "/api/policies/echo", {"policy": "scored", "quality_floor": 0.5}))[0] == 200
+    assert (await rig.request("PUT", f"/api/quality/echo/{second}", {"score": 0.25}))[0] == 200
+    await wait_for(lambda: rig.mesh.router_server.mirror.quality("echo", second) == 0.25,
+                   what="the router to learn the policy and the score")
+    answer = await rig.get("/api/scores/echo")
+    assert answer["policy"] == "scored" and answer["quality_floor"] == 0.5
+    assert {s["agent_id"]: s["below_quality_floor"] for s in answer["instances"]} == {first: False, second: True}
+    assert (await rig.request("GET", "/api/scores/nothing.here"))[0] == 404
+    await page.goto(f"{rig.url}/#/routes")
+    await expect(page.locator("#scores")).to_contain_text("quality floor 0.5", timeout=WAIT_MS)
+    await expect(page.locator("#scores tbody tr", has_text=second)).to_contain_text("0.25 below floor")
+    await expect(page.locator("#scores tbody tr", has_text=first)).to_contain_text("latency 0.")
+    await screenshot(page, "quality-scores")

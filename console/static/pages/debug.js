@@ -4,6 +4,7 @@
 import { call } from "../lib/api.js";
 import { h, replace, card, field, setFieldError, clearFieldErrors, badge } from "../lib/dom.js";
 import * as fmt from "../lib/format.js";
+import { scoreParts } from "../lib/scores.js";
 
 function parseJson(text, fallback) {
   return text.trim() === "" ? fallback : JSON.parse(text);
@@ -30,11 +31,6 @@ function buildFrame(form) {
 function factList(id, rows) {
   return h("dl", { class: "facts", id }, rows.map(([k, v]) => h("div", { dataset: { fact: k.toLowerCase().replace(/ /g, "-") } },
     h("dt", { text: k }), h("dd", {}, v ?? fmt.DASH))));
-}
-
-// The scored policy's parts, each 0 (best) to 1 (worst) against fixed bounds, in the policy's weight order.
-function scoreParts(parts) {
-  return parts ? Object.entries(parts).map(([name, value]) => `${name} ${value.toFixed(2)}`).join(" · ") : null;
 }
 
 function routeFacts(route) {

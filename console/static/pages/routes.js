@@ -1,11 +1,12 @@
 // The route view: how the router decided, counted by policy and by what it had to do
 // (hash, least-load, affinity; failover, fallback, demoted), since it started and per hour.
 
-import { get } from "../lib/api.js";
+import { call, get } from "../lib/api.js";
 import { h, replace, card, table } from "../lib/dom.js";
 import { columnChart, timeSlots, windowStart } from "../lib/charts.js";
 import { refreshOnTick } from "../lib/refresh.js";
 import * as fmt from "../lib/format.js";
+import { scoresCard } from "../lib/scores.js";
 
 // [decision, label, colour]: one colour per decision, the same in the bars and the hourly chart.
 // Always listed: how the router picks and rescues.
@@ -54,9 +55,13 @@ export async function render(main, { live }) {
       card("Decisions since the router started", { id: "decisions", note: "Policies choose; failover, fallback and demoted count rescues." }, totals),
       card("Decisions per hour, last 24 hours", { id: "decisions-day" }, chart)),
     card("Hour by hour", { id: "decisions-table" }, hourly));
+  const policies = await call("/api/policies");
+  const scores = scoresCard(policies.ok ? policies.body.policies.map((p) => p.capability) : []);
+  main.append(scores.element);
 
   let lastKey = "";
   async function refresh() {
+    await scores.refresh();
     const view = await get("/api/routes");
     const key = JSON.stringify(view);
     if (key === lastKey) return;
