@@ -52,6 +52,9 @@ class RegistryCollector(Collector):
                 "agentreach_registry_eviction_guard_active",
                 "1 while evictions are paused because most instances went silent at once",
                 value=int(self._checker.guard_active))
+        yield GaugeMetricFamily("agentreach_registry_quality_alerts_active",
+                                "Live instances scored below their capability's quality floor (GET /quality)",
+                                value=len(registry.quality.alerts()))
         yield GaugeMetricFamily("agentreach_registry_storage_available",
                                 "1 while the store takes writes; 0 while it refuses them (full or read-only disk)",
                                 value=int(registry.store.health.writable))

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import call
 from log_support import LogLines
@@ -27,6 +28,12 @@ class Scored:
         assert status == 200, answer
         return answer
 
+    async def gauge(self) -> float:
+        async with self.http.get(f"{self.registry.url}/metrics") as response:
+            text = await response.text()
+        return next(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+                    if sample.name == "agentreach_registry_quality_alerts_active")
+
     async def alerting(self) -> list[tuple[str, str, float, float]]:
         alerts = (await self.send("GET", "/quality"))["alerts"]
         return [(a["capability"], a["agent_id"], a["score"], a["floor"]) for a in alerts]
@@ -43,7 +50,7 @@ async def test_an_alert_is_raised_below_the_floor_and_cleared_when_restored(
     await scored.send("PUT", "/quality/ticket.triage/triage-b", {"score": 0.2, "source": "golden-set"})
     assert await scored.alerting() == []  # no floor yet: nothing to fall below
     await scored.send("PUT", "/policies/ticket.triage", {"quality_floor": 0.5})
-    assert await scored.alerting() == [("ticket.triage", "triage-b", 0.2, 0.5)]
+    assert await scored.alerting() == [("ticket.triage", "triage-b", 0.2, 0.5)] and await scored.gauge() == 1
     listed = await scored.send("GET", "/quality/ticket.triage")
     assert [(v["agent_id"], v["floor"], v["below_floor"]) for v in listed] == [("triage-b", 0.5, True)]
     # A score at the floor is enough; another instance falling below raises its own alert.
@@ -51,7 +58,7 @@ async def test_an_alert_is_raised_below_the_floor_and_cleared_when_restored(
     await scored.send("PUT", "/quality/ticket.triage/triage-a", {"score": 0.1})
     assert await scored.alerting() == [("ticket.triage", "triage-a", 0.1, 0.5)]
     await scored.send("PUT", "/policies/ticket.triage", {"quality_floor": 0.05})
-    assert await scored.alerting() == []
+    assert await scored.alerting() == [] and await scored.gauge() == 0
     assert raised_and_cleared(router_logs) == [
         ("active", "triage-b"), ("resolved", "triage-b"),
         ("active", "triage-a"), ("resolved", "triage-a")]
