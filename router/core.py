@@ -277,7 +277,8 @@ class Router:
         ledger (any caller could invent capability names, and a refusal says nothing about health)."""
         self.decisions[refusal.decision] += 1
         client_id = caller.client_id if caller is not None else None
-        logger = log.info if refusal.code is ErrorCode.BUSY else log.warning
+        # Over its rate or budget, a client may keep calling: one warning per call would flood the log.
+        logger = log.info if refusal.code in (ErrorCode.BUSY, ErrorCode.BUDGET_EXHAUSTED) else log.warning
         logger("call refused", extra={"error_code": refusal.code.value, "client_id": client_id,
                                       "reason": refusal.message})
         result = self._error(frame, refusal.code, refusal.message, RouteFacts(capability=frame.capability), started,

@@ -132,11 +132,14 @@ async def test_a_cost_budget_admits_calls_while_their_cost_fits(start_mesh, mete
     assert answers[5].body["reset_at"].endswith("-01T00:00:00Z")
 
 
-async def test_a_raised_budget_is_spent_at_once(start_mesh, metered, http):
+async def test_a_raised_budget_is_spent_at_once(start_mesh, metered, http, router_logs):
     [mesh] = await routers(start_mesh, metered, count=1)
     secrets = await mesh.new_client(["llm.*"], budget_tokens=30, budget_period="day")
     key = secrets["api_key"]
     assert [(await spend(mesh, key)).status for _ in range(4)] == [200, 200, 200, 429]
+    # A client may keep calling once its budget is spent: each refusal is logged, but not as a warning.
+    [refused] = [line for line in router_logs.named("call refused") if line["error_code"] == "BUDGET_EXHAUSTED"]
+    assert refused["level"] == "info" and refused["client_id"] == secrets["client_id"]
     status, _ = await call(http, "PUT", f"{mesh.registry.url}/clients/{secrets['client_id']}/budget", mesh.admin_key,
                            {"budget_tokens": 50, "budget_period": "day"})
     assert status == 200
