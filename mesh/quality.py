@@ -4,7 +4,8 @@ Stored like policies, so every router's mirror holds them: the scored policy rea
 instance scoring below its capability's policy ``quality_floor`` leaves rotation (it is not evicted)
 while the registry raises an alert. One record per (capability, agent_id): an instance answers one
 capability well and another badly. A score outlives its instance's registration, so an instance that
-restarts under its agent_id keeps its verdict until an operator deletes or replaces it.
+restarts under its agent_id keeps its verdict until an operator deletes or replaces it, or the registry
+forgets the agent_id (registry/bindings.py) and the score with it.
 """
 
 from __future__ import annotations
