@@ -2,7 +2,7 @@
 
     python bench/audit_bench.py [--entries N] [--json out.json]
 
-Request path: the payload's SHA-256 (1 KiB payload), entry_from_trace and AuditLog.record, each
+Request path: the payload's SHA-256 (1 KiB payload), call_entry and AuditLog.record, each
 timed over N calls. Writes: N buffered entries flushed through the writer process, one commit per
 batch (synchronous=FULL, WAL), for a few batch sizes, into a SQLite file in the system temp dir.
 Steady: 40,000 entries recorded at 8,000/s, the CPU per row in the router's process and in the
@@ -21,18 +21,21 @@ import time
 from pathlib import Path
 
 from common import cpu_seconds, rank_at
-from router.audit import AuditLog, entry_from_trace
-from router.traces import AttemptTrace, CallTrace
+from router.audit import AuditEntry, AuditLog, call_entry
+from router.traces import AttemptTrace
 
 BATCH_SIZES = (100, 500, 2000)
 
 
-def traces(count: int) -> list[CallTrace]:
-    attempt = AttemptTrace(instance="agent-1", endpoint="http://127.0.0.1:9000/atp", protocol="atp",
-                           started_ms=0.1, elapsed_ms=2.0)
-    return [CallTrace(request_id=f"req-{n}", capability=f"cap.{n % 20}", trace_id=f"trace-{n // 4}",
-                      started_at=time.time(), payload_bytes=1024, outcome="success", total_ms=2.5,
-                      attempts=[attempt]) for n in range(count)]
+def entries(count: int, digest: str = "ab" * 32) -> list[AuditEntry]:
+    """``count`` rows as the router builds them for a call answered by its first attempt."""
+    tried = [AttemptTrace(instance="agent-1", endpoint="http://127.0.0.1:9000/atp", protocol="atp",
+                          started_ms=0.1, elapsed_ms=2.0)]
+    return [call_entry(started_at=time.time(), capability=f"cap.{n % 20}", request_id=f"req-{n}", outcome="success",
+                       error_code=None, latency_ms=2.5, caller_id="cl_1", caller_name="shop", auth_method="api_key",
+                       tried=tried, trace_id=f"trace-{n // 4}", parent_request_id=None, payload_bytes=1024,
+                       payload_sha256=digest, rule=None, usage=None, streamed=False, chunks=0, chunk_bytes=0)
+            for n in range(count)]
 
 
 def per_call_us(started: float, count: int) -> float:
@@ -41,31 +44,30 @@ def per_call_us(started: float, count: int) -> float:
 
 async def request_path(directory: Path, count: int) -> dict[str, float]:
     payload = b"x" * 1024
-    calls = traces(count)
     started = time.perf_counter()
     for _ in range(count):
         hashlib.sha256(payload).hexdigest()
     sha_us = per_call_us(started, count)
     digest = hashlib.sha256(payload).hexdigest()
     started = time.perf_counter()
-    entries = [entry_from_trace(call, "cl_1", "shop", "api_key", digest) for call in calls]
+    made = entries(count, digest)
     entry_us = per_call_us(started, count)
     audit = AuditLog(directory / "record.db", retention_days=30, batch_size=count, max_buffer=count)
     await audit.start()
     started = time.perf_counter()
-    for entry in entries:  # no await in between: the writer cannot run, so this is record() alone
+    for entry in made:  # no await in between: the writer cannot run, so this is record() alone
         audit.record(entry)
     record_us = per_call_us(started, count)
     await audit.stop()
-    return {"sha256_1KiB_us": sha_us, "entry_from_trace_us": entry_us, "record_us": record_us}
+    return {"sha256_1KiB_us": sha_us, "call_entry_us": entry_us, "record_us": record_us}
 
 
 async def writes(directory: Path, count: int, batch_size: int) -> dict[str, float]:
-    entries = [entry_from_trace(call, "cl_1", "shop", "api_key", "ab" * 32) for call in traces(count)]
+    made = entries(count)
     audit = AuditLog(directory / f"writes-{batch_size}.db", retention_days=30, batch_size=batch_size,
                      max_buffer=count, flush_interval=3600)
     await audit.start()
-    for entry in entries:
+    for entry in made:
         audit.record(entry)
     started = time.perf_counter()
     await audit.flush()
@@ -79,14 +81,14 @@ async def steady(directory: Path, count: int, rate: int) -> dict[str, float]:
     """``count`` entries recorded at ``rate`` a second, 50 at a time (a loaded router's pace): the CPU
     a row costs the router's process (recording, encoding, the pipe) and the writer process, and how
     late the loop wakes for its timers meanwhile (what a call waits behind the audit trail)."""
-    entries = [entry_from_trace(call, "cl_1", "shop", "api_key", "ab" * 32) for call in traces(count)]
+    made = entries(count)
     audit = AuditLog(directory / "steady.db", retention_days=30)
     await audit.start()
     assert audit.writer_pid is not None
     writer_before, router_before = cpu_seconds(audit.writer_pid), cpu_seconds(os.getpid())
     started, lateness = time.perf_counter(), []
     for first in range(0, count, 50):
-        for entry in entries[first:first + 50]:
+        for entry in made[first:first + 50]:
             audit.record(entry)
         due = started + (first + 50) / rate
         now = time.perf_counter()

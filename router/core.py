@@ -24,7 +24,7 @@ from agent_reach.usage import priced
 
 from mesh.alerts import AlertConfig
 from mesh.policy import DEFAULT_POLICY, Policy, SplitShare
-from router.audit import AuditLog, entry_from_trace
+from router.audit import AuditLog, call_entry
 from router.auth import Caller, Refusal, Unauthenticated, authorize
 from router.budgets import NO_TICKET, REPORT_SECONDS, Budgets, Ticket
 from router.canary import assign, share_point
@@ -299,26 +299,33 @@ class Router:
         route = result.route if result is not None else RouteFacts()
         answer = result.frame if result is not None else None
         parent_request_id = frame.context.get("parent_request_id")
-        trace = CallTrace(
-            request_id=frame.request_id, capability=frame.capability or "", trace_id=str(frame.context["trace_id"]),
-            started_at=started_at, parent_request_id=parent_request_id if isinstance(parent_request_id, str) else None,
-            caller=caller.client_id if caller is not None else None,
-            payload_bytes=len(payload), timeout_hint=frame.timeout_hint,
-            routing_hint=frame.context.get("routing_hint"), policy=route.policy,
-            plan=result.plan if result is not None else [], degraded=route.degraded, reason=route.reason,
-            rule=route.rule, version=route.version,
-            attempts=flight.tried, outcome=outcome,
-            error_code=CANCELLED if answer is None else answer.error_code if isinstance(answer, ErrorFrame) else None,
-            total_ms=round((time.monotonic() - started) * 1000, 3), overhead_ms=route.overhead_ms or 0.0,
-            usage=answer.usage if isinstance(answer, ResponseFrame) else None, span_id=flight.span.span_id,
-            parent_span_id=flight.span.parent_span_id, streamed=flight.relay.streaming, chunks=flight.relay.chunks,
-            chunk_bytes=flight.relay.bytes)
+        parent_request_id = parent_request_id if isinstance(parent_request_id, str) else None
+        client_id = caller.client_id if caller is not None else None
+        error_code = CANCELLED if answer is None else answer.error_code if isinstance(answer, ErrorFrame) else None
+        total_ms = round((time.monotonic() - started) * 1000, 3)
+        usage = answer.usage if isinstance(answer, ResponseFrame) else None
+        relay = flight.relay
+        capability, trace_id = frame.capability or "", str(frame.context["trace_id"])
         if keep:
-            self.traces.add(trace)
+            self.traces.add(CallTrace(
+                request_id=frame.request_id, capability=capability, trace_id=trace_id,
+                started_at=started_at, parent_request_id=parent_request_id, caller=client_id,
+                payload_bytes=len(payload), timeout_hint=frame.timeout_hint,
+                routing_hint=frame.context.get("routing_hint"), policy=route.policy,
+                plan=result.plan if result is not None else [], degraded=route.degraded, reason=route.reason,
+                rule=route.rule, version=route.version, attempts=flight.tried, outcome=outcome, error_code=error_code,
+                total_ms=total_ms, overhead_ms=route.overhead_ms or 0.0, usage=usage, span_id=flight.span.span_id,
+                parent_span_id=flight.span.parent_span_id, streamed=relay.streaming, chunks=relay.chunks,
+                chunk_bytes=relay.bytes))
         if self.audit is not None:
             known = caller if isinstance(caller, Caller) else None
-            self.audit.record(entry_from_trace(trace, trace.caller, known.name if known else None,
-                                               known.via if known else None, hashlib.sha256(payload).hexdigest()))
+            self.audit.record(call_entry(
+                started_at=started_at, capability=capability, request_id=frame.request_id, outcome=outcome,
+                error_code=error_code, latency_ms=total_ms, caller_id=client_id,
+                caller_name=known.name if known else None, auth_method=known.via if known else None,
+                tried=flight.tried, trace_id=trace_id, parent_request_id=parent_request_id,
+                payload_bytes=len(payload), payload_sha256=hashlib.sha256(payload).hexdigest(), rule=route.rule,
+                usage=usage, streamed=relay.streaming, chunks=relay.chunks, chunk_bytes=relay.bytes))
 
     async def _call_capability(self, frame: RequestFrame, capability: str, offers: list[Offer] | None,
                                started: float, size: int, caller: Caller | Unauthenticated | None,

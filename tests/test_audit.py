@@ -16,9 +16,9 @@ from aiohttp import web
 
 from conftest import wait_for
 from router.api import AUDIT_KEY, audit_entries, guarded
-from router.audit import AuditEntry, AuditFilter, AuditLog, entry_from_trace
+from router.audit import AuditEntry, AuditFilter, AuditLog, call_entry
 from router.audit_query import FilterError, parse_filters
-from router.traces import AttemptTrace, CallTrace
+from router.traces import AttemptTrace
 
 DAY = 86_400.0
 
@@ -255,18 +255,22 @@ def test_bad_settings_are_refused(tmp_path: Path) -> None:
         AuditLog(tmp_path / "a.db", retention_days=1, batch_size=10, max_buffer=5)
 
 
-def trace(**fields: object) -> CallTrace:
-    values: dict[str, object] = {"request_id": "r1", "capability": "order.read", "trace_id": "t1", "started_at": 1000.0,
-                                 "parent_request_id": "r0", "payload_bytes": 42, "outcome": "success",
-                                 "total_ms": 12.5}
-    values.update(fields)
-    return CallTrace(**values)  # type: ignore[arg-type]
+def entry_of(**fields: object) -> AuditEntry:
+    """call_entry for a call whose facts are these defaults, overridden by ``fields``."""
+    facts: dict[str, object] = {
+        "started_at": 1000.0, "capability": "order.read", "request_id": "r1", "outcome": "success", "error_code": None,
+        "latency_ms": 12.5, "caller_id": None, "caller_name": None, "auth_method": None, "tried": [],
+        "trace_id": "t1", "parent_request_id": "r0", "payload_bytes": 42, "payload_sha256": None, "rule": None,
+        "usage": None, "streamed": False, "chunks": 0, "chunk_bytes": 0}
+    facts.update(fields)
+    return call_entry(**facts)  # type: ignore[arg-type]
 
 
-def test_entry_from_trace_takes_the_last_attempts_instance() -> None:
+def test_call_entry_takes_the_last_attempts_instance() -> None:
     attempts = [AttemptTrace(instance=f"agent-{n}", endpoint="http://127.0.0.1:1/x", protocol="atp",
                              started_ms=0.0, elapsed_ms=1.0) for n in (1, 2)]
-    made = entry_from_trace(trace(attempts=attempts, outcome="degraded"), "cl_a", "shop", "jwt", "ab" * 32)
+    made = entry_of(tried=attempts, outcome="degraded", caller_id="cl_a", caller_name="shop", auth_method="jwt",
+                    payload_sha256="ab" * 32)
     assert made == AuditEntry(time=1000.0, capability="order.read", request_id="r1", outcome="degraded",
                               latency_ms=12.5, caller="cl_a", caller_name="shop", instance="agent-2",
                               trace_id="t1", parent_request_id="r0", error_code=None, payload_bytes=42,
@@ -275,6 +279,6 @@ def test_entry_from_trace_takes_the_last_attempts_instance() -> None:
 
 @pytest.mark.parametrize(("code", "outcome"), [("FORBIDDEN", "refused"), ("TRUST_LEVEL_INSUFFICIENT", "refused"),
                                                ("UNAUTHENTICATED", "refused"), ("AGENT_ERROR", "failed")])
-def test_entry_from_trace_marks_auth_refusals(code: str, outcome: str) -> None:
-    made = entry_from_trace(trace(outcome="failed", error_code=code), None, None, None, None)
+def test_call_entry_marks_auth_refusals(code: str, outcome: str) -> None:
+    made = entry_of(outcome="failed", error_code=code)
     assert made.outcome == outcome and made.error_code == code and made.instance is None
