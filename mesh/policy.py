@@ -144,13 +144,15 @@ Weight = Annotated[float, msgspec.Meta(ge=0, le=1000)]
 
 class ScoreWeights(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """How much each part of an instance's score counts under the scored policy (router/scoring.py has the
-    parts and their fixed bounds); only the ratios matter. By default a failure rate weighs twice latency,
-    and prices not at all: ``cost``, or ``cost_sensitivity`` s, brings them in. s is cost's share of the
-    whole score, the other parts keeping their ratios (0.5: cost counts as much as everything else)."""
+    parts and their fixed bounds); only the ratios matter. By default a failure rate weighs twice latency;
+    load a quarter of it, as the latency average already shows the queueing an instance's load causes (load
+    adds what has not shown yet: calls in flight now, bench/scored_sim.py has the trade); and prices not at
+    all: ``cost``, or ``cost_sensitivity`` s, brings them in. s is cost's share of the whole score, the other
+    parts keeping their ratios (0.5: cost counts as much as everything else)."""
 
     latency: Weight = 1.0
     errors: Weight = 2.0
-    load: Weight = 1.0
+    load: Weight = 0.25
     cost: Weight = 0.0
     quality: Weight = 1.0
     cost_sensitivity: Annotated[float, msgspec.Meta(ge=0, le=0.9)] | None = None

@@ -6,7 +6,8 @@ seen lately (one outlier would rescale every other instance's part):
 - latency: log(1 + EWMA ms) / log(1 + the capability's timeout_sla_ms), capped at 1. On a log scale because
   agent latencies differ by orders of magnitude: 5 ms against 20 ms weighs as much as 20 ms against 80 ms.
 - errors: the failure share of the last calls (router/measurements.py), as is.
-- load: (the router's in-flight calls to the instance + the load it reported) / ``LOAD_BOUND``, capped at 1.
+- load: the load the instance reported (0..1) + the router's calls in flight to it / ``LOAD_BOUND`` (10), capped
+  at 1: an instance saying it is full, or holding 10 of this router's calls, is fully loaded.
 - cost: the instance's price for ``REFERENCE_USAGE`` (a call of 1,000 input and 1,000 output tokens; per-call
   prices count whole) / the highest such price among the capability's instances. Prices are declared, not
   measured, so this bound moves only when a registration changes. No price declared: 0.
@@ -85,7 +86,7 @@ def parts_of(candidate: Candidate, cost_bound: float) -> ScoreParts:
     return ScoreParts(
         latency=min(1.0, math.log1p(latency_ms) / math.log1p(candidate.sla_ms)) if latency_ms is not None else 0.0,
         errors=measured.error_rate if measured is not None else 0.0,
-        load=min(1.0, (candidate.inflight + candidate.load) / LOAD_BOUND),
+        load=min(1.0, candidate.load + candidate.inflight / LOAD_BOUND),
         cost=candidate.cost / cost_bound if candidate.cost and cost_bound > 0 else 0.0,
         quality=1.0 - candidate.quality if candidate.quality is not None else 0.0)
 
