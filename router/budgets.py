@@ -47,6 +47,8 @@ LeaseBudget = Callable[[str, LeaseRequest], Awaitable[LeaseGrant]]
 UNREACHABLE_RETRY_SECONDS = 5
 # How often at most the router tells the registry what it spent while no lease runs low (GET /budgets is current).
 REPORT_SECONDS = 10.0
+# Asks for one call that grant nothing though the account is not dry: past this, the call is refused.
+MAX_FRUITLESS_ASKS = 3
 # Sessions whose usage is remembered; past this the least recently seen is forgotten (its count starts over).
 MAX_SESSIONS = 100_000
 _TIMEOUT = aiohttp.ClientTimeout(total=3, sock_connect=1)
@@ -170,13 +172,21 @@ class Budgets:
         assert client_id is not None
         now = self._wall_clock()
         lease = self._lease(client_id, limits, now)
+        fruitless = 0
         while True:
             tokens, cost = lease.shortfall()
             if not tokens and not cost:
                 break
             if lease.dry:
                 return self._exhausted(client_id, lease, now)
+            granted = lease.granted_tokens, lease.granted_cost
             if now < lease.retry_at or not await self._renewed(client_id, lease, tokens, cost):
+                return self._unreachable_refusal(client_id, lease)
+            # An ask grants something or leaves the account dry (callers racing for one lease may need several);
+            # a registry answering neither, again and again, is not asked on every call.
+            fruitless += (lease.granted_tokens, lease.granted_cost) == granted and not lease.dry
+            if fruitless > MAX_FRUITLESS_ASKS:
+                lease.retry_at = now + UNREACHABLE_RETRY_SECONDS
                 return self._unreachable_refusal(client_id, lease)
         estimate_tokens = lease.largest_tokens if limits.tokens is not None else 0
         estimate_cost = lease.largest_cost if limits.cost is not None else 0.0

@@ -42,8 +42,9 @@ async def test_overview_counts_agents_instances_calls_and_reach(rig: Rig, start_
     assert overview["registry"]["ok"] and overview["router"]["ok"]
     for i in range(20):
         assert (await rig.mesh.call(payload=i)).status == 200
-    overview = await rig.until("/api/overview", lambda o: o["calls_per_second"] > 0 and o["reach_rate"] == 1.0,
-                               "calls to show")
+    # The console polls the router on its own clock: one poll may land between two of the calls.
+    overview = await rig.until("/api/overview", lambda o: o["calls_per_second"] > 0 and o["reach_rate"] == 1.0
+                               and sum(point["total"] for point in o["curve"]) >= 20, "all 20 calls to show")
     assert overview["raw_success_rate"] == 1.0 and overview["instance_health_rate"] == pytest.approx(2 / 3)
     [point] = overview["curve"]
     assert (point["total"], point["success"]) == (20, 20) and point["latency_p95_ms"] > 0
