@@ -6,7 +6,9 @@ Signals per (intent, capability):
 - centroid: the router's score (cosine to the mean of description and examples);
 - nearest: the cosine to the capability's closest single text;
 - lexical: TF-IDF cosine over words and character trigrams (English) and characters and character
-  bigrams (Chinese has no spaces), capabilities as documents (name, description, examples).
+  bigrams (Chinese has no spaces), capabilities as documents (name, description, examples);
+- foreign: per capability, the best score any other capability's text gets against it (a threshold
+  of its own without labels: a capability that attracts foreign texts needs a higher bar).
 
 Every idea is calibrated with the router's own procedure: its parameters are the ones with the most
 correct routes on the calibration half and no wrong route there even with the threshold 0.03 lower
@@ -47,6 +49,7 @@ STOP = frozenset(["a", "an", "the", "of", "to", "for", "in", "on", "at", "is", "
 CENTROID_SHARES = (1.0, 0.75, 0.5, 0.25)
 LEXICAL_WEIGHTS = (0.0, 0.05, 0.1, 0.2)
 CHINESE_LEXICAL_WEIGHTS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5)
+OFFSETS = [round(-0.3 + 0.01 * step, 2) for step in range(61)]
 RELATIVE_GAPS = [round(0.005 * step, 3) for step in range(81)]
 GUARD = round(0.01 * GUARD_STEPS, 2)
 
@@ -95,6 +98,7 @@ class Signals(msgspec.Struct, frozen=True):
     centroid: np.ndarray
     nearest: np.ndarray
     lexical: np.ndarray
+    foreign: np.ndarray
 
 
 async def signals() -> Signals:
@@ -106,11 +110,14 @@ async def signals() -> Signals:
     vectors = await embedder.encode([intent.text for intent in EVAL.intents])
     centroid = np.stack([index.scores(vector)[1] for vector in vectors])
     by_name = {entry.name: entry for entry in texts}
-    nearest = np.stack([(vectors @ (await embedder.encode(list(by_name[name].texts))).T).max(axis=1)
-                        for name in names], axis=1)
+    own = [await embedder.encode(list(by_name[name].texts)) for name in names]
+    nearest = np.stack([(vectors @ rows.T).max(axis=1) for rows in own], axis=1)
+    foreign = np.array([max(float(index.scores(row)[1][column]) for other, rows in enumerate(own) if other != column
+                            for row in rows) for column in range(len(names))])
     documents = [[name.replace(".", " ").replace("_", " "), *by_name[name].texts] for name in names]
     embedder.close()
-    return Signals(names, centroid, nearest, lexical_scores(documents, [intent.text for intent in EVAL.intents]))
+    return Signals(names, centroid, nearest, lexical_scores(documents, [intent.text for intent in EVAL.intents]),
+                   foreign)
 
 
 class Ranking(msgspec.Struct, frozen=True):
@@ -157,6 +164,15 @@ def per_language(ranked: Ranking, params: tuple[float, ...]) -> np.ndarray:
     return (ranked.score >= np.where(CHINESE, chinese, english)) & (ranked.gap >= margin)
 
 
+def per_capability(foreign: np.ndarray) -> Rule:
+    """The threshold of the best capability: its foreign score plus ``offset``."""
+    def rule(ranked: Ranking, params: tuple[float, ...]) -> np.ndarray:
+        offset, margin = params
+        routed: np.ndarray = (ranked.score >= foreign[ranked.best] + offset) & (ranked.gap >= margin)
+        return routed
+    return rule
+
+
 def counts(ranked: Ranking, routed: np.ndarray, among: np.ndarray) -> tuple[int, int]:
     """(correct, wrong) routes among the intents ``among`` selects."""
     return int(np.sum(routed & ranked.right & among)), int(np.sum(routed & ~ranked.right & among))
@@ -166,7 +182,7 @@ def guarded(params: tuple[float, ...], thresholds: int) -> Iterable[tuple[float,
     """The parameters with each of the first ``thresholds`` (the thresholds) 0.03 lower."""
     for position in range(thresholds):
         lowered = list(params)
-        lowered[position] = round(max(params[position] - GUARD, 0.0), 2)
+        lowered[position] = round(params[position] - GUARD, 2)
         yield tuple(lowered)
 
 
@@ -259,6 +275,8 @@ def ideas(found: Signals) -> list[dict[str, Any]]:
         calibrated("max(centroid, nearest)", np.maximum(found.centroid, found.nearest), names),
         calibrated("per-language thresholds, one margin", found.centroid, names, per_language,
                    itertools.product(THRESHOLDS[40:70], THRESHOLDS[30:70], MARGINS[:30]), thresholds=2),
+        calibrated("per-capability threshold: its foreign score + offset", found.centroid, names,
+                   per_capability(found.foreign), itertools.product(OFFSETS, MARGINS)),
         calibrated("relative margin: best - runner-up >= share x best", found.centroid, names, relative,
                    itertools.product(THRESHOLDS, RELATIVE_GAPS)),
         agreement_tier(found, tuple(shipped["parameters"])),
