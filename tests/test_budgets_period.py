@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -44,15 +45,21 @@ async def registry(tmp_path: Path) -> AsyncIterator[tuple[Registry, Clock]]:
     await store.close()
 
 
-async def test_a_spent_hourly_budget_is_refused_until_the_hour_ends_then_spent_again(registry):
-    registry, clock = registry
+async def spender(registry: Registry, clock: Clock, **budget: Any) -> tuple[str, Budgets]:
+    """A client with ``budget`` and a router's budgets on the test's clock, leasing from ``registry`` in process."""
     client = await registry.access.create_client(ClientCreate(name="app", trust_level="internal", grants=["llm.*"],
-                                                              budget_tokens=30, budget_period="hour"))
+                                                              **budget))
     budgets = Budgets("r-1", registry.state.auth.clients.get, wall_clock=clock)
     budgets.lease_budget = registry.budgets.lease
+    return client.client_id, budgets
+
+
+async def test_a_spent_hourly_budget_is_refused_until_the_hour_ends_then_spent_again(registry):
+    registry, clock = registry
+    client_id, budgets = await spender(registry, clock, budget_tokens=30, budget_period="hour")
 
     async def call() -> Ticket | Refusal:
-        admitted = await budgets.admit(client.client_id, {})
+        admitted = await budgets.admit(client_id, {})
         if isinstance(admitted, Ticket):
             budgets.settle(admitted, CALL)
         return admitted
@@ -69,16 +76,14 @@ async def test_a_spent_hourly_budget_is_refused_until_the_hour_ends_then_spent_a
     next_hour = [await call() for _ in range(4)]
     assert [isinstance(answer, Ticket) for answer in next_hour] == [True, True, True, False]
     assert next_hour[3].reset_at == "2026-12-01T12:00:00Z"
-    account = registry.budgets.account(client.client_id)
+    account = registry.budgets.account(client_id)
     assert account.period_start == datetime(2026, 12, 1, 11, tzinfo=UTC).timestamp()
     assert account.committed_tokens == 30
 
 
 async def test_a_cost_budget_spent_in_float_steps_ends_in_a_refusal(registry):
     registry, clock = registry
-    client = await registry.access.create_client(ClientCreate(name="app", trust_level="internal", grants=["llm.*"],
-                                                              budget_cost=0.3, budget_period="day"))
-    budgets = Budgets("r-1", registry.state.auth.clients.get, wall_clock=clock)
+    client_id, budgets = await spender(registry, clock, budget_cost=0.3, budget_period="day")
     asks = []
 
     async def lease(client_id, request):
@@ -88,21 +93,19 @@ async def test_a_cost_budget_spent_in_float_steps_ends_in_a_refusal(registry):
     budgets.lease_budget = lease
     answers = []
     for _ in range(6):
-        admitted = await budgets.admit(client.client_id, {})
+        admitted = await budgets.admit(client_id, {})
         answers.append(admitted)
         if isinstance(admitted, Ticket):
             budgets.settle(admitted, Usage(cost=0.1))
     # 0.1 + 0.1 + 0.1 passes 0.3 by a rounding error: the third call is not admitted, and nothing loops asking.
     assert [isinstance(answer, Ticket) for answer in answers] == [True, True, False, False, False, False]
     assert len(asks) < 10
-    assert registry.budgets.account(client.client_id).committed_cost <= 0.3
+    assert registry.budgets.account(client_id).committed_cost <= 0.3
 
 
 async def test_a_registry_granting_nothing_yet_never_dry_is_asked_a_bounded_number_of_times(registry):
     registry, clock = registry
-    client = await registry.access.create_client(ClientCreate(name="app", trust_level="internal", grants=["llm.*"],
-                                                              budget_tokens=1000, budget_period="day"))
-    budgets = Budgets("r-1", registry.state.auth.clients.get, wall_clock=clock)
+    client_id, budgets = await spender(registry, clock, budget_tokens=1000, budget_period="day")
     asks = []
 
     async def stuck(client_id, request):
@@ -113,23 +116,20 @@ async def test_a_registry_granting_nothing_yet_never_dry_is_asked_a_bounded_numb
 
     budgets.lease_budget = stuck
     async with asyncio.timeout(5):
-        refused = await budgets.admit(client.client_id, {})
+        refused = await budgets.admit(client_id, {})
     assert isinstance(refused, Refusal) and refused.code is ErrorCode.BUDGET_EXHAUSTED and refused.retry_after == 5
     assert len(asks) == MAX_FRUITLESS_ASKS + 1
-    assert isinstance(await budgets.admit(client.client_id, {}), Refusal) and len(asks) == MAX_FRUITLESS_ASKS + 1
+    assert isinstance(await budgets.admit(client_id, {}), Refusal) and len(asks) == MAX_FRUITLESS_ASKS + 1
 
 
 async def test_callers_racing_for_one_lease_are_all_admitted_while_the_budget_covers_them(registry):
     registry, clock = registry
-    client = await registry.access.create_client(ClientCreate(name="app", trust_level="internal", grants=["llm.*"],
-                                                              budget_tokens=2000, budget_period="day"))
-    budgets = Budgets("r-1", registry.state.auth.clients.get, wall_clock=clock)
-    budgets.lease_budget = registry.budgets.lease
-    first = await budgets.admit(client.client_id, {})
+    client_id, budgets = await spender(registry, clock, budget_tokens=2000, budget_period="day")
+    first = await budgets.admit(client_id, {})
     assert isinstance(first, Ticket)
     budgets.settle(first, CALL)  # every call now reserves 10 tokens; a lease is a 100-token chunk
-    racing = await asyncio.gather(*(budgets.admit(client.client_id, {}) for _ in range(150)))
+    racing = await asyncio.gather(*(budgets.admit(client_id, {}) for _ in range(150)))
     assert all(isinstance(answer, Ticket) for answer in racing)
-    assert isinstance(await budgets.admit(client.client_id, {}), Ticket)
-    account = registry.budgets.account(client.client_id)
+    assert isinstance(await budgets.admit(client_id, {}), Ticket)
+    account = registry.budgets.account(client_id)
     assert 10 + 151 * 10 <= account.committed_tokens <= 2000  # spent, and reserved by the calls in flight
