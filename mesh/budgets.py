@@ -18,7 +18,7 @@ from typing import Annotated
 
 import msgspec
 
-from auth.records import BudgetPeriod, ClientRecord
+from auth.records import MAX_COST, BudgetPeriod, ClientRecord
 
 BUDGET_PREFIX = "budgets/"
 # What one ask gets at least: this share of the budget. Small enough that routers which stop asking
@@ -26,7 +26,7 @@ BUDGET_PREFIX = "budgets/"
 LEASE_SHARE = 0.05
 RouterId = Annotated[str, msgspec.Meta(pattern=r"^[!-~]{1,128}\Z")]
 Tokens = Annotated[int, msgspec.Meta(ge=0, le=2**53 - 1)]
-Cost = Annotated[float, msgspec.Meta(ge=0)]
+Cost = Annotated[float, msgspec.Meta(ge=0, le=MAX_COST)]
 
 
 class Limits(msgspec.Struct, frozen=True):

@@ -118,6 +118,7 @@ def test_a_client_without_a_budget_keeps_its_stored_bytes():
     ({"budget_tokens": -1, "budget_period": "day"}, "budget_tokens"),
     ({"budget_tokens": 0, "budget_period": "day"}, "budget_tokens"),
     ({"budget_cost": -0.5, "budget_period": "day"}, "budget_cost"),
+    ({"budget_cost": 1e16, "budget_period": "day"}, "budget_cost"),
     ({"budget_tokens": 10, "budget_period": "week"}, "budget_period"),
     ({"budget_tokens": 10}, "budget_period"),
     ({"budget_period": "hour"}, "budget_period"),
@@ -149,6 +150,9 @@ async def test_a_budget_for_an_unknown_client_is_refused_naming_it(start_registr
     status, refused = await call(http, "POST", f"{registry.url}/budgets/{client['client_id']}/lease", key,
                                  {"router_id": "r", "spent_tokens": -5})
     assert (status, refused["field"]) == (400, "spent_tokens")
+    async with http.post(f"{registry.url}/budgets/{client['client_id']}/lease", headers={"X-API-Key": key},
+                         data=b'{"router_id": "r", "spent_cost": 1e999}') as response:
+        assert response.status == 400 and (await response.json())["field"] == "spent_cost"
     status, _ = await call(http, "POST", f"{registry.url}/budgets/{client['client_id']}/lease", None,
                            {"router_id": "r"})
     assert status == 401
