@@ -253,17 +253,17 @@ def chinese_lexical(found: Signals) -> dict[str, Any]:
     return {**chosen, "idea": f"lexical for Chinese intents only (weight chosen: {chosen['idea'].split()[1]})"}
 
 
-def ceiling(found: Signals) -> dict[str, Any]:
-    """Not a rule: each language's best threshold and margin chosen on the held-out half itself."""
+def language_by_language(found: Signals, idea: str, half: np.ndarray, guarded_params: int) -> dict[str, Any]:
+    """Each language's own threshold and margin, chosen on its intents in ``half``."""
     ranked = ranking(found.names, found.centroid)
     routed = np.zeros(len(LABELS), dtype=bool)
     chosen: list[float] = []
     for lang in ("en", "zh"):
-        among = ~CALIBRATION & LANGUAGE[lang]
-        params = choose(ranked, absolute, itertools.product(THRESHOLDS, MARGINS), among, thresholds=0)
-        routed |= absolute(ranked, params) & among
+        params = choose(ranked, absolute, itertools.product(THRESHOLDS, MARGINS), half & LANGUAGE[lang],
+                        guarded_params)
+        routed |= absolute(ranked, params) & LANGUAGE[lang]
         chosen += params
-    return row("ceiling: threshold and margin chosen on the held-out half (not a rule)", chosen, ranked, routed)
+    return row(idea, chosen, ranked, routed)
 
 
 def ideas(found: Signals) -> list[dict[str, Any]]:
@@ -281,7 +281,10 @@ def ideas(found: Signals) -> list[dict[str, Any]]:
                    itertools.product(THRESHOLDS, RELATIVE_GAPS)),
         agreement_tier(found, tuple(shipped["parameters"])),
         chinese_lexical(found),
-        ceiling(found),
+        language_by_language(found, "per-language threshold and margin, each guarded by 0.03",
+                             CALIBRATION, 2),
+        language_by_language(found, "ceiling: threshold and margin chosen on the held-out half (not a rule)",
+                             ~CALIBRATION, 0),
     ]
 
 
