@@ -63,8 +63,11 @@ def _budget_flags(parser: argparse.ArgumentParser) -> None:
                         help="the budget's period, a calendar hour, day or month in UTC (needed with a budget)")
 
 
-def _budget(args: argparse.Namespace) -> dict[str, Any]:
-    """The budget flags given, as the API's fields (the registry checks them and names the one at fault)."""
+def _budget(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """The budget flags given, as the API's fields (the registry checks them and names the one at fault; a cost
+    JSON cannot carry, nan or inf, is refused here)."""
+    if args.budget_cost is not None and not math.isfinite(args.budget_cost):
+        parser.error("--budget-cost must be a finite number")
     given = {"budget_tokens": args.budget_tokens, "budget_cost": args.budget_cost,
              "budget_period": args.budget_period}
     return {name: value for name, value in given.items() if value is not None}
@@ -132,9 +135,9 @@ def call_for(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Call:
         body: dict[str, Any] = {"name": args.name, "trust_level": args.trust, "grants": args.grants}
         if args.rate_limit is not None:
             body["rate_limit_qps"] = args.rate_limit
-        return Call("POST", "/clients", {**body, **_budget(args)})
+        return Call("POST", "/clients", {**body, **_budget(args, parser)})
     if args.action == "budget":
-        return Call("PUT", f"/clients/{quote(args.client_id, safe='')}/budget", _budget(args))
+        return Call("PUT", f"/clients/{quote(args.client_id, safe='')}/budget", _budget(args, parser))
     if args.action == "list":
         return Call("GET", "/clients")
     return Call("POST", f"/clients/{quote(args.client_id, safe='')}/{args.action}")

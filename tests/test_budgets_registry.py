@@ -199,3 +199,12 @@ async def test_the_cli_creates_a_client_with_a_budget_and_changes_it(start_regis
                                 "--budget-tokens", "-3", "--budget-period", "day",
                                 "--registry", registry.url, "--data-dir", str(registry.settings.data_dir))
     assert negative.returncode == 1 and "400" in negative.stderr and "(field: budget_tokens)" in negative.stderr
+
+
+async def test_the_cli_refuses_a_cost_json_cannot_carry(start_registry):
+    registry = await start_registry(auth=True)
+    refused = await agentreach("clients", "create", "--name", "x", "--trust", "internal", "--grant", "echo",
+                               "--budget-cost", "nan", "--budget-period", "day",
+                               "--registry", registry.url, "--data-dir", str(registry.settings.data_dir))
+    assert refused.returncode == 2 and "--budget-cost must be a finite number" in refused.stderr
+    assert registry.registry.state.auth.clients == {}
