@@ -25,6 +25,7 @@ from mesh.budgets import (
     account_key,
     budget_problem,
     client_of,
+    committed,
     current,
     lease,
     limits_of,
@@ -89,6 +90,21 @@ class Budgets:
         log.warning("client budget set", extra={"client_id": client_id, "budget_tokens": budget.budget_tokens,
                                                 "budget_cost": budget.budget_cost, "period": budget.budget_period})
         return client_view(record)
+
+    def tally(self) -> tuple[int, int]:
+        """For /metrics: clients with a budget (each has an account this period), and those whose account has
+        nothing left to lease (their calls are refused once the routers spent their leases)."""
+        now = self._wall_clock()
+        accounts = exhausted = 0
+        for client_id, record in self._state.auth.clients.items():
+            limits = limits_of(record)
+            if limits is None:
+                continue
+            accounts += 1
+            tokens, cost = committed(current(self._accounts.get(client_id), client_id, limits, now))
+            exhausted += (limits.tokens is not None and tokens >= limits.tokens) or \
+                (limits.cost is not None and cost >= limits.cost)
+        return accounts, exhausted
 
     def account(self, client_id: str) -> BudgetView:
         limits = self._limits(client_id)

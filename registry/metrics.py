@@ -55,6 +55,11 @@ class RegistryCollector(Collector):
         yield GaugeMetricFamily("agentreach_registry_quality_alerts_active",
                                 "Live instances scored below their capability's quality floor (GET /quality)",
                                 value=len(registry.quality.alerts()))
+        accounts, exhausted = registry.budgets.tally()
+        yield GaugeMetricFamily("agentreach_registry_budget_accounts",
+                                "Clients with a budget, each with an account for its current period", value=accounts)
+        yield GaugeMetricFamily("agentreach_registry_budget_accounts_exhausted",
+                                "Budget accounts with nothing left to lease this period", value=exhausted)
         yield GaugeMetricFamily("agentreach_registry_storage_available",
                                 "1 while the store takes writes; 0 while it refuses them (full or read-only disk)",
                                 value=int(registry.store.health.writable))

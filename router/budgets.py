@@ -24,7 +24,8 @@ import asyncio
 import logging
 import math
 import time
-from collections import OrderedDict
+from bisect import bisect_left
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -51,6 +52,8 @@ REPORT_SECONDS = 10.0
 MAX_FRUITLESS_ASKS = 3
 # Sessions whose usage is remembered; past this the least recently seen is forgotten (its count starts over).
 MAX_SESSIONS = 100_000
+# The lease ask latency histogram's buckets (an ask times out after 3 s).
+ASK_BOUNDS_MS: tuple[float, ...] = (1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500)
 _TIMEOUT = aiohttp.ClientTimeout(total=3, sock_connect=1)
 _grant_decoder = msgspec.json.Decoder(LeaseGrant)
 
@@ -138,6 +141,16 @@ class _Session:
         self.cap, self.used = cap, 0
 
 
+def _ask_outcome(request: LeaseRequest, more: bool, dry: bool) -> str:
+    """What an answered ask came to: a release or a spend report (it wanted nothing), more granted, nothing
+    because the account is dry, or nothing though it is not (callers racing for one lease)."""
+    if request.release:
+        return "released"
+    if not request.want_tokens and not request.want_cost:
+        return "reported"
+    return "granted" if more else "dry" if dry else "empty"
+
+
 def reset_time(reset_at: float) -> str:
     return datetime.fromtimestamp(reset_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -160,9 +173,27 @@ class Budgets:
         self._sessions: OrderedDict[tuple[str, str], _Session] = OrderedDict()
         self._unreachable = Throttle()
         self.report_every = report_every
+        # For /metrics: refusals by their decision; lease asks by outcome, their latency in ASK_BOUNDS_MS buckets.
+        self.refusals: Counter[str] = Counter()
+        self.asks: Counter[str] = Counter()
+        self.ask_buckets = [0] * (len(ASK_BOUNDS_MS) + 1)
+        self.ask_seconds = 0.0
 
     async def admit(self, client_id: str | None, context: dict[str, Any]) -> Ticket | Refusal:
         """The call's reservation, or why it may not go on: its session's cap, or its client's budget spent."""
+        admitted = await self._admission(client_id, context)
+        if isinstance(admitted, Refusal):
+            self.refusals[admitted.decision] += 1
+        return admitted
+
+    def unspent(self) -> tuple[int, float]:
+        """Tokens and cost this router was granted this period and has not spent (in flight included)."""
+        now = self._wall_clock()
+        current = [lease for lease in self._leases.values() if lease.period_start and now < lease.reset_at]
+        return (sum(max(0, lease.granted_tokens - lease.spent_tokens) for lease in current),
+                sum(max(0.0, lease.granted_cost - lease.spent_cost) for lease in current))
+
+    async def _admission(self, client_id: str | None, context: dict[str, Any]) -> Ticket | Refusal:
         session = self._session(client_id or "", context)
         if isinstance(session, Refusal):
             return session
@@ -249,11 +280,14 @@ class Budgets:
         request = LeaseRequest(router_id=self.router_id, period_start=lease.period_start,
                                spent_tokens=lease.spent_tokens, spent_cost=lease.spent_cost,
                                want_tokens=tokens, want_cost=cost, release=release)
+        granted, outcome = (lease.granted_tokens, lease.granted_cost), "failed"
+        started = time.monotonic()
         try:
             if self.lease_budget is None:
                 raise LeaseRefused("this router has no way to ask the registry for a lease")
             lease.take(await self.lease_budget(client_id, request))
             lease.reported = (request.spent_tokens, request.spent_cost)
+            outcome = _ask_outcome(request, granted != (lease.granted_tokens, lease.granted_cost), lease.dry)
             return True
         except Exception as exc:  # the registry away, refusing, answering garbage: the call is refused, not failed
             lease.retry_at = self._wall_clock() + UNREACHABLE_RETRY_SECONDS
@@ -262,6 +296,10 @@ class Budgets:
             return False
         finally:
             lease.asking = None
+            elapsed = time.monotonic() - started
+            self.asks[outcome] += 1
+            self.ask_buckets[bisect_left(ASK_BOUNDS_MS, elapsed * 1000)] += 1
+            self.ask_seconds += elapsed
 
     def _exhausted(self, client_id: str, lease: _Lease, now: float) -> Refusal:
         return Refusal(code=ErrorCode.BUDGET_EXHAUSTED, decision="budget_exhausted",

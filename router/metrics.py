@@ -8,8 +8,43 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from router.budgets import ASK_BOUNDS_MS, Budgets
 from router.core import Router
 from router.reach import LATENCY_BOUNDS_MS
+
+
+def cumulative(bounds_ms: tuple[float, ...], counts: list[int]) -> list[tuple[str, float]]:
+    """Prometheus histogram buckets (upper bound in seconds, cumulative count) from counts per bucket."""
+    total = 0
+    buckets: list[tuple[str, float]] = []
+    for bound, count in zip([*bounds_ms, float("inf")], counts, strict=True):
+        total += count
+        buckets.append(("+Inf" if bound == float("inf") else str(bound / 1000), total))
+    return buckets
+
+
+def budget_metrics(budgets: Budgets) -> Iterator[Metric]:
+    """Client budgets at this router: refusals, lease asks and what its leases hold unspent (no client label:
+    the label sets stay bounded however many clients have budgets)."""
+    refusals = CounterMetricFamily("agentreach_router_budget_refusals", "Calls refused by budgets, by reason",
+                                   labels=["reason"])
+    for reason, count in sorted(budgets.refusals.items()):
+        refusals.add_metric([reason], count)
+    yield refusals
+    asks = CounterMetricFamily("agentreach_router_budget_lease_asks", "Budget lease asks to the registry by outcome",
+                               labels=["outcome"])
+    for outcome, count in sorted(budgets.asks.items()):
+        asks.add_metric([outcome], count)
+    yield asks
+    latency = HistogramMetricFamily("agentreach_router_budget_lease_ask_seconds",
+                                    "Budget lease asks' latency, answered or not")
+    latency.add_metric([], cumulative(ASK_BOUNDS_MS, budgets.ask_buckets), budgets.ask_seconds)
+    yield latency
+    tokens, cost = budgets.unspent()
+    yield GaugeMetricFamily("agentreach_router_budget_leased_unspent_tokens",
+                            "Budget tokens this router was granted this period and has not spent", value=tokens)
+    yield GaugeMetricFamily("agentreach_router_budget_leased_unspent_cost",
+                            "Budget cost this router was granted this period and has not spent", value=cost)
 
 
 class RouterCollector(Collector):
@@ -29,11 +64,8 @@ class RouterCollector(Collector):
                 calls.add_metric([capability, outcome], getattr(tally, outcome))
             for code, count in tally.failed_by_code.items():
                 failures.add_metric([capability, code], count)
-            cumulative, buckets = 0, []
-            for bound, count in zip([*LATENCY_BOUNDS_MS, float("inf")], tally.latency_buckets, strict=True):
-                cumulative += count
-                buckets.append(("+Inf" if bound == float("inf") else str(bound / 1000), cumulative))
-            latency.add_metric([capability], buckets, tally.latency_sum_ms / 1000)
+            latency.add_metric([capability], cumulative(LATENCY_BOUNDS_MS, tally.latency_buckets),
+                               tally.latency_sum_ms / 1000)
         yield calls
         yield failures
         yield latency
@@ -84,6 +116,7 @@ class RouterCollector(Collector):
             cost.add_metric([capability], used.cost)
         yield tokens
         yield cost
+        yield from budget_metrics(router.budgets)
         if router.confirmations is not None:
             confirmations = CounterMetricFamily("agentreach_router_confirmations",
                                                 "Confirmed intents by what became of their report to the registry",
