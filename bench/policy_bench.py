@@ -8,6 +8,8 @@ capabilities that differ only in their policy, so the only difference between th
   rules    a 10-rule table: nine rules that do not match the call, the tenth matches and routes to ^3
   shadow   the same table and a shadow rule that matches every call (its verdict counted after the call)
   canary   a 95 / 5 split between 3.2 and 3.3 with a rollback rule, a new session_id on every call
+  scored   the scored policy (router/scoring.py) with its default weights: plain is least_load, so scored against
+           plain is the throughput check of issue 15 (target: >= 0.95x)
 
 wrk (closed loop, 64 connections, alternating rounds, the best counts) gives calls/s per target and the
 router's CPU time per call; the table puts each policy beside plain (target: >= 0.9x plain's calls/s).
@@ -55,7 +57,7 @@ from router.forward import AgentAnswer, Forwarder
 from router.mirror import RegistryMirror
 from router_bench import run_load
 
-TARGETS = ("plain", "rules", "shadow", "canary")
+TARGETS = ("plain", "rules", "shadow", "canary", "scored")
 TEN_RULES = [{"id": f"r{n}", "priority": n * 10, "match": {"context": {"type": f"kind-{n}"}},
               "target": {"version": "^3"}} for n in range(1, 10)] + \
     [{"id": "r10", "priority": 100, "match": {"context": {"type": "summary"}}, "target": {"version": "^3"},
@@ -67,6 +69,7 @@ POLICIES: dict[str, dict[str, Any]] = {
     "canary": {"split": [{"version": "3.2", "weight": 95}, {"version": "3.3", "weight": 5}],
                "rollback": {"metric": "error_rate", "worse_than_stable_by": 0.5, "min_calls": 1000,
                             "window_seconds": 60}},
+    "scored": {"policy": "scored"},
 }
 
 
@@ -196,6 +199,7 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
     return {"best": best, "open_loop": open_loop, "in_process_us": raw["in_process_us"], "targets": {
         "rules_ge_0.9x_plain": best["rules"]["vs_plain"] >= 0.9,
         "canary_ge_0.9x_plain": best["canary"]["vs_plain"] >= 0.9,
+        "scored_ge_0.95x_plain": best["scored"]["vs_plain"] >= 0.95,
         "shadow_added_p50_ms": open_loop["shadow"]["p50_ms"] - open_loop["rules"]["p50_ms"],
         "shadow_added_p99_ms": open_loop["shadow"]["p99_ms"] - open_loop["rules"]["p99_ms"]}}
 
