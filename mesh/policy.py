@@ -82,6 +82,9 @@ class RuleMatch(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields
     client: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] | None = None
     trust_level: TrustLevel | None = None
     hours: Hours | None = None
+    # The caller's budget this period used beyond this fraction (router/budgets.py ``used_fraction``): a caller
+    # without a budget never matches. UNSET until given, like Policy's late fields: stored rules keep their bytes.
+    budget_used_above: Annotated[float, msgspec.Meta(gt=0, le=1)] | UnsetType = UNSET
 
 
 class RuleTarget(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):

@@ -90,8 +90,8 @@ class _Lease:
     """One client's lease at this router, for one period: cumulative granted and spent, reserved in flight."""
 
     __slots__ = ("asking", "dry", "granted_cost", "granted_tokens", "largest_cost", "largest_tokens", "limits",
-                 "period_start", "reported", "reserved_cost", "reserved_tokens", "reset_at", "retry_at", "spent_cost",
-                 "spent_tokens")
+                 "others_cost", "others_tokens", "period_start", "reported", "reserved_cost", "reserved_tokens",
+                 "reset_at", "retry_at", "spent_cost", "spent_tokens")
 
     def __init__(self, limits: Limits, largest_tokens: int = 0, largest_cost: float = 0.0):
         self.limits = limits
@@ -99,6 +99,8 @@ class _Lease:
         self.reset_at = math.inf
         self.granted_tokens, self.granted_cost = 0, 0.0
         self.spent_tokens, self.spent_cost = 0, 0.0
+        # What the other routers held of the account at the last grant: their spend, or their lease when larger.
+        self.others_tokens, self.others_cost = 0, 0.0
         # The spend the registry was last told of.
         self.reported: tuple[int, float] = (0, 0.0)
         self.reserved_tokens, self.reserved_cost = 0, 0.0
@@ -132,6 +134,13 @@ class _Lease:
         self.spent_tokens = max(self.spent_tokens, share.spent_tokens)
         self.spent_cost = max(self.spent_cost, share.spent_cost)
         self.dry = grant.left_tokens == 0 or (grant.left_cost is not None and grant.left_cost <= 0)
+        # The account commits, per router, the larger of its grant and its spend: what is left says the others' part.
+        if grant.left_tokens is not None and self.limits.tokens is not None:
+            held_tokens = max(share.granted_tokens, share.spent_tokens)
+            self.others_tokens = max(0, self.limits.tokens - grant.left_tokens - held_tokens)
+        if grant.left_cost is not None and self.limits.cost is not None:
+            held_cost = max(share.granted_cost, share.spent_cost)
+            self.others_cost = max(0.0, self.limits.cost - grant.left_cost - held_cost)
 
 
 class _Session:
@@ -225,6 +234,21 @@ class Budgets:
         lease.reserved_cost += estimate_cost
         return Ticket(client_id=client_id, period_start=lease.period_start, tokens=estimate_tokens,
                       cost=estimate_cost, session=session)
+
+    def used_fraction(self, client_id: str) -> float | None:
+        """How much of the client's budget this period is used as this router knows it (the larger of tokens and
+        cost): what the other routers held of the account at this router's last ask or report, plus what this
+        router spent. Other routers' unspent leases count as used (about a lease chunk each). None: the client
+        has no budget, or this router holds no lease of it yet (it has not admitted a call of it)."""
+        limits = limits_of(self._clients(client_id))
+        lease = self._leases.get(client_id)
+        if limits is None or lease is None or not lease.period_start:
+            return None
+        if self._wall_clock() >= lease.reset_at:
+            return 0.0
+        used = ([(lease.others_tokens + lease.spent_tokens) / limits.tokens] if limits.tokens else []) + \
+            ([(lease.others_cost + lease.spent_cost) / limits.cost] if limits.cost else [])
+        return max(used) if used else None
 
     def settle(self, ticket: Ticket, usage: Usage | None) -> None:
         """A call ended: its reservation released, what it used spent (nothing known: nothing spent)."""

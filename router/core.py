@@ -448,7 +448,9 @@ class Router:
         table = ordered(policy.rule_list)
         rules = table.rules
         now = minute_of_week(time.time())
-        facts = CallerFacts(client_id=caller.client_id, trust_level=caller.trust_level, minute_of_week=now) \
+        # The budget's use is looked up only for a table that asks: other calls pay nothing for it.
+        facts = CallerFacts(client_id=caller.client_id, trust_level=caller.trust_level, minute_of_week=now,
+                            budget_used=self.budgets.used_fraction(caller.client_id) if table.uses_budget else None) \
             if isinstance(caller, Caller) else CallerFacts(minute_of_week=now)
         decision = decide(rules, capability, frame.context, frame.version, facts, candidates_of)
         self.decisions["rule" if decision.rule else "no_rule"] += 1

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import msgspec
+from msgspec import UnsetType
 
 from mesh.policy import WEEKDAYS, Hours, Rule, RuleTarget
 from router.selection import HEALTHY, Candidate, versions_filter
@@ -23,11 +24,13 @@ Action = Literal["route", "degrade", "refuse"]
 
 class CallerFacts(msgspec.Struct, frozen=True):
     """What a rule may match of the caller (client and trust None with authentication off), and when the
-    call came: UTC minutes since Monday 00:00 (None: no time window matches)."""
+    call came: UTC minutes since Monday 00:00 (None: no time window matches); how much of its budget this
+    period is used (router/budgets.py; None: no budget, or no rule asks, so no budget rule matches)."""
 
     client_id: str | None = None
     trust_level: str | None = None
     minute_of_week: int | None = None
+    budget_used: float | None = None
 
 
 def minute_of_week(epoch_seconds: float) -> int:
@@ -77,6 +80,9 @@ def matches(rule: Rule, context: dict[str, Any], caller: CallerFacts) -> bool:
         return False
     if when.hours is not None and (caller.minute_of_week is None or not within(when.hours, caller.minute_of_week)):
         return False
+    if not isinstance(when.budget_used_above, UnsetType) and \
+            (caller.budget_used is None or caller.budget_used <= when.budget_used_above):
+        return False
     for key, value in when.context.items():  # a loop, not all(generator): this runs for every rule of every call
         got = context.get(key, _ABSENT)
         if got != value or type(got) is not type(value):
@@ -87,6 +93,7 @@ def matches(rule: Rule, context: dict[str, Any], caller: CallerFacts) -> bool:
 class RuleTable(msgspec.Struct, frozen=True):
     rules: list[Rule]  # by ascending priority
     has_shadow: bool
+    uses_budget: bool  # some rule matches on budget use: only then is the caller's looked up
 
 
 _TABLES: dict[int, tuple[list[Rule], RuleTable]] = {}
@@ -102,7 +109,8 @@ def ordered(rules: list[Rule]) -> RuleTable:
     if len(_TABLES) >= _TABLES_KEPT:
         _TABLES.clear()
     table = RuleTable(rules=sorted(rules, key=lambda rule: rule.priority),
-                      has_shadow=any(rule.mode == "shadow" for rule in rules))
+                      has_shadow=any(rule.mode == "shadow" for rule in rules),
+                      uses_budget=any(not isinstance(rule.match.budget_used_above, UnsetType) for rule in rules))
     _TABLES[id(rules)] = (rules, table)
     return table
 
@@ -115,7 +123,7 @@ def decide(rules: list[Rule], capability: str, context: dict[str, Any], frame_ve
     for rule in rules:
         if (rule.mode != "live" and rule.id != promoted) or not matches(rule, context, caller):
             continue
-        decision = _decision(rule, capability, frame_version, skipped)
+        decision = _decision(rule, capability, frame_version, caller, skipped)
         if decision.action == "refuse" or serviceable(decision, candidates_of):
             return decision
         skipped.append(rule.id)
@@ -139,20 +147,31 @@ def serviceable(decision: Decision, candidates_of: CandidatesOf) -> bool:
     return bool(versions_filter(pool, decision.versions) if decision.versions else pool)
 
 
-def _decision(rule: Rule, capability: str, frame_version: str | None, skipped: list[str]) -> Decision:
+def _decision(rule: Rule, capability: str, frame_version: str | None, caller: CallerFacts,
+              skipped: list[str]) -> Decision:
     target: RuleTarget = rule.target
     elsewhere = target.capability is not None and target.capability != capability
     # The frame's constraint is on the capability it named: it does not bind another capability's versions.
     own = () if elsewhere or not frame_version else (frame_version,)
     versions = (*own, target.version) if target.version else own
-    said = rule.reason or _explain(rule)
+    said = rule.reason or _explain(rule, caller)
+    if rule.reason and (budget := _budget_condition(rule, caller)):
+        said = f"{said} ({budget})"  # the operator's words cannot say this call's figure
     if skipped:
         said = f"{said} ({_skipped(skipped)})"
     return Decision(capability=target.capability or capability, action=rule.action, rule=rule.id,
                     versions=versions, zone=target.zone, reason=said)
 
 
-def _explain(rule: Rule) -> str:
+def _budget_condition(rule: Rule, caller: CallerFacts) -> str | None:
+    """How a rule matching on budget use matched this call (None: it does not match on it)."""
+    above = rule.match.budget_used_above
+    if isinstance(above, UnsetType) or caller.budget_used is None:
+        return None
+    return f"budget used {caller.budget_used:.2f} > {above:g}"
+
+
+def _explain(rule: Rule, caller: CallerFacts) -> str:
     """A rule's reason when its author gave none: what it matched."""
     conditions = [f"context.{key}={value!r}" for key, value in rule.match.context.items()]
     if rule.match.client is not None:
@@ -162,6 +181,8 @@ def _explain(rule: Rule) -> str:
     if (hours := rule.match.hours) is not None:
         days = f" on {','.join(hours.days)}" if hours.days else ""
         conditions.append(f"hours {hours.start}-{hours.end} UTC{days}")
+    if budget := _budget_condition(rule, caller):
+        conditions.append(budget)
     return f"rule {rule.id} (priority {rule.priority}) matched {' and '.join(conditions) or 'every call'}"
 
 

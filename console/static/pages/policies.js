@@ -159,6 +159,7 @@ async function rulesCard(entry) {
   const conditions = (rule) => [
     ...Object.entries(rule.match?.context || {}).map(([key, value]) => `context.${key} = ${JSON.stringify(value)}`),
     rule.match?.client ? `client = ${rule.match.client}` : null, rule.match?.trust_level ? `trust level = ${rule.match.trust_level}` : null,
+    rule.match?.budget_used_above != null ? `budget used > ${fmt.percent(rule.match.budget_used_above)}` : null,
   ].filter(Boolean).join(", ") || "every call";
   const target = (rule) => Object.entries(rule.target || {}).filter(([, v]) => v != null).map(([k, v]) => `${k} ${v}`).join(", ") || fmt.DASH;
   return card("Rules", { id: "rules", note: answer.ok ? "Counted by the router since it started." : "The router did not answer: no counts." },
