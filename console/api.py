@@ -245,6 +245,20 @@ class ConsoleApi:
         """Every instance's score under the scored policy, as the router sees it (router/scoring.py)."""
         return relay(await self.router.get(f"/scores/{segment(request.match_info['capability'])}"))
 
+    async def clients(self, request: web.Request) -> web.Response:
+        """The registry's clients (never a secret), each with a budget carrying its account for the period (the
+        registry's GET /budgets/{client_id}: spend, what is committed, the reset time), null when unreadable."""
+        reply = await self.registry.get("/clients")
+        if not reply.ok:
+            return relay(reply)
+        clients = reply.json()["clients"]
+        budgeted = [client for client in clients if client.get("budget_period")]
+        accounts = await asyncio.gather(*(self.registry.get(f"/budgets/{segment(client['client_id'])}")
+                                          for client in budgeted))
+        by_id = {client["client_id"]: account.json() if account.ok else None
+                 for client, account in zip(budgeted, accounts, strict=True)}
+        return json_response({"clients": [{**client, "account": by_id.get(client["client_id"])} for client in clients]})
+
     async def cluster(self, request: web.Request) -> web.Response:
         """The registry's /cluster as the first registry that answers sees it (the console sends its admin key)."""
         return relay(await self.registry.get("/cluster"))
@@ -333,6 +347,7 @@ class ConsoleApi:
         routes.add_get("/api/rules/stats", self.rule_stats)
         routes.add_get("/api/scores/{capability}", self.scores)
         routes.add_get("/api/cluster", self.cluster)
+        routes.add_get("/api/clients", self.clients)
         routes.add_get("/api/examples", self.examples)
         for method in ("GET", "POST", "PUT", "DELETE"):
             routes.add_route(method, "/api/examples/{tail:.+}", self.examples)

@@ -16,6 +16,7 @@ const pages = [
   [/^\/policies$/, "policies", () => import("./pages/policies.js")],
   [/^\/policies\/(?<id>[^/]+)$/, "policies", () => import("./pages/policies.js")],
   [/^\/alerts$/, "alerts", () => import("./pages/alerts.js")],
+  [/^\/clients$/, "clients", () => import("./pages/clients.js")],
   [/^\/examples$/, "examples", () => import("./pages/examples.js")],
   [/^\/examples\/(?<id>[^/]+)$/, "examples", () => import("./pages/examples.js")],
   [/^\/debug$/, "debug", () => import("./pages/debug.js")],
