@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import msgspec
-from agent_reach.atp import ErrorCode, RoutedBy
+from agent_reach.atp import ErrorCode, RoutedBy, ScoreParts
 from agent_reach.registration import Protocol
 from agent_reach.usage import Usage
 
@@ -48,6 +48,10 @@ class CallTrace(msgspec.Struct, kw_only=True, gc=False):
     reason: str | None = None
     rule: str | None = None  # the policy rule that decided (route.rule)
     version: str | None = None  # the answering instance's capability version (route.version)
+    # Under the scored policy (route.score, score_parts, explored): the instance's score, its parts, an exploration.
+    score: float | None = None
+    score_parts: ScoreParts | None = None
+    explored: bool = False
     attempts: list[AttemptTrace] = []
     outcome: str = "pending"
     error_code: str | None = None  # an ErrorCode, or CANCELLED (nothing was answered)

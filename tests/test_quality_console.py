@@ -88,6 +88,16 @@ async def test_a_scored_call_shows_its_score_and_parts_on_the_debug_page(rig: Ri
         await expect(parts).to_contain_text(part)
     await screenshot(page, "quality-debug-score")
 
+    # The call's trace keeps the score it was routed by, and the trace page's Decision section shows it.
+    request_id = await page.locator('[data-fact="request-id"] dd').inner_text()
+    traced = (await rig.get(f"/api/traces/{request_id}"))["call"]
+    assert traced["policy"] == "scored" and traced["explored"] in (True, False), traced
+    assert traced["score_parts"]["quality"] == 0.25 and 0 <= traced["score"] <= 1
+    await page.locator("#open-trace").click()
+    decision = page.locator('#call [aria-label="Decision"]')
+    await expect(decision).to_contain_text(f"{traced['score']:.3f}", timeout=WAIT_MS)
+    await expect(decision).to_contain_text("quality 0.25")
+
 
 async def test_the_routing_page_lists_every_instances_score(rig: Rig, start_agent: Any, page: Any) -> None:
     first = await rig.mesh.add(await start_agent("echo-1"), "echo")

@@ -9,6 +9,12 @@ export function scoreParts(parts) {
   return parts ? Object.entries(parts).map(([name, value]) => `${name} ${value.toFixed(2)}`).join(" · ") : null;
 }
 
+// [label, value] rows of a scored call (its route or its trace): the score, an exploration, the parts; none unscored.
+export function scoreFacts(scored) {
+  return scored.score === undefined || scored.score === null ? [] : [
+    ["Score", `${scored.score.toFixed(3)}${scored.explored ? " (exploring)" : ""}`], ["Score parts", scoreParts(scored.score_parts)]];
+}
+
 const quality = (s) => (s.quality === null ? fmt.DASH : s.below_quality_floor
   ? h("span", { class: "badge badge-alert", text: `${s.quality.toFixed(2)} below floor` }) : s.quality.toFixed(2));
 

@@ -4,7 +4,7 @@
 import { call } from "../lib/api.js";
 import { h, replace, card, field, setFieldError, clearFieldErrors, badge } from "../lib/dom.js";
 import * as fmt from "../lib/format.js";
-import { scoreParts } from "../lib/scores.js";
+import { scoreFacts } from "../lib/scores.js";
 
 function parseJson(text, fallback) {
   return text.trim() === "" ? fallback : JSON.parse(text);
@@ -34,10 +34,8 @@ function factList(id, rows) {
 }
 
 function routeFacts(route) {
-  const scored = route.score === undefined || route.score === null ? [] : [
-    ["Score", `${route.score.toFixed(3)}${route.explored ? " (exploring)" : ""}`], ["Score parts", scoreParts(route.score_parts)]];
   return factList("route-facts", [["Capability", route.capability], ["Instance", route.instance], ["Policy", route.policy],
-    ...scored, ["Attempts", route.attempts], ["Degraded", route.degraded ? "yes" : "no"], ["Reason", route.reason],
+    ...scoreFacts(route), ["Attempts", route.attempts], ["Degraded", route.degraded ? "yes" : "no"], ["Reason", route.reason],
     ["SLA", route.timeout_sla_ms ? fmt.ms(route.timeout_sla_ms) : null]]);
 }
 
