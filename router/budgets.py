@@ -1,13 +1,14 @@
 """Budgets at one router: a client's spending from its lease of the shared account, a session's token cap.
 
 A client with a budget (its record's ``budget_*``) spends, at each router, from a lease the registry
-hands out (mesh/budgets.py). Admission reserves the call's estimate (the largest usage this router has
-seen the client's calls use) and needs the lease to cover it; when it does not, the router asks the
-registry for more (one ask at a time per client, its spend so far with it) and refuses the call with
-BUDGET_EXHAUSTED, its reset time and Retry-After, once the account has nothing left. A call's usage is
-known only when it ends, so the budget can be overshot by what calls in flight use beyond their
-estimates: at most, per router, (calls of the client in flight at once) x (largest call's usage - the
-estimate reserved), summed over the routers.
+hands out (mesh/budgets.py). Admission reserves the call's estimate (the largest usage among the client's
+last ESTIMATE_WINDOW calls through this router that reported usage) and needs the lease to cover it; when
+it does not, the router asks the registry for more (one ask at a time per client, its spend so far with
+it) and refuses the call with BUDGET_EXHAUSTED, its reset time and Retry-After, once the account has
+nothing left. A call's usage is known only when it ends, so the budget can be overshot by what calls in
+flight use beyond their estimates: at most, per router, the sum over the client's calls in flight at once
+of (the call's usage - the estimate it reserved), summed over the routers; never more than routers x
+calls in flight x the largest call's usage.
 
 A registry that cannot be reached fails closed past the lease held: the router spends what it was
 granted and then refuses (Retry-After a few seconds) until the registry answers again.
@@ -25,7 +26,7 @@ import logging
 import math
 import time
 from bisect import bisect_left
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -50,6 +51,8 @@ UNREACHABLE_RETRY_SECONDS = 5
 REPORT_SECONDS = 10.0
 # Asks for one call that grant nothing though the account is not dry: past this, the call is refused.
 MAX_FRUITLESS_ASKS = 3
+# A call reserves the largest usage among its client's last this many calls that reported usage at this router.
+ESTIMATE_WINDOW = 20
 # Sessions whose usage is remembered; past this the least recently seen is forgotten (its count starts over).
 MAX_SESSIONS = 100_000
 # The lease ask latency histogram's buckets (an ask times out after 3 s).
@@ -86,14 +89,31 @@ class Ticket(msgspec.Struct, frozen=True, gc=False):
 NO_TICKET = Ticket()
 
 
+class _Estimate:
+    """What a client's next call reserves: the largest usage among its last ESTIMATE_WINDOW calls that reported
+    usage here. Not the largest ever: one huge call would reserve its size for every later call for good, so a
+    lease with room for hundreds of the client's usual calls would admit a handful at once."""
+
+    __slots__ = ("cost", "recent", "tokens")
+
+    def __init__(self) -> None:
+        self.recent: deque[tuple[int, float]] = deque(maxlen=ESTIMATE_WINDOW)
+        self.tokens, self.cost = 0, 0.0
+
+    def add(self, tokens: int, cost: float) -> None:
+        self.recent.append((tokens, cost))
+        self.tokens = max(used for used, _ in self.recent)
+        self.cost = max(used for _, used in self.recent)
+
+
 class _Lease:
     """One client's lease at this router, for one period: cumulative granted and spent, reserved in flight."""
 
-    __slots__ = ("asking", "dry", "granted_cost", "granted_tokens", "largest_cost", "largest_tokens", "limits",
-                 "others_cost", "others_tokens", "period_start", "reported", "reserved_cost", "reserved_tokens",
+    __slots__ = ("asking", "dry", "estimate", "granted_cost", "granted_tokens", "limits", "others_cost",
+                 "others_tokens", "period_start", "reported", "reserved_cost", "reserved_tokens",
                  "reset_at", "retry_at", "spent_cost", "spent_tokens")
 
-    def __init__(self, limits: Limits, largest_tokens: int = 0, largest_cost: float = 0.0):
+    def __init__(self, limits: Limits, estimate: _Estimate):
         self.limits = limits
         self.period_start = 0.0
         self.reset_at = math.inf
@@ -104,8 +124,8 @@ class _Lease:
         # The spend the registry was last told of.
         self.reported: tuple[int, float] = (0, 0.0)
         self.reserved_tokens, self.reserved_cost = 0, 0.0
-        # The estimate a call reserves: the largest usage this router has seen the client's calls use.
-        self.largest_tokens, self.largest_cost = largest_tokens, largest_cost
+        # What a call reserves; kept from one period to the next (the client's calls are the same size).
+        self.estimate = estimate
         # The account had nothing left at the last ask: nothing more until the period resets or the budget changes.
         self.dry = False
         self.retry_at = 0.0
@@ -117,10 +137,10 @@ class _Lease:
         tokens, cost = 0, 0.0
         if self.limits.tokens is not None:
             left = self.granted_tokens - self.spent_tokens - self.reserved_tokens
-            tokens = max(0, max(self.largest_tokens, 1) - left)
+            tokens = max(0, max(self.estimate.tokens, 1) - left)
         if self.limits.cost is not None:
             left_cost = self.granted_cost - self.spent_cost - self.reserved_cost
-            cost = max(0.0, max(self.largest_cost, 1e-9) - left_cost)
+            cost = max(0.0, max(self.estimate.cost, 1e-9) - left_cost)
         return tokens, cost
 
     def take(self, grant: LeaseGrant) -> None:
@@ -228,8 +248,8 @@ class Budgets:
             if fruitless > MAX_FRUITLESS_ASKS:
                 lease.retry_at = now + UNREACHABLE_RETRY_SECONDS
                 return self._unreachable_refusal(client_id, lease)
-        estimate_tokens = lease.largest_tokens if limits.tokens is not None else 0
-        estimate_cost = lease.largest_cost if limits.cost is not None else 0.0
+        estimate_tokens = lease.estimate.tokens if limits.tokens is not None else 0
+        estimate_cost = lease.estimate.cost if limits.cost is not None else 0.0
         lease.reserved_tokens += estimate_tokens
         lease.reserved_cost += estimate_cost
         return Ticket(client_id=client_id, period_start=lease.period_start, tokens=estimate_tokens,
@@ -256,7 +276,8 @@ class Budgets:
         cost = (usage.cost or 0.0) if usage is not None else 0.0
         lease = self._leases.get(ticket.client_id) if ticket.client_id is not None else None
         if lease is not None:
-            lease.largest_tokens, lease.largest_cost = max(lease.largest_tokens, tokens), max(lease.largest_cost, cost)
+            if usage is not None:  # a call that reported nothing says nothing of how large the client's calls are
+                lease.estimate.add(tokens, cost)
             if lease.period_start == ticket.period_start:
                 lease.reserved_tokens -= ticket.tokens
                 lease.reserved_cost -= ticket.cost
@@ -287,8 +308,7 @@ class Budgets:
         """The client's lease for now: a new one once its period ended; a changed budget may be asked again."""
         lease = self._leases.get(client_id)
         if lease is None or now >= lease.reset_at or lease.limits.period != limits.period:
-            carried = (lease.largest_tokens, lease.largest_cost) if lease is not None else (0, 0.0)
-            lease = self._leases[client_id] = _Lease(limits, *carried)
+            lease = self._leases[client_id] = _Lease(limits, lease.estimate if lease is not None else _Estimate())
         elif lease.limits != limits:
             lease.limits, lease.dry = limits, False
         return lease
