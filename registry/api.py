@@ -7,6 +7,7 @@ which endpoints exist and which are the operators' (the admin key).
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 from agent_reach.connections import error_body
@@ -20,6 +21,7 @@ from mesh.alerts import AlertConfig
 from mesh.budgets import LeaseRequest
 from mesh.examples import Confirmation, ExampleSettings, NewExample, Rejection
 from mesh.policy import Policy
+from mesh.policy_writes import PolicyChanged, policy_digest
 from mesh.quality import QualityPost
 from mesh.watch import ROUTER_ID_MAX, encode_event, valid_router_id
 from registry.access import Access, admin_key_path
@@ -172,13 +174,40 @@ async def policies(request: web.Request) -> web.Response:
     return json_response({"policies": list(request.app[REGISTRY_KEY].state.policies.values())})
 
 
+_ETAG = re.compile(r'"([^"]*)"')
+
+
+def etag(policy: Policy) -> dict[str, str]:
+    """What a conditional write names as the policy it was based on (``If-Match``)."""
+    return {"ETag": f'"{policy_digest(policy)}"'}
+
+
+def if_match(request: web.Request) -> str | None:
+    """The one ETag a conditional write was based on; None: the write is unconditional."""
+    raw = request.headers.get("If-Match")
+    if raw is None:
+        return None
+    matched = _ETAG.fullmatch(raw.strip())
+    if matched is None:
+        raise ApiError(400, "invalid_field", "If-Match must be one ETag as GET /policies/{capability} answers it, "
+                       f'quotes included ("..."), got {raw!r}', "If-Match")
+    return matched.group(1)
+
+
 async def get_policy(request: web.Request) -> web.Response:
-    return json_response(request.app[REGISTRY_KEY].policy(path_capability(request)))
+    policy = request.app[REGISTRY_KEY].policy(path_capability(request))
+    return json_response(policy, headers=etag(policy))
 
 
 async def put_policy(request: web.Request) -> web.Response:
+    """With ``If-Match``: written only over the policy it names, else 409 with the policy stored now."""
     capability = path_capability(request)
-    return json_response(await request.app[REGISTRY_KEY].put_policy(capability, await read_json(request, Policy)))
+    based_on = if_match(request)
+    try:
+        stored = await request.app[REGISTRY_KEY].put_policy(capability, await read_json(request, Policy), based_on)
+    except PolicyChanged as exc:
+        raise ApiError(409, "policy_changed", str(exc), "If-Match", policy=exc.current) from None
+    return json_response(stored, headers=etag(stored))
 
 
 async def delete_policy(request: web.Request) -> web.Response:

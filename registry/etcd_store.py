@@ -255,6 +255,13 @@ class EtcdStore(Records):
                                 for kv in response.response_range.kvs))
         return None
 
+    async def caught_up(self, key: str) -> None:
+        """A quorum read of the key's revision, then waiting for the watch to apply it (a deletion made elsewhere
+        leaves no revision to wait for: memory may hold the deleted value a moment longer)."""
+        read = decode(await self.etcd.request("/v3/kv/range", {"key": b64(self._prefix + key), "keys_only": True}),
+                      Range)
+        await self._applied(max((kv.mod_revision for kv in read.kvs), default=0))
+
     async def delete(self, key: str) -> int:
         raw = await self.etcd.request("/v3/kv/deleterange", {"key": b64(self._prefix + key)})
         written = decode(raw, Written)

@@ -17,6 +17,7 @@ from agent_reach.registration import HeartbeatRequest, RegisterRequest
 from auth.records import TokenRecord, TokenView
 from mesh.alerts import AlertConfig
 from mesh.policy import Policy, PolicyError, validate_policy
+from mesh.policy_writes import PolicyChanged, policy_digest
 from mesh.records import (
     ALERTS_KEY,
     INSTANCE_PREFIX,
@@ -79,6 +80,9 @@ class Registry:
         self.quality = Quality(store, self.state, wall_clock)
         # Tokens whose revocation is on its way to the log: registrations with them are refused meanwhile.
         self._revoking: set[str] = set()
+        # Policy writes one at a time in this process: a conditional write is checked against every write
+        # made before it, not only against those already committed (registry/store.py's WAL orders appends).
+        self._policy_writes = asyncio.Lock()
         self._unwatch = store.watch(self._apply)
 
     def _apply(self, change: Change) -> None:
@@ -275,19 +279,33 @@ class Registry:
         found.sort(key=lambda instance: (QUERY_ORDER[instance.state], instance.load))
         return QueryResult(capability=name, service=self.state.owner(name) or "", instances=found)
 
-    async def put_policy(self, capability: str, policy: Policy) -> Policy:
+    async def put_policy(self, capability: str, policy: Policy, based_on: str | None = None) -> Policy:
+        """``based_on``: the digest of the policy this one was made from (mesh/policy_writes.py); raises
+        :class:`PolicyChanged`, writing nothing, when the stored policy is another by now."""
         try:
             validate_policy(policy, capability)
         except PolicyError as exc:
             raise ApiError(400, "invalid_policy", exc.message, exc.field) from None
         stored = msgspec.structs.replace(policy, capability=capability)
-        await self.store.put(policy_key(capability), encode_value(stored))
+        key = policy_key(capability)
+        async with self._policy_writes:
+            if based_on is not None:  # the writer may have seen a write this node's memory has not applied yet
+                await self.store.caught_up(key)
+            # Another registry node on the same etcd may write it after memory was checked: check again then.
+            while True:
+                since = self.store.revision
+                current = self.state.policies.get(capability)
+                if based_on is not None and (current is None or policy_digest(current) != based_on):
+                    raise PolicyChanged(capability, current)
+                if await self.store.put_if_unchanged(key, encode_value(stored), since, [key]) is not None:
+                    break
         log.info("policy saved", extra={"capability": capability, "policy": stored.policy})
         return stored
 
     async def delete_policy(self, capability: str) -> None:
         self.policy(capability)
-        await self.store.delete(policy_key(capability))
+        async with self._policy_writes:
+            await self.store.delete(policy_key(capability))
         log.info("policy deleted", extra={"capability": capability})
 
     def policy(self, capability: str) -> Policy:

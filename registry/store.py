@@ -66,6 +66,11 @@ class Store(Protocol):
 
     async def delete(self, key: str) -> int: ...
 
+    async def caught_up(self, key: str) -> None:
+        """Return once memory holds the newest committed value of ``key``: another node may have written it
+        a moment ago, and a writer may have seen that write already."""
+        ...
+
     def snapshot(self) -> dict[str, bytes]:
         """Every record as of ``revision``."""
         ...
@@ -182,6 +187,9 @@ class WalStore(Records):
 
     async def delete(self, key: str) -> int:
         return await self._wal.append(encode_change(Change(key, None)))
+
+    async def caught_up(self, key: str) -> None:
+        """Memory is this log's whole truth: only this process writes it."""
 
     async def close(self) -> None:
         if self._snapshotting is not None:

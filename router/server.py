@@ -177,7 +177,8 @@ class RouterServer:
             return self._write_policy
         session, registries, key = self._session, self.registries, self.settings.registry_key
         assert session is not None
-        return lambda capability, policy: write_policy_over_http(session, registries.current, key, capability, policy)
+        return lambda capability, policy, based_on: write_policy_over_http(session, registries.current, key,
+                                                                           capability, policy, based_on)
 
     def _budget_leaser(self) -> LeaseBudget | None:
         if self._lease_budget is not None or self.registries is None:

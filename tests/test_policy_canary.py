@@ -171,7 +171,7 @@ async def test_a_rollback_the_registry_refuses_is_alerted_once_and_retried():
     mirror.apply(Reset(revision=1, records={policy_key("echo"): policy}, states={}))
     releases, tries = Releases(), []
 
-    async def refuse(capability: str, written: Policy) -> None:
+    async def refuse(capability: str, written: Policy, based_on: str) -> None:
         tries.append(written)
         raise RuntimeError("registry answered 503")
     releases.write = refuse
@@ -183,7 +183,7 @@ async def test_a_rollback_the_registry_refuses_is_alerted_once_and_retried():
     assert [(share.version, share.weight) for share in tries[-1].split] == [("3.2", 95), ("3.3", 0)]
     assert len(tries) == 2 and [alert.written for alert in releases.rollbacks] == [False]
 
-    async def accept(capability: str, written: Policy) -> None:
+    async def accept(capability: str, written: Policy, based_on: str) -> None:
         tries.append(written)
     releases.write = accept
     await releases.judge(mirror)
