@@ -246,18 +246,32 @@ class ConsoleApi:
         return relay(await self.router.get(f"/scores/{segment(request.match_info['capability'])}"))
 
     async def clients(self, request: web.Request) -> web.Response:
-        """The registry's clients (never a secret), each with a budget carrying its account for the period (the
-        registry's GET /budgets/{client_id}: spend, what is committed, the reset time), null when unreadable."""
-        reply = await self.registry.get("/clients")
+        """The registry's clients (never a secret), each with its account for the period when it has a budget
+        (spend, what is committed, the reset time), null when it has none or the accounts were unreadable."""
+        reply, by_id = await asyncio.gather(self.registry.get("/clients"), self.accounts())
         if not reply.ok:
             return relay(reply)
-        clients = reply.json()["clients"]
-        budgeted = [client for client in clients if client.get("budget_period")]
-        accounts = await asyncio.gather(*(self.registry.get(f"/budgets/{segment(client['client_id'])}")
-                                          for client in budgeted))
-        by_id = {client["client_id"]: account.json() if account.ok else None
-                 for client, account in zip(budgeted, accounts, strict=True)}
-        return json_response({"clients": [{**client, "account": by_id.get(client["client_id"])} for client in clients]})
+        return json_response({"clients": [{**client, "account": by_id.get(client["client_id"])}
+                                          for client in reply.json()["clients"]]})
+
+    async def accounts(self) -> dict[str, Any]:
+        """Every budgeted client's account by client id, from the registry's GET /budgets: one read, or one
+        per page of its largest page beyond that; none when a page is unreadable."""
+        found: dict[str, Any] = {}
+        after: str | None = ""
+        while after is not None:
+            reply = await self.registry.get("/budgets", {"after": after} if after else None)
+            if not reply.ok:
+                return {}
+            page = reply.json()
+            found.update((account["client_id"], account) for account in page["budgets"])
+            after = page["next_after"]
+        return found
+
+    async def put_budget(self, request: web.Request) -> web.Response:
+        """A client's budget set or cleared: relayed to the registry's PUT /clients/{client_id}/budget."""
+        return relay(await self.registry.request("PUT", f"/clients/{segment(request.match_info['client_id'])}/budget",
+                                                 await request.read()))
 
     async def cluster(self, request: web.Request) -> web.Response:
         """The registry's /cluster as the first registry that answers sees it (the console sends its admin key)."""
@@ -348,6 +362,7 @@ class ConsoleApi:
         routes.add_get("/api/scores/{capability}", self.scores)
         routes.add_get("/api/cluster", self.cluster)
         routes.add_get("/api/clients", self.clients)
+        routes.add_put("/api/clients/{client_id}/budget", self.put_budget)
         routes.add_get("/api/examples", self.examples)
         for method in ("GET", "POST", "PUT", "DELETE"):
             routes.add_route(method, "/api/examples/{tail:.+}", self.examples)

@@ -25,6 +25,7 @@ from mesh.policy_writes import PolicyChanged, policy_digest
 from mesh.quality import QualityPost
 from mesh.watch import ROUTER_ID_MAX, encode_event, valid_router_id
 from registry.access import Access, admin_key_path
+from registry.budgets import MAX_ACCOUNTS_LISTED
 from registry.cluster import Membership, SoleNode
 from registry.examples import Examples
 from registry.gate import Gate
@@ -38,7 +39,7 @@ from wal import WalUnavailable
 from weblayer.errors import ApiError
 from weblayer.guard import admin_only
 from weblayer.middleware import errors_as_json
-from weblayer.reading import converted, read_json
+from weblayer.reading import bounded_int, converted, read_json
 from weblayer.responses import json_response
 
 log = logging.getLogger("agentreach.registry.api")
@@ -367,6 +368,12 @@ async def budget(request: web.Request) -> web.Response:
     return json_response(request.app[REGISTRY_KEY].budgets.account(request.match_info["client_id"]))
 
 
+async def budgets(request: web.Request) -> web.Response:
+    """Every budgeted client's account, a page of ``limit`` in client id order after ``after``."""
+    limit = bounded_int(request, "limit", MAX_ACCOUNTS_LISTED, 1, MAX_ACCOUNTS_LISTED)
+    return json_response(request.app[REGISTRY_KEY].budgets.accounts(request.query.get("after", ""), limit))
+
+
 async def lease_budget(request: web.Request) -> web.Response:
     """A router's spend so far and its next chunk of the client's budget (registry/budgets.py)."""
     ask = await read_json(request, LeaseRequest)
@@ -426,7 +433,8 @@ ADMIN_ONLY: list[tuple[str, str, Handler]] = [
     ("POST", "/clients", create_client), ("GET", "/clients", clients), ("GET", "/clients/{client_id}", client),
     ("POST", "/clients/{client_id}/disable", disable_client), ("POST", "/clients/{client_id}/enable", enable_client),
     ("POST", "/clients/{client_id}/rotate", rotate_client), ("PUT", "/clients/{client_id}/budget", set_budget),
-    ("GET", "/budgets/{client_id}", budget), ("POST", "/budgets/{client_id}/lease", lease_budget),
+    ("GET", "/budgets", budgets), ("GET", "/budgets/{client_id}", budget),
+    ("POST", "/budgets/{client_id}/lease", lease_budget),
     ("POST", "/tokens", create_token), ("GET", "/tokens", tokens), ("POST", "/tokens/{token_id}/revoke", revoke_token),
     ("GET", "/signing-keys", published_keys), ("PUT", "/signing-keys", publish_keys)]
 # Only with auth on and a data dir to write the new key to.

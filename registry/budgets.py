@@ -9,8 +9,9 @@ not part of the routers' mirrored key space (a router needs only its own lease, 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import msgspec
 
@@ -39,6 +40,15 @@ from weblayer.errors import ApiError
 log = logging.getLogger("agentreach.registry.budgets")
 
 _account_decoder = msgspec.msgpack.Decoder(BudgetAccount)
+# GET /budgets: the most accounts one answer holds (and the page size when none is asked for).
+MAX_ACCOUNTS_LISTED = 1000
+
+
+class BudgetPage(msgspec.Struct, kw_only=True):
+    """A page of GET /budgets; ``next_after`` is the ``after`` of the next page, None on the last."""
+
+    budgets: list[BudgetView]
+    next_after: str | None
 
 
 def check_budget(tokens: int | None, cost: float | None, period: BudgetPeriod | None) -> None:
@@ -96,15 +106,29 @@ class Budgets:
         nothing left to lease (their calls are refused once the routers spent their leases)."""
         now = self._wall_clock()
         accounts = exhausted = 0
-        for client_id, record in self._state.auth.clients.items():
-            limits = limits_of(record)
-            if limits is None:
-                continue
+        for client_id, limits in self._budgeted():
             accounts += 1
             tokens, cost = committed(current(self._accounts.get(client_id), client_id, limits, now))
             exhausted += (limits.tokens is not None and tokens >= limits.tokens) or \
                 (limits.cost is not None and cost >= limits.cost)
         return accounts, exhausted
+
+    def _budgeted(self) -> Iterator[tuple[str, Limits]]:
+        """Each client with a budget, and its budget."""
+        for client_id, record in self._state.auth.clients.items():
+            limits = limits_of(record)
+            if limits is not None:
+                yield client_id, limits
+
+    def accounts(self, after: str, limit: int) -> BudgetPage:
+        """GET /budgets: the accounts of the budgeted clients whose ids sort after ``after``, at most ``limit``
+        of them in id order, so a listing of many budgets is read in bounded pages."""
+        now = self._wall_clock()
+        page = heapq.nsmallest(limit + 1, ((client_id, limits) for client_id, limits in self._budgeted()
+                                           if client_id > after), key=lambda budgeted: budgeted[0])
+        views = [view(current(self._accounts.get(client_id), client_id, limits, now), limits)
+                 for client_id, limits in page[:limit]]
+        return BudgetPage(budgets=views, next_after=views[-1].client_id if len(page) > limit else None)
 
     def account(self, client_id: str) -> BudgetView:
         limits = self._limits(client_id)
