@@ -1,12 +1,14 @@
 """Benchmark the audit trail: what a call pays on the request path, and rows written per second.
 
-    python bench/audit_bench.py [--entries N] [--json out.json]
+    python bench/audit_bench.py [--entries N] [--prefill N] [--json out.json]
 
 Request path: the payload's SHA-256 (1 KiB payload), call_entry and AuditLog.record, each
 timed over N calls. Writes: N buffered entries flushed through the writer process, one commit per
 batch (synchronous=FULL, WAL), for a few batch sizes, into a SQLite file in the system temp dir.
 Steady: 40,000 entries recorded at 8,000/s, the CPU per row in the router's process and in the
-writer's, and the loop's lateness.
+writer's, and the loop's lateness; with --prefill, into a trail that already holds that many rows (a
+trail's random-key indexes cost more a row as they outgrow the writer's cache). Request and trace ids
+are random, as the router's are (new_request_id).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from agent_reach.atp import new_request_id
+
 from common import cpu_seconds, rank_at
 from router.audit import AuditEntry, AuditLog, call_entry
 from router.traces import AttemptTrace
@@ -31,9 +35,9 @@ def entries(count: int, digest: str = "ab" * 32) -> list[AuditEntry]:
     """``count`` rows as the router builds them for a call answered by its first attempt."""
     tried = [AttemptTrace(instance="agent-1", endpoint="http://127.0.0.1:9000/atp", protocol="atp",
                           started_ms=0.1, elapsed_ms=2.0)]
-    return [call_entry(started_at=time.time(), capability=f"cap.{n % 20}", request_id=f"req-{n}", outcome="success",
+    return [call_entry(started_at=time.time(), capability=f"cap.{n % 20}", request_id=new_request_id(), outcome="success",
                        error_code=None, latency_ms=2.5, caller_id="cl_1", caller_name="shop", auth_method="api_key",
-                       tried=tried, trace_id=f"trace-{n // 4}", parent_request_id=None, payload_bytes=1024,
+                       tried=tried, trace_id=new_request_id(), parent_request_id=None, payload_bytes=1024,
                        payload_sha256=digest, rule=None, usage=None, streamed=False, chunks=0, chunk_bytes=0)
             for n in range(count)]
 
@@ -77,13 +81,17 @@ async def writes(directory: Path, count: int, batch_size: int) -> dict[str, floa
             "entries_per_second": round(count / elapsed)}
 
 
-async def steady(directory: Path, count: int, rate: int) -> dict[str, float]:
-    """``count`` entries recorded at ``rate`` a second, 50 at a time (a loaded router's pace): the CPU
-    a row costs the router's process (recording, encoding, the pipe) and the writer process, and how
-    late the loop wakes for its timers meanwhile (what a call waits behind the audit trail)."""
+async def steady(directory: Path, count: int, rate: int, prefill: int) -> dict[str, float]:
+    """``count`` entries recorded at ``rate`` a second, 50 at a time (a loaded router's pace), into a trail
+    of ``prefill`` rows: the CPU a row costs the router's process (recording, encoding, the pipe) and the
+    writer process, and how late the loop wakes for its timers meanwhile (what a call waits behind the
+    audit trail)."""
     made = entries(count)
-    audit = AuditLog(directory / "steady.db", retention_days=30)
+    audit = AuditLog(directory / "steady.db", retention_days=30, max_buffer=max(prefill, 50_000))
     await audit.start()
+    for entry in entries(prefill):
+        audit.record(entry)
+    await audit.flush()
     assert audit.writer_pid is not None
     writer_before, router_before = cpu_seconds(audit.writer_pid), cpu_seconds(os.getpid())
     started, lateness = time.perf_counter(), []
@@ -98,7 +106,7 @@ async def steady(directory: Path, count: int, rate: int) -> dict[str, float]:
     router, writer = cpu_seconds(os.getpid()) - router_before, cpu_seconds(audit.writer_pid) - writer_before
     await audit.stop()
     lateness.sort()
-    return {"entries": count, "rate": rate, "router_process_us_per_row": round(router / count * 1e6, 2),
+    return {"entries": count, "rate": rate, "prefill": prefill, "router_process_us_per_row": round(router / count * 1e6, 2),
             "writer_process_us_per_row": round(writer / count * 1e6, 2),
             "loop_lateness_p99_ms": round(rank_at(lateness, 0.99) * 1e3, 3)}
 
@@ -106,13 +114,14 @@ async def steady(directory: Path, count: int, rate: int) -> dict[str, float]:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--entries", type=int, default=100_000)
+    parser.add_argument("--prefill", type=int, default=0, help="rows in the trail before the steady run")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="audit-bench-") as scratch:
         directory = Path(scratch)
         result = {"request_path": await request_path(directory, args.entries),
                   "writes": [await writes(directory, args.entries, size) for size in BATCH_SIZES],
-                  "steady": await steady(directory, min(args.entries, 40_000), 8_000)}
+                  "steady": await steady(directory, min(args.entries, 40_000), 8_000, args.prefill)}
     print(json.dumps(result, indent=2))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
