@@ -8,6 +8,7 @@ the admin-only watch feed (``opened``).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import logging
@@ -22,6 +23,7 @@ from auth.kek import SECRETS_KEY_FILE, SecretsKeyError, load_kek
 from auth.records import (
     ADMIN_KEY,
     AdminRecord,
+    ClientBudget,
     ClientCreate,
     ClientRecord,
     ClientSecrets,
@@ -57,6 +59,8 @@ from weblayer.errors import ApiError
 log = logging.getLogger("agentreach.registry.access")
 
 ADMIN_KEY_FILE = "admin.key"
+# Writes of one client update refused because other registry nodes kept writing the record: then a 409.
+CLIENT_WRITE_TRIES = 5
 
 
 def admin_key_path(data_dir: Path) -> Path:
@@ -79,6 +83,8 @@ class Access:
         self._wall_clock = wall_clock
         # The key-encryption key, loaded by ensure_secrets at start before any token is written or fed.
         self._kek: bytes | None = None
+        # Client updates one at a time in this process: each reads the record the one before it wrote.
+        self._client_writes = asyncio.Lock()
 
     async def create_client(self, request: ClientCreate) -> ClientSecrets:
         check_budget(request.budget_tokens, request.budget_cost, request.budget_period)
@@ -103,20 +109,43 @@ class Access:
     def clients(self) -> list[ClientView]:
         return [client_view(record) for record in self.book.clients.values()]
 
+    async def _update_client(self, client_id: str, change: Callable[[ClientRecord], ClientRecord]) -> ClientRecord:
+        """Read, change and write one client record as one step, so two updates made at once both hold: one at
+        a time in this process (memory learns a write only once the log committed it), and a compare-and-set
+        in the store across registry nodes sharing etcd, made again on the newer record when another node
+        wrote it first (CLIENT_WRITE_TRIES times)."""
+        key = client_key(client_id)
+        async with self._client_writes:
+            for _ in range(CLIENT_WRITE_TRIES):
+                since = self.store.revision
+                record = change(self.client(client_id))
+                if await self.store.put_if_unchanged(key, encode_value(record), since, [key]) is not None:
+                    return record
+        raise ApiError(409, "client_changed", f"Client {client_id!r} kept changing at other registry nodes while "
+                       "this update was being written; nothing was changed by it: try again", "client_id")
+
     async def set_enabled(self, client_id: str, enabled: bool) -> ClientView:
-        record = msgspec.structs.replace(self.client(client_id), enabled=enabled)
-        await self.store.put(client_key(client_id), encode_value(record))
+        record = await self._update_client(client_id, lambda record: msgspec.structs.replace(record, enabled=enabled))
         log.warning("client %s", "enabled" if enabled else "disabled", extra={"client_id": client_id})
         return client_view(record)
 
     async def rotate(self, client_id: str) -> ClientSecrets:
         """New secret and API key; the old ones stop working at once (tokens already issued run out)."""
         secret, api_key = new_secret(CLIENT_SECRET_PREFIX), new_secret(API_KEY_PREFIX)
-        record = msgspec.structs.replace(self.client(client_id), secret_digest=digest(secret),
-                                         api_key_digest=digest(api_key), rotated_at=self._wall_clock())
-        await self.store.put(client_key(client_id), encode_value(record))
+        record = await self._update_client(client_id, lambda record: msgspec.structs.replace(
+            record, secret_digest=digest(secret), api_key_digest=digest(api_key), rotated_at=self._wall_clock()))
         log.warning("client credentials rotated", extra={"client_id": client_id})
         return _secrets(record, secret, api_key)
+
+    async def set_budget(self, client_id: str, budget: ClientBudget) -> ClientView:
+        """The client's whole budget replaced (none given: removed); its account for the period is kept."""
+        check_budget(budget.budget_tokens, budget.budget_cost, budget.budget_period)
+        record = await self._update_client(client_id, lambda record: msgspec.structs.replace(
+            record, budget_tokens=budget.budget_tokens, budget_cost=budget.budget_cost,
+            budget_period=budget.budget_period))
+        log.warning("client budget set", extra={"client_id": client_id, "budget_tokens": budget.budget_tokens,
+                                                "budget_cost": budget.budget_cost, "period": budget.budget_period})
+        return client_view(record)
 
     async def create_token(self, request: TokenCreate) -> IssuedToken:
         token = new_secret(REGISTRATION_TOKEN_PREFIX)

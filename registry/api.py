@@ -361,7 +361,7 @@ async def rotate_client(request: web.Request) -> web.Response:
 
 async def set_budget(request: web.Request) -> web.Response:
     budget = await read_json(request, ClientBudget)
-    return json_response(await request.app[REGISTRY_KEY].budgets.set_budget(request.match_info["client_id"], budget))
+    return json_response(await access(request).set_budget(request.match_info["client_id"], budget))
 
 
 async def budget(request: web.Request) -> web.Response:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 
 import msgspec
 
-from auth.records import BudgetPeriod, ClientBudget, ClientView, client_key, client_view
+from auth.records import BudgetPeriod
 from mesh.budgets import (
     BUDGET_PREFIX,
     BudgetAccount,
@@ -87,19 +87,6 @@ class Budgets:
         if limits is None:
             raise ApiError(404, "no_budget", f"Client {client_id!r} has no budget", "client_id")
         return limits
-
-    async def set_budget(self, client_id: str, budget: ClientBudget) -> ClientView:
-        """The client's whole budget replaced (none given: removed); its account for the period is kept."""
-        check_budget(budget.budget_tokens, budget.budget_cost, budget.budget_period)
-        record = self._state.auth.clients.get(client_id)
-        if record is None:
-            raise ApiError(404, "client_not_found", f"No client {client_id!r}", "client_id")
-        record = msgspec.structs.replace(record, budget_tokens=budget.budget_tokens, budget_cost=budget.budget_cost,
-                                         budget_period=budget.budget_period)
-        await self._store.put(client_key(client_id), encode_value(record))
-        log.warning("client budget set", extra={"client_id": client_id, "budget_tokens": budget.budget_tokens,
-                                                "budget_cost": budget.budget_cost, "period": budget.budget_period})
-        return client_view(record)
 
     def tally(self) -> tuple[int, int]:
         """For /metrics: clients with a budget (each has an account this period), and those whose account has
