@@ -46,3 +46,43 @@ async def test_the_clients_page_shows_budgets_spend_and_reset(start_mesh, start_
                                       midnight.timestamp())
     assert month != "—" and none == "—"
     await screenshot(page, "clients-budgets")
+
+
+async def test_an_operator_sets_and_clears_a_budget_on_the_clients_page(start_mesh, start_console, http, page):
+    mesh = await start_mesh(auth=True)
+    console = await start_console(mesh.registry.url, mesh.url, admin_key=mesh.admin_key)
+    rig = Rig(mesh, console, http, mesh.admin_key)
+    client = await mesh.new_client(["llm.*"], name="batch")
+    await mesh.new_client(["llm.*"], name="other", budget_tokens=70, budget_period="hour")
+    table, editor = "#clients-table", "#budget-editor"
+    await page.goto(f"{rig.url}/#/clients")
+    await expect(page.locator(f'{table} tr[data-key="{client["client_id"]}"]')).to_be_visible(timeout=WAIT_MS)
+    await page.get_by_label("Client", exact=True).select_option(client["client_id"])
+    tokens, period = page.get_by_label("Tokens per period"), page.get_by_label("Period", exact=True)
+
+    await tokens.fill("0")
+    await period.select_option("day")
+    await page.get_by_role("button", name="Save budget").click()
+    await expect(page.locator(f'{editor} .field[data-field="budget_tokens"] .field-error')).not_to_be_empty()
+    await expect(page.locator(f"{editor} .error-summary")).to_contain_text("budget_tokens")
+    await expect(tokens).to_be_focused()
+    await tokens.fill("500")
+    await period.select_option("")
+    await page.get_by_role("button", name="Save budget").click()
+    await expect(page.locator(f'{editor} .field[data-field="budget_period"] .field-error')).to_contain_text(
+        "budget_period")
+    await expect(page.locator(f'{editor} .field[data-field="budget_tokens"] .field-error')).to_be_empty()
+    await period.select_option("day")
+    await page.get_by_role("button", name="Save budget").click()
+    await expect(page.locator(f"{editor} [role=status]")).to_contain_text("500 tokens per day", timeout=WAIT_MS)
+    await shows(page, table, "Budget", ["500 tokens per day", "70 tokens per hour"])
+    [stored] = [c for c in (await rig.get("/api/clients"))["clients"] if c["client_id"] == client["client_id"]]
+    assert (stored["budget_tokens"], stored["budget_period"], stored["account"]["budget_tokens"]) == (500, "day", 500)
+    await screenshot(page, "clients-budget-editor")
+
+    await page.get_by_role("button", name="Remove budget").click()
+    await expect(page.locator(f"{editor} [role=status]")).to_contain_text("Removed batch's budget", timeout=WAIT_MS)
+    await shows(page, table, "Budget", ["none", "70 tokens per hour"])
+    assert await tokens.input_value() == "" and await period.input_value() == ""
+    [cleared] = [c for c in (await rig.get("/api/clients"))["clients"] if c["client_id"] == client["client_id"]]
+    assert cleared["budget_period"] is None and cleared["account"] is None

@@ -109,6 +109,13 @@ export function clearFieldErrors(form) {
   }
 }
 
+// A typed field's value as the API reads it: empty is null, a number a number, anything else as typed
+// (the server's refusal then names the field, rather than the console guessing what was meant).
+export function fieldValue(raw) {
+  const text = raw.trim();
+  return text === "" ? null : Number.isFinite(Number(text)) ? Number(text) : text;
+}
+
 // A save the registry refused: say so at the top of the form, and next to the field it names
 // (then move focus there, so a keyboard user lands on what to fix).
 export function showRefusal(form, summary, answer) {

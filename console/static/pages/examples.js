@@ -3,7 +3,7 @@
 // would send a labelled phrasing to a wrong capability. Reviewed here: accept, reject, delete, add.
 
 import { call, get } from "../lib/api.js";
-import { h, replace, card, table, field, badge, clearFieldErrors, showRefusal } from "../lib/dom.js";
+import { h, replace, card, table, field, fieldValue, badge, clearFieldErrors, showRefusal } from "../lib/dom.js";
 
 function examplesPath(capability, ...rest) {
   return ["/api/examples", capability, ...rest].map((part, i) => (i ? encodeURIComponent(part) : part)).join("/");
@@ -81,7 +81,7 @@ async function renderCapability(main, capability) {
   replace(settingsHolder, form({ label: "Auto-accept at (distinct callers)", name: "auto_accept_at", button: "Save", value: settings.auto_accept_at ?? "",
     hint: "Empty: an operator accepts every example.",
     submit: async (raw) => {
-      const value = raw.trim() === "" ? null : Number.isFinite(Number(raw)) ? Number(raw) : raw;
+      const value = fieldValue(raw);
       const answer = await call(examplesPath(capability, "settings"), { method: "PUT", body: { auto_accept_at: value } });
       if (answer.ok) status.textContent = value ? `Auto-accepted once ${value} distinct callers confirm.` : "Auto-accept off.";
       return answer;
