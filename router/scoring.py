@@ -91,26 +91,27 @@ def parts_of(candidate: Candidate, cost_bound: float) -> ScoreParts:
         quality=1.0 - candidate.quality if candidate.quality is not None else 0.0)
 
 
-def total_of(parts: ScoreParts, weights: ScoreWeights) -> float:
-    """The weighted mean of the parts (0 when every weight is 0: every instance scores alike)."""
-    weight = weights.whole
-    if weight <= 0:
-        return 0.0
-    return (weights.latency * parts.latency + weights.errors * parts.errors + weights.load * parts.load
-            + weights.cost * parts.cost + weights.quality * parts.quality) / weight
-
-
 def cost_bound(candidates: list[Candidate]) -> float:
     """The highest reference price among the capability's instances (0: none declares one)."""
-    return max((candidate.cost for candidate in candidates if candidate.cost), default=0.0)
+    bound = 0.0
+    for candidate in candidates:  # a loop, not max(generator): this runs on every scored call
+        if candidate.cost is not None and candidate.cost > bound:
+            bound = candidate.cost
+    return bound
 
 
 def score(candidates: list[Candidate], pool: list[Candidate], weights: ScoreWeights) -> None:
-    """Set ``score`` on every candidate of ``pool`` (``candidates``: all of the capability's, for the cost bound)."""
+    """Set ``score`` on every candidate of ``pool`` (``candidates``: all of the capability's, for the cost bound):
+    the weighted mean of its parts (0 when every weight is 0: every instance scores alike)."""
     bound = cost_bound(candidates)
+    whole = weights.whole
+    scale = 1.0 / whole if whole > 0 else 0.0
+    latency, errors, load = weights.latency * scale, weights.errors * scale, weights.load * scale
+    cost, quality = weights.cost * scale, weights.quality * scale
     for candidate in pool:
         parts = parts_of(candidate, bound)
-        candidate.score = Score(total=total_of(parts, weights), parts=parts)
+        candidate.score = Score(total=latency * parts.latency + errors * parts.errors + load * parts.load
+                                + cost * parts.cost + quality * parts.quality, parts=parts)
 
 
 def _total(candidate: Candidate) -> float:
