@@ -4,7 +4,7 @@ Every part is normalised against a FIXED bound to 0 (best) .. 1 (worst), never a
 seen lately (one outlier would rescale every other instance's part):
 
 - latency: log(1 + EWMA ms) / log(1 + the capability's timeout_sla_ms), capped at 1. On a log scale because
-  agent latencies differ by orders of magnitude: 5 ms against 20 ms weighs as much as 20 ms against 80 ms.
+  agent latencies differ by orders of magnitude: 5 ms against 20 ms weighs about as much as 20 ms against 80 ms.
 - errors: the failure share of the last calls (router/measurements.py), as is.
 - load: the load the instance reported (0..1) + the router's calls in flight to it / ``LOAD_BOUND`` (10), capped
   at 1: an instance saying it is full, or holding 10 of this router's calls, is fully loaded.
