@@ -232,21 +232,44 @@ class Access:
         with no key file, or an old one, must not replace every node's admin key with its own.
         """
         key = read_admin_key(data_dir)
+        if shared:
+            return await self._ensure_shared_admin_key(data_dir, key)
         stored = self.book.admin
-        if shared and stored is not None:
-            if key is None:
-                log.warning("the cluster has an admin key; this node has no copy of admin.key (copy it from the "
-                            "node that made it to rotate the key through this node's data dir)",
-                            extra={"path": str(admin_key_path(data_dir))})
-            elif stored.key_digest != digest(key):
-                log.error("admin.key here is not the cluster's admin key (rotated elsewhere?); it is ignored",
-                          extra={"path": str(admin_key_path(data_dir))})
-            return None
         if key is not None:
             if stored is None or stored.key_digest != digest(key):
                 await self._store_admin(key)
             return None
         return await self.rotate_admin_key(data_dir)
+
+    async def _ensure_shared_admin_key(self, data_dir: Path, key: str | None) -> str | None:
+        """While the cluster has no admin key, every node starting races to create its digest (create-if-absent:
+        one winner however many start at once) with its key file's key, or one it mints. A minted key reaches
+        the data dir only once its digest won: a loser prints no key and leaves no admin.key that opens nothing
+        (nodes sharing one data dir keep the winner's). A winner that cannot write its file withdraws the
+        digest, so that no key stays stored that nobody holds."""
+        path = admin_key_path(data_dir)
+        candidate = key or new_secret(ADMIN_KEY_PREFIX)
+        while self.book.admin is None:
+            if await self.store.put_if_unchanged(ADMIN_KEY, self._admin_record(candidate), self.store.revision,
+                                                 [ADMIN_KEY]) is None:
+                continue  # memory holds what another node stored meanwhile
+            if key is not None:
+                return None
+            try:
+                write_private(path, (candidate + "\n").encode(), replace=True)
+            except OSError:
+                await self.store.delete(ADMIN_KEY)
+                raise
+            log.warning("admin key written", extra={"path": str(path)})
+            return candidate
+        if key is None:
+            log.warning("another registry node created the cluster's admin key; this node has no copy of admin.key "
+                        "(copy it from the node that printed the key to rotate the key through this node's data dir)",
+                        extra={"path": str(path)})
+        elif self.book.admin.key_digest != digest(key):
+            log.error("admin.key here is not the cluster's admin key (rotated elsewhere?); it is ignored",
+                      extra={"path": str(path)})
+        return None
 
     async def rotate_admin_key(self, data_dir: Path) -> str:
         """A new admin key: the file first (written aside, fsynced, renamed over), then its digest in
@@ -258,9 +281,11 @@ class Access:
         log.warning("admin key written", extra={"path": str(path)})
         return key
 
+    def _admin_record(self, key: str) -> bytes:
+        return encode_value(AdminRecord(key_digest=digest(key), created_at=self._wall_clock()))
+
     async def _store_admin(self, key: str) -> None:
-        await self.store.put(ADMIN_KEY, encode_value(AdminRecord(key_digest=digest(key),
-                                                                 created_at=self._wall_clock())))
+        await self.store.put(ADMIN_KEY, self._admin_record(key))
 
 
 def _secrets(record: ClientRecord, secret: str, api_key: str) -> ClientSecrets:
