@@ -19,6 +19,7 @@ from urllib.parse import quote
 import msgspec
 from agent_reach.headers import API_KEY_HEADER, REQUEST_ID_HEADER, ROUTE_HEADERS
 from aiohttp import web
+from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from console.collector import Collector
@@ -30,7 +31,8 @@ from console.rollup import capability_reach
 from console.signin import Gatekeeper
 from console.store import HOUR, ConsoleStore
 from console.upstream import Reply, Upstream
-from mesh.policy import DEFAULT_POLICY
+from mesh.policy import DEFAULT_POLICY, Policy
+from mesh.policy_writes import policy_etag
 from registry.views import AgentView
 from router.api import MAX_TRACES_LISTED
 from weblayer.errors import ApiError
@@ -209,7 +211,8 @@ class ConsoleApi:
         owners = self.collector.owners()
         default = msgspec.to_builtins(DEFAULT_POLICY)
         entries = [PolicyEntry(capability=name, service=owners.get(name), stored=name in stored,
-                               policy=stored.get(name) or {**default, "capability": name})
+                               policy=stored.get(name) or {**default, "capability": name},
+                               etag=policy_etag(msgspec.convert(stored[name], Policy)) if name in stored else None)
                    for name in sorted(owners.keys() | stored.keys())]
         return json_response({"policies": entries})
 
@@ -219,8 +222,16 @@ class ConsoleApi:
         return relay(await self.router.get("/rules/stats", {"capability": capability} if capability else None))
 
     async def put_policy(self, request: web.Request) -> web.Response:
-        return relay(await self.registry.request("PUT", f"/policies/{segment(request.match_info['capability'])}",
-                                                 await request.read()))
+        """The editor's ``If-Match`` passed on and the registry's ``ETag`` passed back: the editor saves only over
+        the policy it opened (or last saved), and a policy changed meanwhile is refused 409 ``policy_changed``."""
+        match = request.headers.get("If-Match")
+        reply = await self.registry.request("PUT", f"/policies/{segment(request.match_info['capability'])}",
+                                            await request.read(), conditions={"If-Match": match} if match else None)
+        response = relay(reply)
+        etag = CIMultiDict(reply.headers).get("ETag")
+        if etag is not None:
+            response.headers["ETag"] = etag
+        return response
 
     async def delete_policy(self, request: web.Request) -> web.Response:
         return relay(await self.registry.request("DELETE", f"/policies/{segment(request.match_info['capability'])}"))

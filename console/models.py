@@ -166,6 +166,8 @@ class PolicyEntry(msgspec.Struct, kw_only=True):
     service: str | None
     stored: bool
     policy: dict[str, Any]
+    # The stored policy's ETag, for the editor to save only over the policy it opened (None: none stored).
+    etag: str | None = None
 
 
 class DebugResult(msgspec.Struct, kw_only=True):

@@ -78,14 +78,16 @@ class Upstream:
         self.judges_admin_key = judges_admin_key
 
     async def request(self, method: str, path: str, body: bytes | None = None, params: dict[str, str] | None = None,
-                      headers: dict[str, str] | None = None) -> Reply:
-        """``headers`` replace the admin key (the debug entry calls /atp as a caller, not as the admin)."""
+                      headers: dict[str, str] | None = None, conditions: dict[str, str] | None = None) -> Reply:
+        """``headers`` replace the admin key (the debug entry calls /atp as a caller, not as the admin);
+        ``conditions`` (``If-Match``) go along with whichever credential is sent."""
+        extra = conditions or {}
         if headers is not None or self.admin is None:
-            return await self._send(method, path, body, params, headers or {})
+            return await self._send(method, path, body, params, {**(headers or {}), **extra})
         sent = self.admin.key
-        reply = await self._send(method, path, body, params, credential(sent))
+        reply = await self._send(method, path, body, params, {**credential(sent), **extra})
         if reply.status == 401 and self.admin.refused(sent, final=self.judges_admin_key):
-            reply = await self._send(method, path, body, params, credential(self.admin.key))
+            reply = await self._send(method, path, body, params, {**credential(self.admin.key), **extra})
         return reply
 
     async def _send(self, method: str, path: str, body: bytes | None, params: dict[str, str] | None,

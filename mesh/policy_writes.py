@@ -22,6 +22,11 @@ def policy_digest(policy: Policy) -> str:
     return hashlib.sha256(msgspec.msgpack.encode(policy)).hexdigest()[:32]
 
 
+def policy_etag(policy: Policy) -> str:
+    """The policy's digest as an HTTP ETag (quoted): what ``If-Match`` sends back unchanged."""
+    return f'"{policy_digest(policy)}"'
+
+
 class PolicyChanged(Exception):
     """The stored policy is no longer the one the write was based on; ``current`` is it (None: deleted)."""
 

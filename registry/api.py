@@ -21,7 +21,7 @@ from mesh.alerts import AlertConfig
 from mesh.budgets import LeaseRequest
 from mesh.examples import Confirmation, ExampleSettings, NewExample, Rejection
 from mesh.policy import Policy
-from mesh.policy_writes import PolicyChanged, policy_digest
+from mesh.policy_writes import PolicyChanged, policy_etag
 from mesh.quality import QualityPost
 from mesh.watch import ROUTER_ID_MAX, encode_event, valid_router_id
 from registry.access import Access, admin_key_path
@@ -180,7 +180,7 @@ _ETAG = re.compile(r'"([^"]*)"')
 
 def etag(policy: Policy) -> dict[str, str]:
     """What a conditional write names as the policy it was based on (``If-Match``)."""
-    return {"ETag": f'"{policy_digest(policy)}"'}
+    return {"ETag": policy_etag(policy)}
 
 
 def if_match(request: web.Request) -> str | None:

@@ -67,3 +67,35 @@ async def test_the_editor_shows_rules_with_hits_keeps_them_and_refuses_bad_ones_
     await expect(page.locator("#f-releases-error")).to_contain_text("Not JSON")
     async with rig.http.get(f"{rig.mesh.registry.url}/policies/echo") as response:
         assert [rule["id"] for rule in (await response.json())["rules"]] == ["r10", "s5"]
+
+
+async def test_the_editor_saves_over_what_it_opened_and_refuses_a_policy_changed_meanwhile(rig: Rig,
+                                                                                            start_agent: Any,
+                                                                                            page: Any):
+    await echo_with_rules(rig, start_agent)
+    await page.goto(f"{rig.url}/#/policies/echo")
+    form = page.locator("form.policy-form")
+    status, summary = form.locator(".form-status"), form.locator(".error-summary")
+    connect = form.get_by_label("Connect, ms")
+    for value in ("400", "300"):  # the second save is based on the first: no conflict with its own write
+        await connect.fill(value)
+        await form.get_by_role("button", name="Save policy").click()
+        await expect(status).to_contain_text("Saved", timeout=WAIT_MS)
+        await expect(status).not_to_contain_text("Saving")
+    await rig.mesh.put_policy("echo", {**RULES, "fallback_capability": "elsewhere"})  # another operator's edit
+
+    await connect.fill("250")
+    await form.get_by_role("button", name="Save policy").click()
+    await expect(summary).to_contain_text("changed since you opened it — reload", timeout=WAIT_MS)
+    async with rig.http.get(f"{rig.mesh.registry.url}/policies/echo") as response:
+        stored = await response.json()
+    assert stored["fallback_capability"] == "elsewhere" and stored["timeout"]["connect_ms"] != 250
+
+    await summary.get_by_role("button", name="Reload").click()
+    await expect(form.get_by_label("Fallback capability")).to_have_value("elsewhere", timeout=WAIT_MS)
+    await form.get_by_label("Connect, ms").fill("250")
+    await form.get_by_role("button", name="Save policy").click()
+    await expect(form.locator(".form-status")).to_contain_text("Saved", timeout=WAIT_MS)
+    async with rig.http.get(f"{rig.mesh.registry.url}/policies/echo") as response:
+        stored = await response.json()
+    assert stored["fallback_capability"] == "elsewhere" and stored["timeout"]["connect_ms"] == 250

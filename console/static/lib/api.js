@@ -26,7 +26,7 @@ export async function call(path, { method = "GET", body, raw, headers = {} } = {
   } catch {
     parsed = { error: "not_json", message: text.slice(0, 300), field: null };
   }
-  return { status: response.status, ok: response.ok, body: parsed };
+  return { status: response.status, ok: response.ok, body: parsed, headers: response.headers };
 }
 
 export async function get(path) {

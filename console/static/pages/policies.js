@@ -84,7 +84,11 @@ function collect(form, stored) {
   return body;
 }
 
-function editor(entry, names, onSaved) {
+// Saved only over the policy the editor opened (or last saved): its ETag goes along as If-Match, and a
+// policy changed meanwhile (a canary rollback, another operator) is refused, offered to reload, never overwritten.
+function editor(entry, names, onSaved, onReload) {
+  let base = entry.policy;
+  let etag = entry.etag;
   const status = h("div", { class: "form-status", role: "status", "aria-live": "polite" });
   const summary = h("div", { class: "error-summary", role: "alert", hidden: true });
   const preview = h("pre", { class: "code", tabindex: "0", "aria-label": "Policy as stored", text: fmt.json(entry.policy) });
@@ -115,21 +119,31 @@ function editor(entry, names, onSaved) {
     status.textContent = "Saving…";
     let body;
     try {
-      body = collect(form, entry.policy);
+      body = collect(form, base);
     } catch (error) {
       status.textContent = "";
       setFieldError(form, "releases", `Not JSON: ${error.message}`);
       form.elements.namedItem("releases").focus();
       return;
     }
-    const answer = await call(`/api/policies/${encodeURIComponent(entry.capability)}`, { method: "PUT", body });
+    const headers = etag ? { "If-Match": etag } : {};
+    const answer = await call(`/api/policies/${encodeURIComponent(entry.capability)}`, { method: "PUT", body, headers });
     if (answer.ok) {
       status.textContent = "Saved in the registry. Routers apply it within a second.";
+      base = answer.body;
+      etag = answer.headers.get("ETag");
       preview.textContent = fmt.json(answer.body);
       onSaved(entry.capability);
       return;
     }
     status.textContent = "";
+    if (answer.status === 409 && answer.body?.error === "policy_changed") {
+      summary.hidden = false;
+      replace(summary, h("strong", { text: "Not saved. " }), "The policy was changed since you opened it — reload to see it, then make your change again. ",
+        h("button", { type: "button", class: "btn btn-quiet", text: "Reload", onclick: onReload }));
+      summary.querySelector("button").focus();
+      return;
+    }
     showRefusal(form, summary, answer);
     const named = answer.body?.field;
     if (named && RELEASE_KEYS.some((key) => named === key || named.startsWith(`${key}[`) || named.startsWith(`${key}.`))) {
@@ -141,7 +155,9 @@ function editor(entry, names, onSaved) {
   async function reset() {
     const answer = await call(`/api/policies/${encodeURIComponent(entry.capability)}`, { method: "DELETE" });
     status.textContent = answer.ok ? "Reset: the capability follows the default policy." : answer.body?.message || `HTTP ${answer.status}`;
-    if (answer.ok) onSaved(entry.capability);
+    if (!answer.ok) return;
+    etag = null;  // nothing stored: the next save creates one
+    onSaved(entry.capability);
   }
 
   form.addEventListener("submit", save);
@@ -202,7 +218,7 @@ export async function render(main, { params }) {
     } else {
       replace(editorHolder, h("div", { class: "card-head" }, h("h2", { id: "editor-title" }, "Policy of ", h("code", { text: entry.capability })),
         h("p", { class: "card-note", text: entry.stored ? "Stored in the registry." : "No policy stored: showing the defaults." })),
-      editor(entry, policies.map((p) => p.capability), () => load(true)), await rulesCard(entry));
+      editor(entry, policies.map((p) => p.capability), () => load(true), () => load(false)), await rulesCard(entry));
     }
   }
   await load(false);
