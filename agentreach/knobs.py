@@ -10,6 +10,9 @@ import argparse
 import math
 import os
 from pathlib import Path
+from typing import get_args
+
+from agent_reach.registration import RoutingPolicy
 
 from agentreach.credentials import AUTH_ENV, admin_key, default_auth
 from console.server import ConsoleSettings
@@ -143,7 +146,7 @@ def registry_settings(args: argparse.Namespace, port: int, parser: argparse.Argu
 
 
 def add_router_knobs(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--default-policy", choices=["least_load", "hash", "affinity"], default="least_load",
+    parser.add_argument("--default-policy", choices=get_args(RoutingPolicy), default="least_load",
                         help="routing policy for capabilities without one (default: least_load)")
     parser.add_argument("--semantic", action="store_true",
                         help="route frames that carry an `intent` instead of a capability name, by meaning "

@@ -11,7 +11,9 @@ from collections import Counter
 import pytest
 
 from agent_support import Agent
+from agentreach.cli import build_parser
 from conftest import wait_for
+from router.core import RouterSettings
 from router_support import Answer, Mesh
 
 SEED = 15
@@ -192,3 +194,14 @@ async def test_scores_are_for_operators_only(start_mesh, start_agent, http):
     assert [row["agent_id"] for row in (await mesh.get("/scores/echo"))["instances"]] == ["echo-1"]
     async with http.get(f"{mesh.url}/scores/nothing", headers=mesh.admin) as response:
         assert response.status == 404 and (await response.json())["field"] == "capability"
+
+
+async def test_scored_can_be_the_routers_default_policy(start_mesh, start_agent):
+    """`--default-policy scored`: a capability without a policy of its own is scored, with the default weights."""
+    args = build_parser().parse_args(["router", "--registry", "http://127.0.0.1:1", "--default-policy", "scored"])
+    mesh = await start_mesh(routing=RouterSettings(default_policy=args.default_policy))
+    agents = {name: await start_agent(name) for name in DELAYS}
+    await mesh.add_all(list(agents.values()))
+    answer = await mesh.call(payload=1)
+    assert answer.status == 200 and answer.route["policy"] == "scored"
+    assert set(answer.route["score_parts"]) == {"latency", "errors", "load", "cost", "quality"}

@@ -54,7 +54,7 @@ function write(target, path, value) {
 function input(path, kind, value) {
   if (kind === "bool") return h("input", { type: "checkbox", checked: Boolean(value) });
   if (kind === "policy") {
-    return h("select", {}, [["", "router default"], ["least_load", "least_load"], ["hash", "hash"], ["affinity", "affinity"]]
+    return h("select", {}, [["", "router default"], ["least_load", "least_load"], ["hash", "hash"], ["affinity", "affinity"], ["scored", "scored"]]
       .map(([v, label]) => h("option", { value: v, text: label, selected: (value ?? "") === v })));
   }
   const attrs = { type: "text", value: value ?? "", autocomplete: "off" };
