@@ -11,9 +11,11 @@ from functools import partial
 from multiprocessing.connection import Connection
 from typing import Protocol, TypeVar
 
+import msgspec
+
 from agentreach.demo import DemoAgents, demo_credentials, started_from
 from agentreach.knobs import console_settings, registry_settings, required_admin_key, router_settings
-from agentreach.workers import SupervisorLink, WorkerFailed, WorkerPool, check_port_free, worker_settings
+from agentreach.workers import SupervisorLink, WorkerFailed, WorkerPool, check_port_free, new_views, worker_settings
 from auth.kek import SecretsKeyError
 from console.server import ConsoleServer
 from registry.access import admin_key_path
@@ -92,7 +94,9 @@ def _router_worker(settings: RouterServerSettings, index: int, link: Connection)
 
 async def _start_workers(settings: RouterServerSettings, count: int) -> WorkerPool:
     check_port_free(settings.host, settings.port)
-    return await _started(WorkerPool(partial(_router_worker, settings), count))()
+    views = new_views(count)
+    settings = msgspec.structs.replace(settings, views=views)
+    return await _started(WorkerPool(partial(_router_worker, settings), count, views.directory))()
 
 
 def _up(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

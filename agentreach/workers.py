@@ -16,19 +16,23 @@ import gc
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 
 import msgspec
 from agent_reach import logs
 from agent_reach.serving import cancel
 
 from router.server import RouterServerSettings
+from router.worker_views import WorkerViews
 
 log = logging.getLogger("agentreach.workers")
 
@@ -60,7 +64,14 @@ def worker_settings(settings: RouterServerSettings, index: int) -> RouterServerS
     two rings sharing one would shorten each other's keys' lives. Everything else, the audit trail's
     file included, is shared."""
     keys_dir = settings.keys_dir / f"worker-{index}" if settings.keys_dir is not None else None
-    return msgspec.structs.replace(settings, keys_dir=keys_dir, reuse_port=True)
+    views = msgspec.structs.replace(settings.views, index=index) if settings.views is not None else None
+    return msgspec.structs.replace(settings, keys_dir=keys_dir, reuse_port=True, views=views)
+
+
+def new_views(count: int) -> WorkerViews:
+    """A directory for ``count`` workers' private sockets (router/worker_views.py), made for this run: mode 0700
+    under the temporary directory (a data dir's path may be past a unix socket path's 108 bytes)."""
+    return WorkerViews(directory=Path(tempfile.mkdtemp(prefix="agentreach-workers-")), count=count)
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -188,9 +199,11 @@ class WorkerPool:
     """``count`` processes running ``target``: started together, each restarted (with backoff) when it
     dies unexpectedly, stopped together with SIGTERM."""
 
-    def __init__(self, target: Target, count: int):
+    def __init__(self, target: Target, count: int, private_dir: Path | None = None):
+        """``private_dir``: the workers' own directory, removed once they have all stopped."""
         self._target = target
         self._count = count
+        self._private_dir = private_dir
         self._setup = ProcessSetup.of_this_process()
         self._context = multiprocessing.get_context("spawn")
         self._workers: list[_Worker] = []
@@ -209,7 +222,8 @@ class WorkerPool:
         if failed:
             await self._terminate()
             raise WorkerFailed(f"router worker(s) {failed} failed to start; see their log lines above")
-        log.info("workers ready", extra={"workers": self._count, "pids": self.pids})
+        log.info("workers ready", extra={"workers": self._count, "pids": self.pids,
+                                         "private_dir": str(self._private_dir) if self._private_dir else None})
         self._watchers = [asyncio.create_task(self._watch(index)) for index in range(self._count)]
 
     async def stop(self) -> None:
@@ -261,3 +275,5 @@ class WorkerPool:
             log.info("worker stopped", extra={"worker": worker.index, "pid": worker.pid, **_exit_fields(code)})
             worker.close()
         self._workers = []
+        if self._private_dir is not None:
+            shutil.rmtree(self._private_dir, ignore_errors=True)

@@ -11,30 +11,10 @@ from collections.abc import Iterable
 from typing import TypeVar
 
 from console.models import CapabilityReach, ReachPoint
-from router.reach import PeriodSummary, Tally, latency_quantile
+from router.reach import PeriodSummary, Tally, absorb, latency_quantile, merged
 
 PeriodKey = tuple[str, float]
 K = TypeVar("K")
-
-
-def absorb(into: Tally, part: Tally | PeriodSummary) -> Tally:
-    """Add ``part``'s counts, error codes and latency histogram to ``into``."""
-    into.total += part.total
-    into.success += part.success
-    into.degraded += part.degraded
-    into.failed += part.failed
-    for code, count in part.failed_by_code.items():
-        into.failed_by_code[code] = into.failed_by_code.get(code, 0) + count
-    into.latency_buckets = [a + b for a, b in zip(into.latency_buckets, part.latency_buckets, strict=True)]
-    into.latency_sum_ms += part.latency_sum_ms
-    return into
-
-
-def merged(parts: Iterable[Tally | PeriodSummary]) -> Tally:
-    tally = Tally()
-    for part in parts:
-        absorb(tally, part)
-    return tally
 
 
 def reach_of(tally: Tally) -> float | None:

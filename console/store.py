@@ -17,9 +17,9 @@ import aiosqlite
 import msgspec
 
 from console.models import HourRow
-from console.rollup import merged, quantile, reach_of
+from console.rollup import quantile, reach_of
 from console.traffic import Sample, Usage
-from router.reach import PeriodSummary, Tally
+from router.reach import PeriodSummary, Tally, merged
 from wal.private import create_private_file
 
 HOUR = 3600

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable
 import msgspec
 
 from console.models import TrafficStat
-from console.rollup import absorb, quantile
-from router.reach import Outcome, Tally
+from console.rollup import quantile
+from router.reach import Outcome, Tally, absorb
 from router.traces import CallTrace
 
 QPS_SECONDS = 60.0

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import re
 import time
+from collections.abc import Mapping
 from typing import Any, cast
 
 import msgspec
@@ -45,9 +46,10 @@ from router.audit_query import FilterError, parse_filters
 from router.auth import Authenticator, Caller, Unauthenticated
 from router.core import CallResult, Router
 from router.forward import MAX_CONTEXT_BYTES
+from router.merged import TraceAnswer
 from router.metrics import RouterCollector
 from router.oauth import OAuthRefusal
-from router.reach import health_rate
+from router.reach import ReachView, health_rate
 from router.streaming import CallerStream, Relay
 from router.tracecontext import ParentSpan, parent_span
 from router.usage import PERIOD_SECONDS
@@ -352,18 +354,17 @@ async def metrics(request: web.Request) -> web.Response:
     return response
 
 
-async def reach(request: web.Request) -> web.Response:
-    router = request.app[ROUTER_KEY]
-    capability = request.query.get("capability")
-    now = time.time()
+def reach_view(router: Router, capability: str | None) -> ReachView:
     states = [state.state for state in router.mirror.states.values()]
-    return json_response({
-        "period_seconds": router.ledger.period_seconds,
-        "periods": router.ledger.periods(capability, now=now),
-        "instance_health_rate": health_rate(states.count("healthy"), len(router.mirror.instances)),
-        "route_decisions": dict(router.decisions),
-        "semantic": router.semantic.stats() if router.semantic is not None else None,
-    })
+    return ReachView(period_seconds=router.ledger.period_seconds,
+                     periods=router.ledger.periods(capability, now=time.time()),
+                     instance_health_rate=health_rate(states.count("healthy"), len(router.mirror.instances)),
+                     route_decisions=dict(router.decisions),
+                     semantic=router.semantic.stats() if router.semantic is not None else None)
+
+
+async def reach(request: web.Request) -> web.Response:
+    return json_response(reach_view(request.app[ROUTER_KEY], request.query.get("capability")))
 
 
 async def scores(request: web.Request) -> web.Response:
@@ -409,14 +410,23 @@ async def traces(request: web.Request) -> web.Response:
     return json_response({"traces": request.app[ROUTER_KEY].traces.recent(limit, request.query.get("capability"))})
 
 
+def found_trace(router: Router, request_id: str) -> TraceAnswer | None:
+    kept = router.traces
+    call = kept.get(request_id)
+    return TraceAnswer(call=call, tree=kept.tree(request_id)) if call is not None else None
+
+
+def trace_not_found(router: Router, request_id: str) -> ApiError:
+    return ApiError(404, "trace_not_found", f"No recent call {request_id!r} (the router keeps the last "
+                                            f"{router.traces.max_calls})", "request_id")
+
+
 async def trace(request: web.Request) -> web.Response:
-    kept = request.app[ROUTER_KEY].traces
-    request_id = request.match_info["request_id"]
-    call, tree = kept.get(request_id), kept.tree(request_id)
-    if call is None:
-        raise ApiError(404, "trace_not_found", f"No recent call {request_id!r} (the router keeps the last "
-                                               f"{kept.max_calls})", "request_id")
-    return json_response({"call": call, "tree": tree})
+    router, request_id = request.app[ROUTER_KEY], request.match_info["request_id"]
+    found = found_trace(router, request_id)
+    if found is None:
+        raise trace_not_found(router, request_id)
+    return json_response(found)
 
 
 async def audit_entries(request: web.Request) -> web.Response:
@@ -496,19 +506,28 @@ OAUTH_OPEN: list[tuple[str, str, Handler]] = [
 OAUTH_ADMIN_ONLY: list[tuple[str, str, Handler]] = [("POST", "/oauth/keys/rotate", rotate_keys)]
 
 
-def create_app(router: Router, *, max_body: int = DEFAULT_MAX_BODY,
-               auth: Authenticator | None = None) -> web.Application:
-    """``auth`` None serves everyone (development); otherwise every call and operator endpoint is checked."""
+def router_metrics(router: Router) -> CollectorRegistry:
+    prometheus = CollectorRegistry(auto_describe=False)
+    prometheus.register(RouterCollector(router))
+    return prometheus
+
+
+def create_app(router: Router, *, max_body: int = DEFAULT_MAX_BODY, auth: Authenticator | None = None,
+               whole: Mapping[str, Handler] | None = None) -> web.Application:
+    """``auth`` None serves everyone (development); otherwise every call and operator endpoint is checked.
+    ``whole``: one of `--workers N` answers these paths for the whole router (router/worker_views.py)."""
     app = web.Application(client_max_size=max_body)
     app[ROUTER_KEY] = router
-    app[METRICS_KEY] = prometheus = CollectorRegistry(auto_describe=False)
-    prometheus.register(RouterCollector(router))
+    app[METRICS_KEY] = router_metrics(router)
     open_routes = [("POST", "/atp", Atp(router, auth, max_body).handle), *OPEN,
                    *A2AEndpoint(router, auth, checked, too_deep).routes()]
     admin_routes = list(ADMIN_ONLY)
     if router.audit is not None:
         app[AUDIT_KEY] = router.audit
         admin_routes.append(AUDIT)
+    if whole is not None:
+        open_routes = [(method, path, whole.get(path, handler)) for method, path, handler in open_routes]
+        admin_routes = [(method, path, whole.get(path, handler)) for method, path, handler in admin_routes]
     if auth is not None:
         app[AUTH_KEY] = auth
         open_routes += OAUTH_OPEN

@@ -12,6 +12,11 @@ from router.budgets import ASK_BOUNDS_MS, Budgets
 from router.core import Router
 from router.reach import LATENCY_BOUNDS_MS
 
+# Gauges whose `--workers N` values add up to the router's (router/merged.py); every other gauge is one worker's
+# state (its breakers, its view of the registry, its period's rates) and is shown per worker, labelled `worker`.
+SUMMED_GAUGES = frozenset({"agentreach_router_inflight", "agentreach_router_budget_leased_unspent_tokens",
+                           "agentreach_router_budget_leased_unspent_cost"})
+
 
 def cumulative(bounds_ms: tuple[float, ...], counts: list[int]) -> list[tuple[str, float]]:
     """Prometheus histogram buckets (upper bound in seconds, cumulative count) from counts per bucket."""

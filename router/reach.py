@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections import deque
-from typing import Literal
+from collections.abc import Iterable
+from typing import Any, Literal
 
 import msgspec
 
@@ -97,6 +98,16 @@ class PeriodSummary(msgspec.Struct, kw_only=True):
     latency_sum_ms: float
 
 
+class ReachView(msgspec.Struct, kw_only=True):
+    """``GET /reach``: the periods with calls, newest first, and what the router knows of instances and decisions."""
+
+    period_seconds: float
+    periods: list[PeriodSummary]
+    instance_health_rate: float | None
+    route_decisions: dict[str, int]
+    semantic: Any = None  # the semantic router's stats (router/semantic/resolver.py), when it runs
+
+
 class Alert(msgspec.Struct, kw_only=True):
     """A capability whose reach rate stayed below the threshold; figures cover the firing streak."""
 
@@ -113,6 +124,40 @@ class Alert(msgspec.Struct, kw_only=True):
 
 def reach_rate(tally: Tally) -> float:
     return (tally.success + tally.degraded) / tally.total
+
+
+def absorb(into: Tally, part: Tally | PeriodSummary) -> Tally:
+    """Add ``part``'s counts, error codes and latency histogram to ``into``."""
+    into.total += part.total
+    into.success += part.success
+    into.degraded += part.degraded
+    into.failed += part.failed
+    for code, count in part.failed_by_code.items():
+        into.failed_by_code[code] = into.failed_by_code.get(code, 0) + count
+    into.latency_buckets = [a + b for a, b in zip(into.latency_buckets, part.latency_buckets, strict=True)]
+    into.latency_sum_ms += part.latency_sum_ms
+    return into
+
+
+def merged(parts: Iterable[Tally | PeriodSummary]) -> Tally:
+    tally = Tally()
+    for part in parts:
+        absorb(tally, part)
+    return tally
+
+
+def period_summary(capability: str, start: float, period_seconds: float, tally: Tally, closed: bool) -> PeriodSummary:
+    """A period's counts as ``GET /reach`` shows them: rates and percentiles computed from the counts and buckets
+    (so periods merged across routers' workers are summarised exactly as one router's)."""
+    buckets = list(tally.latency_buckets)
+    return PeriodSummary(
+        capability=capability, start=start, end=start + period_seconds, closed=closed,
+        total=tally.total, success=tally.success, degraded=tally.degraded, failed=tally.failed,
+        failed_by_code=dict(tally.failed_by_code), raw_success_rate=tally.success / tally.total,
+        reach_rate=reach_rate(tally), latency_p50_ms=latency_quantile(buckets, 0.5),
+        latency_p95_ms=latency_quantile(buckets, 0.95), latency_p99_ms=latency_quantile(buckets, 0.99),
+        latency_buckets=buckets, latency_sum_ms=tally.latency_sum_ms,
+    )
 
 
 def health_rate(healthy: int, registered: int) -> float | None:
@@ -225,13 +270,4 @@ class ReachLedger:
         self._new.append(msgspec.structs.replace(alert))
 
     def _summary(self, capability: str, index: int, tally: Tally, closed: bool) -> PeriodSummary:
-        start = index * self.period_seconds
-        buckets = list(tally.latency_buckets)
-        return PeriodSummary(
-            capability=capability, start=start, end=start + self.period_seconds, closed=closed,
-            total=tally.total, success=tally.success, degraded=tally.degraded, failed=tally.failed,
-            failed_by_code=dict(tally.failed_by_code), raw_success_rate=tally.success / tally.total,
-            reach_rate=reach_rate(tally), latency_p50_ms=latency_quantile(buckets, 0.5),
-            latency_p95_ms=latency_quantile(buckets, 0.95), latency_p99_ms=latency_quantile(buckets, 0.99),
-            latency_buckets=buckets, latency_sum_ms=tally.latency_sum_ms,
-        )
+        return period_summary(capability, index * self.period_seconds, self.period_seconds, tally, closed)

@@ -31,6 +31,7 @@ from router.publish import PublishKeys, PublishRefused, publish_over_http
 from router.rollback import WritePolicy, write_policy_over_http
 from router.semantic.confirmations import ConfirmationQueue, ReportConfirmation, report_over_http
 from router.semantic.settings import SemanticSettings, SemanticUnavailable
+from router.worker_views import Views, WorkerViews
 
 if TYPE_CHECKING:
     from router.semantic.resolver import SemanticRouter
@@ -70,6 +71,8 @@ class RouterServerSettings(msgspec.Struct, kw_only=True):
     audit_batch_rows: int = 500
     # SO_REUSEPORT: one of `--workers N` router processes sharing one port.
     reuse_port: bool = False
+    # One of `--workers N`: its siblings' private sockets, to answer /metrics, /reach and /traces for them all.
+    views: WorkerViews | None = None
 
 
 class RouterServer:
@@ -103,6 +106,7 @@ class RouterServer:
         self.port = settings.port
         self.semantic: SemanticRouter | None = None
         self.auth: Authenticator | None = None
+        self._views: Views | None = None
 
     @property
     def url(self) -> str:
@@ -161,7 +165,12 @@ class RouterServer:
                         asyncio.create_task(self.router.budgets.report_forever())]
         if self.semantic is not None:
             self._tasks.append(asyncio.create_task(self.semantic.follow()))
-        app = create_app(self.router, max_body=self.settings.max_body, auth=self.auth)
+        whole = None
+        if self.settings.views is not None:
+            self._views = Views(self.settings.views, self.router)
+            await self._views.start()
+            whole = self._views.handlers()
+        app = create_app(self.router, max_body=self.settings.max_body, auth=self.auth, whole=whole)
         if self.settings.reuse_port and self._hub is None:
             # Siblings serve this port already: the kernel would hand this router calls it cannot route yet.
             with contextlib.suppress(TimeoutError):
@@ -247,6 +256,8 @@ class RouterServer:
         self._stopped = True
         await cancel(*self._tasks)
         await close(self._runner, None)
+        if self._views is not None:
+            await self._views.stop()
         if self.router is not None:
             # Every call has ended: what this router holds of clients' budgets and did not spend goes back.
             await self.router.budgets.report(release=True)

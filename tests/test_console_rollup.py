@@ -6,10 +6,10 @@ from __future__ import annotations
 from agent_reach.usage import Usage
 
 from console.heartbeats import HeartbeatLog
-from console.rollup import capability_reach, counter_deltas, merged, period_totals, reach_points, recent
+from console.rollup import capability_reach, counter_deltas, period_totals, reach_points, recent
 from console.traffic import QPS_SECONDS, WINDOW_SECONDS, TrafficWindow, samples_of
 from registry.views import AgentView
-from router.reach import PeriodSummary, ReachLedger, Tally
+from router.reach import PeriodSummary, ReachLedger, Tally, merged
 from router.traces import AttemptTrace, CallTrace
 
 

@@ -1,0 +1,98 @@
+"""One router's view from its `--workers N` workers' views: pure merging (router/worker_views.py fetches them).
+
+Counters and histograms add up: every worker counts into the same buckets, so the sums are exact. A gauge adds
+up only when its meaning does (router/metrics.py SUMMED_GAUGES: calls in flight, budget held); any other gauge
+is one worker's state (its breakers, its view of the registry, its open period's rates) and each worker's value
+is kept under a `worker` label. A reach period's counts add up, and its rates and percentiles are computed again
+from the summed counts and latency buckets, exactly as for one router. Traces are listed newest first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import msgspec
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from router.reach import PeriodSummary, ReachView, merged, period_summary
+from router.traces import CallTrace, TraceNode
+
+LabelKey = tuple[str, tuple[tuple[str, str], ...]]
+
+
+class Sample(msgspec.Struct, array_like=True, frozen=True):
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+class Family(msgspec.Struct, frozen=True):
+    """One metric family as a worker collected it, to cross to a sibling."""
+
+    name: str
+    kind: str
+    documentation: str
+    samples: list[Sample]
+
+
+class TraceAnswer(msgspec.Struct, kw_only=True):
+    """``GET /traces/{request_id}``: the newest call with that id and the tree it belongs to."""
+
+    call: CallTrace
+    tree: TraceNode | None
+
+
+def families(collector: Collector) -> list[Family]:
+    return [Family(metric.name, metric.type, metric.documentation,
+                   [Sample(sample.name, sample.labels, sample.value) for sample in metric.samples])
+            for metric in collector.collect()]
+
+
+def merge_metrics(views: Mapping[int, list[Family]], summed_gauges: frozenset[str]) -> list[Metric]:
+    """Every worker's families (by worker index) as one router's: in the order first seen."""
+    merged_families: dict[str, tuple[Metric, dict[LabelKey, tuple[dict[str, str], float]]]] = {}
+    for worker in sorted(views):
+        for family in views[worker]:
+            metric, values = merged_families.setdefault(
+                family.name, (Metric(family.name, family.documentation, family.kind), {}))
+            per_worker = family.kind == "gauge" and family.name not in summed_gauges
+            for sample in family.samples:
+                labels = {**sample.labels, "worker": str(worker)} if per_worker else sample.labels
+                key = (sample.name, tuple(sorted(labels.items())))
+                _, total = values.get(key, (labels, 0.0))
+                values[key] = (labels, total + sample.value)
+    for metric, values in merged_families.values():
+        for (name, _), (labels, value) in values.items():
+            metric.add_sample(name, labels, value)
+    return [metric for metric, _ in merged_families.values()]
+
+
+def merge_reach(own: ReachView, others: Iterable[ReachView]) -> ReachView:
+    """``own`` (the answering worker's) with every worker's periods and route decisions added up; the instance
+    health rate and the semantic router's stats stay its own (every worker follows the same registry)."""
+    views = [own, *others]
+    groups: dict[tuple[str, float], list[PeriodSummary]] = {}
+    for view in views:
+        for period in view.periods:
+            groups.setdefault((period.capability, period.start), []).append(period)
+    periods = [period_summary(capability, start, own.period_seconds, merged(group),
+                              closed=all(period.closed for period in group))
+               for (capability, start), group in groups.items()]
+    periods.sort(key=lambda period: (-period.start, period.capability))
+    decisions: dict[str, int] = {}
+    for view in views:
+        for kind, count in view.route_decisions.items():
+            decisions[kind] = decisions.get(kind, 0) + count
+    return msgspec.structs.replace(own, periods=periods, route_decisions=decisions)
+
+
+def merge_traces(views: Iterable[list[CallTrace]], limit: int) -> list[CallTrace]:
+    """The ``limit`` newest calls of all the workers' recent ones, newest first."""
+    return sorted((call for view in views for call in view), key=lambda call: -call.started_at)[:limit]
+
+
+def newest_trace(answers: Iterable[TraceAnswer | None]) -> TraceAnswer | None:
+    """The newest call with the id among the workers that kept one (a caller may reuse a request id)."""
+    return max((answer for answer in answers if answer is not None), key=lambda answer: answer.call.started_at,
+               default=None)
