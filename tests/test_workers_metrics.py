@@ -17,7 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import wait_for
 from registry.server import RegistryServer
-from router.merged import Family
+from router.merged import Family, Sample, merge_metrics, merge_reach
+from router.metrics import SUMMED_GAUGES
+from router.reach import ReachLedger, ReachView, latency_quantile
 from sdk_support import free_port
 from test_workers import Caller, Supervised, register_echo, until_forwarding
 
@@ -148,3 +150,43 @@ async def test_a_worker_that_does_not_answer_fails_the_scrape_rather_than_underc
             assert answer.status == 503 or "agentreach_router_workers_merged 2.0" in await answer.text()
     finally:
         await router.close()
+
+
+def test_merging_sums_counters_and_histograms_and_keeps_each_workers_own_gauges() -> None:
+    def family(name: str, kind: str, *samples: tuple[str, dict[str, str], float]) -> Family:
+        return Family(name, kind, "", [Sample(*sample) for sample in samples])
+
+    worker_0 = [family("calls", "counter", ("calls_total", {"capability": "a"}, 3.0)),
+                family("seconds", "histogram", ("seconds_bucket", {"capability": "a", "le": "+Inf"}, 3.0)),
+                family("agentreach_router_inflight", "gauge", ("agentreach_router_inflight", {"instance": "i"}, 1.0)),
+                family("share", "gauge", ("share", {}, 0.25))]
+    worker_1 = [family("calls", "counter", ("calls_total", {"capability": "a"}, 2.0),
+                       ("calls_total", {"capability": "b"}, 1.0)),
+                family("seconds", "histogram", ("seconds_bucket", {"capability": "a", "le": "+Inf"}, 2.0)),
+                family("agentreach_router_inflight", "gauge", ("agentreach_router_inflight", {"instance": "i"}, 2.0)),
+                family("share", "gauge", ("share", {}, 0.25))]
+    merged = {metric.name: [(sample.name, sample.labels, sample.value) for sample in metric.samples]
+              for metric in merge_metrics({0: worker_0, 1: worker_1}, SUMMED_GAUGES)}
+    assert merged == {
+        "calls": [("calls_total", {"capability": "a"}, 5.0), ("calls_total", {"capability": "b"}, 1.0)],
+        "seconds": [("seconds_bucket", {"capability": "a", "le": "+Inf"}, 5.0)],
+        "agentreach_router_inflight": [("agentreach_router_inflight", {"instance": "i"}, 3.0)],
+        "share": [("share", {"worker": "0"}, 0.25), ("share", {"worker": "1"}, 0.25)]}
+
+
+def test_merged_reach_periods_add_up_and_take_percentiles_from_the_summed_buckets() -> None:
+    fast, slow = ReachLedger(), ReachLedger()
+    for _ in range(3):
+        fast.record("echo", "success", None, 4.0, now=120.0)
+    slow.record("echo", "failed", "TIMEOUT", 900.0, now=121.0)
+    slow.record("other", "degraded", None, 40.0, now=121.0)
+    views = [ReachView(period_seconds=60.0, periods=ledger.periods(now=130.0), instance_health_rate=1.0,
+                       route_decisions={"policy": calls}) for ledger, calls in ((fast, 3), (slow, 2))]
+    whole = merge_reach(views[0], views[1:])
+    assert [(period.capability, period.total, period.failed) for period in whole.periods] == [("echo", 4, 1),
+                                                                                            ("other", 1, 0)]
+    echo = whole.periods[0]
+    assert echo.reach_rate == 0.75 and echo.failed_by_code == {"TIMEOUT": 1}
+    assert echo.latency_p99_ms is not None and echo.latency_p99_ms > 500
+    assert echo.latency_p99_ms == latency_quantile(echo.latency_buckets, 0.99)
+    assert whole.route_decisions == {"policy": 5}
