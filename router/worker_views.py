@@ -14,6 +14,7 @@ live worker would fall and rise again, which Prometheus would read as two counte
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 from pathlib import Path
 from typing import Any
@@ -112,7 +113,10 @@ class Views:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
-            self._views.socket(self._views.index).unlink(missing_ok=True)  # the parent may be gone: not left behind
+            # Nothing left behind when the parent was killed outright: the last worker to stop removes the directory.
+            self._views.socket(self._views.index).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # not empty: a sibling still runs (or the parent removed it)
+                self._views.directory.rmdir()
         for session in self._siblings.values():
             await session.close()
 

@@ -135,7 +135,8 @@ async def test_a_worker_that_does_not_answer_fails_the_scrape_rather_than_underc
     router = await Supervised.start("router", "--workers", "2", "--port", str(port), "--registry", registry.url,
                                     "--auth", "off", "--data-dir", str(tmp_path))
     try:
-        pids = (await router.wait_logged("workers ready"))["pids"]
+        ready = await router.wait_logged("workers ready")
+        pids, private_dir = ready["pids"], Path(ready["private_dir"])
         os.kill(pids[1], signal.SIGSTOP)  # alive, holding its socket, answering nothing
         try:
             # Scrapes the kernel hands to the stopped worker wait in its queue; the others are answered.
@@ -148,6 +149,9 @@ async def test_a_worker_that_does_not_answer_fails_the_scrape_rather_than_underc
         assert any(answer.status == 503 for answer in answers)
         for answer in answers:  # the ones the stopped worker answered once it ran again: both workers counted
             assert answer.status == 503 or "agentreach_router_workers_merged 2.0" in await answer.text()
+
+        router.process.kill()  # the parent, outright: the workers stop by themselves, and leave no sockets behind
+        await wait_for(lambda: not private_dir.exists(), timeout=60, what="the workers to remove their directory")
     finally:
         await router.close()
 
