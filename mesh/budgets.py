@@ -24,6 +24,9 @@ BUDGET_PREFIX = "budgets/"
 # What one ask gets at least: this share of the budget. Small enough that routers which stop asking
 # (dead, or idle) strand little of it; large enough that a router asks ~20 times a period, not per call.
 LEASE_SHARE = 0.05
+# Costs are sums of floats, and 0.1 + 0.1 + 0.1 > 0.3: amounts of cost are compared at this many decimals, so a
+# budget of 0.3 admits three calls of 0.1 (prices are unit-free; a billionth of a unit is below any price's grain).
+COST_DIGITS = 9
 RouterId = Annotated[str, msgspec.Meta(pattern=r"^[!-~]{1,128}\Z")]
 Tokens = Annotated[int, msgspec.Meta(ge=0, le=2**53 - 1)]
 Cost = Annotated[float, msgspec.Meta(ge=0, le=MAX_COST)]
@@ -149,11 +152,16 @@ def current(account: BudgetAccount | None, client_id: str, limits: Limits, now: 
     return account
 
 
+def cost_amount(value: float) -> float:
+    """``value`` at the precision budgets count cost in (COST_DIGITS)."""
+    return round(value, COST_DIGITS)
+
+
 def committed(account: BudgetAccount) -> tuple[int, float]:
     """Tokens and cost no router may be granted again: per router, the larger of granted and spent."""
     tokens = sum(max(share.granted_tokens, share.spent_tokens) for share in account.routers.values())
     cost = sum(max(share.granted_cost, share.spent_cost) for share in account.routers.values())
-    return tokens, cost
+    return tokens, cost_amount(cost)
 
 
 def _given(budget: float | None, used: float, want: float, chunk: float) -> float:
@@ -161,7 +169,7 @@ def _given(budget: float | None, used: float, want: float, chunk: float) -> floa
     nothing when it wants none."""
     if budget is None or want <= 0:
         return 0
-    return max(0, min(max(chunk, want), budget - used))
+    return max(0, min(max(chunk, want), cost_amount(budget - used)))
 
 
 def lease(account: BudgetAccount, limits: Limits, request: LeaseRequest) -> tuple[BudgetAccount, LeaseGrant]:
@@ -186,7 +194,7 @@ def lease(account: BudgetAccount, limits: Limits, request: LeaseRequest) -> tupl
     return after, LeaseGrant(
         client_id=account.client_id, period=account.period, period_start=account.period_start, reset_at=reset_at,
         share=share, left_tokens=None if limits.tokens is None else max(0, limits.tokens - left_tokens),
-        left_cost=None if limits.cost is None else max(0.0, limits.cost - left_cost))
+        left_cost=None if limits.cost is None else max(0.0, cost_amount(limits.cost - left_cost)))
 
 
 def view(account: BudgetAccount, limits: Limits) -> BudgetView:

@@ -39,7 +39,7 @@ from agent_reach.headers import API_KEY_HEADER
 from agent_reach.usage import Usage
 
 from auth.records import ClientRecord
-from mesh.budgets import LeaseGrant, LeaseRequest, Limits, limits_of
+from mesh.budgets import LeaseGrant, LeaseRequest, Limits, cost_amount, limits_of
 from router.auth import Refusal
 
 log = logging.getLogger("agentreach.router.budgets")
@@ -140,7 +140,7 @@ class _Lease:
             tokens = max(0, max(self.estimate.tokens, 1) - left)
         if self.limits.cost is not None:
             left_cost = self.granted_cost - self.spent_cost - self.reserved_cost
-            cost = max(0.0, max(self.estimate.cost, 1e-9) - left_cost)
+            cost = max(0.0, cost_amount(max(self.estimate.cost, 1e-9) - left_cost))
         return tokens, cost
 
     def take(self, grant: LeaseGrant) -> None:
