@@ -36,9 +36,9 @@ import msgspec
 from agent_reach.atp import ErrorCode
 from agent_reach.exhaustion import Throttle
 from agent_reach.headers import API_KEY_HEADER
-from agent_reach.usage import Usage
+from agent_reach.usage import MAX_TOKENS, Usage
 
-from auth.records import ClientRecord
+from auth.records import MAX_COST, ClientRecord
 from mesh.budgets import LeaseGrant, LeaseRequest, Limits, cost_amount, limits_of
 from router.auth import Refusal
 
@@ -281,8 +281,9 @@ class Budgets:
             if lease.period_start == ticket.period_start:
                 lease.reserved_tokens -= ticket.tokens
                 lease.reserved_cost -= ticket.cost
-                lease.spent_tokens += tokens
-                lease.spent_cost += cost
+                # Capped at what the registry counts (more than any budget): a spend it refused would never reach it.
+                lease.spent_tokens = min(MAX_TOKENS, lease.spent_tokens + tokens)
+                lease.spent_cost = min(MAX_COST, lease.spent_cost + cost)
         if ticket.session is not None:
             session = self._sessions.get(ticket.session)
             if session is not None:
@@ -323,7 +324,7 @@ class Budgets:
     async def _ask(self, client_id: str, lease: _Lease, tokens: int, cost: float, release: bool) -> bool:
         request = LeaseRequest(router_id=self.router_id, period_start=lease.period_start,
                                spent_tokens=lease.spent_tokens, spent_cost=lease.spent_cost,
-                               want_tokens=tokens, want_cost=cost, release=release)
+                               want_tokens=min(MAX_TOKENS, tokens), want_cost=min(MAX_COST, cost), release=release)
         granted, outcome = (lease.granted_tokens, lease.granted_cost), "failed"
         started = time.monotonic()
         try:
