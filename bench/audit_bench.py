@@ -35,10 +35,11 @@ def entries(count: int, digest: str = "ab" * 32) -> list[AuditEntry]:
     """``count`` rows as the router builds them for a call answered by its first attempt."""
     tried = [AttemptTrace(instance="agent-1", endpoint="http://127.0.0.1:9000/atp", protocol="atp",
                           started_ms=0.1, elapsed_ms=2.0)]
-    return [call_entry(started_at=time.time(), capability=f"cap.{n % 20}", request_id=new_request_id(), outcome="success",
-                       error_code=None, latency_ms=2.5, caller_id="cl_1", caller_name="shop", auth_method="api_key",
-                       tried=tried, trace_id=new_request_id(), parent_request_id=None, payload_bytes=1024,
-                       payload_sha256=digest, rule=None, usage=None, streamed=False, chunks=0, chunk_bytes=0)
+    return [call_entry(started_at=time.time(), capability=f"cap.{n % 20}", request_id=new_request_id(),
+                       outcome="success", error_code=None, latency_ms=2.5, caller_id="cl_1", caller_name="shop",
+                       auth_method="api_key", tried=tried, trace_id=new_request_id(), parent_request_id=None,
+                       payload_bytes=1024, payload_sha256=digest, rule=None, usage=None, streamed=False, chunks=0,
+                       chunk_bytes=0)
             for n in range(count)]
 
 
@@ -106,7 +107,8 @@ async def steady(directory: Path, count: int, rate: int, prefill: int) -> dict[s
     router, writer = cpu_seconds(os.getpid()) - router_before, cpu_seconds(audit.writer_pid) - writer_before
     await audit.stop()
     lateness.sort()
-    return {"entries": count, "rate": rate, "prefill": prefill, "router_process_us_per_row": round(router / count * 1e6, 2),
+    return {"entries": count, "rate": rate, "prefill": prefill,
+            "router_process_us_per_row": round(router / count * 1e6, 2),
             "writer_process_us_per_row": round(writer / count * 1e6, 2),
             "loop_lateness_p99_ms": round(rank_at(lateness, 0.99) * 1e3, 3)}
 

@@ -1,5 +1,7 @@
 """Routers from several git revisions side by side, one command:
 `python bench/router_ab.py --rev 215f2f1 --rev hardening-green --rev HEAD [--rounds 5] [--seconds 5]`.
+A revision may carry router flags after it, as one argument: `--rev HEAD --rev "HEAD --audit-batch-rows 2000"`
+measures one tree's router with and without them side by side.
 
 Each revision is checked out with `git worktree add` into a temporary directory (removed at the end,
 also after Ctrl-C or a failure) and runs its own registry and router (`--auth off --no-audit`, the
@@ -11,7 +13,8 @@ agent and one bare proxy come from the current tree and serve every target.
 A comparison across revisions measured one after the other mostly measures the neighbours; here
 wrk rounds alternate over all targets (the order reversed every other round), so a burst of load
 hits them alike. Per target: the best and the median calls/s, the CPU time per call in the serving
-process (steadier than calls/s on a shared machine) and the ratio to the proxy. Results: a table
+process and its descendants (steadier than calls/s on a shared machine), of which the descendants' (the
+audit writer's), and the ratio to the proxy. Results: a table
 on stdout and JSON in bench/results/router_ab.json.
 """
 
@@ -110,7 +113,7 @@ async def wait_routable(url: str, body: bytes, timeout: float = 30) -> None:
 
 
 async def start_revision(tree: Path, data_dir: Path, echo_url: str, processes: list[subprocess.Popen],
-                         beats: list[asyncio.Task[None]], audit: bool) -> Target:
+                         beats: list[asyncio.Task[None]], audit: bool, flags: list[str]) -> Target:
     """The revision's registry and router, the echo agent registered and kept alive; its target."""
     cli = command_module(tree)
     registry, router = free_port(), free_port()
@@ -119,7 +122,7 @@ async def start_revision(tree: Path, data_dir: Path, echo_url: str, processes: l
                               "--log-level", "warning", "--auth", "off"))
     router_process = spawn_in(tree, "-m", cli, "router", "--port", str(router), "--registry", registry_url,
                               "--log-level", "warning", "--auth", "off", "--data-dir", str(data_dir),
-                              *(() if audit else ("--no-audit",)))
+                              *(() if audit else ("--no-audit",)), *flags)
     processes.append(router_process)
     await wait_http(f"{registry_url}/healthz")
     await wait_http(f"{router_url}/healthz")
@@ -148,7 +151,7 @@ async def bench(trees: dict[str, Path], rounds: int, seconds: int, audit: bool) 
             for rev, tree in trees.items():
                 data_dir = Path(scratch) / tree.name
                 data_dir.mkdir(mode=0o700)
-                targets[rev] = await start_revision(tree, data_dir, echo_url, processes, beats, audit)
+                targets[rev] = await start_revision(tree, data_dir, echo_url, processes, beats, audit, rev.split()[1:])
             await wait_routable(targets["proxy"].url, targets["proxy"].body)
             return await alternating_rounds({name: functools.partial(wrk_max, target.url, target.body, pid=target.pid)
                                              for name, target in targets.items()}, rounds, seconds)
@@ -164,8 +167,11 @@ def summarize(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, fl
     for name, results in rounds.items():
         rps = [r["rps"] for r in results]
         cpu = [r["cpu_us_per_call"] for r in results]
+        descendants = [r["descendants_cpu_us_per_call"] for r in results]
         summary[name] = {"best_rps": max(rps), "median_rps": statistics.median(rps), "best_cpu_us": min(cpu),
-                         "median_cpu_us": statistics.median(cpu), "non_2xx": sum(r["non_2xx"] for r in results)}
+                         "median_cpu_us": statistics.median(cpu),
+                         "median_descendants_cpu_us": statistics.median(descendants),
+                         "non_2xx": sum(r["non_2xx"] for r in results)}
     proxy = summary["proxy"]
     for row in summary.values():
         row["best_vs_proxy"] = row["best_rps"] / proxy["best_rps"]
@@ -179,17 +185,20 @@ def print_table(info: dict[str, Any], commits: dict[str, str], summary: dict[str
           f"load {info['load_before']} before, {info['load_after']} after")
     print()
     print("| target | commit | best calls/s | median calls/s | CPU us/call best | CPU us/call median | "
-          "/ proxy best | / proxy median | by CPU (median) | non-2xx |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "of which descendants (median) | / proxy best | / proxy median | by CPU (median) | non-2xx |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, row in summary.items():
         print(f"| {name} | {commits.get(name, '-')} | {row['best_rps']:.0f} | {row['median_rps']:.0f} | "
-              f"{row['best_cpu_us']:.0f} | {row['median_cpu_us']:.0f} | {row['best_vs_proxy']:.2f}x | "
+              f"{row['best_cpu_us']:.0f} | {row['median_cpu_us']:.0f} | {row['median_descendants_cpu_us']:.1f} | "
+              f"{row['best_vs_proxy']:.2f}x | "
               f"{row['median_vs_proxy']:.2f}x | {row['proxy_cpu_vs_cpu']:.2f}x | {row['non_2xx']:.0f} |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rev", action="append", required=True, help="a git revision to measure (repeat)")
+    parser.add_argument("--rev", action="append", required=True,
+                        help="a git revision to measure, optionally followed by router flags in the same argument "
+                             "(repeat)")
     parser.add_argument("--rounds", type=int, default=5, help="alternating wrk rounds per target")
     parser.add_argument("--seconds", type=int, default=5, help="wrk duration per target and round")
     parser.add_argument("--audit", action="store_true",
@@ -201,7 +210,7 @@ def main() -> None:
     require("wrk")
     # A SIGTERM unwinds like Ctrl-C, so the processes stop and the worktrees go.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    commits = {rev: git("rev-parse", "--short", f"{rev}^{{commit}}") for rev in args.rev}
+    commits = {rev: git("rev-parse", "--short", f"{rev.split()[0]}^{{commit}}") for rev in args.rev}
     info = machine(load_before=load_average())
     with worktrees(commits) as trees:
         rounds = asyncio.run(bench(trees, args.rounds, args.seconds, args.audit))
