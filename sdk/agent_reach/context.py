@@ -19,7 +19,7 @@ import msgspec
 
 from agent_reach.atp import new_request_id
 from agent_reach.headers import CONTEXT_HEADER, TIMEOUT_HEADER, TRACEPARENT_HEADER
-from agent_reach.usage import Usage
+from agent_reach.usage import MAX_TOKENS, Usage, is_token_count
 
 _current: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar("agentreach_call", default=None)
 
@@ -81,8 +81,11 @@ class CallContext:
         """Count tokens this handler consumed (once per model call, or once with the sums): the answer's
         ``usage`` carries them to the router, which prices them; heartbeats and the call's token budget
         see them too."""
-        if input_tokens < 0 or output_tokens < 0:
-            raise ValueError("token counts cannot be negative")
+        # The router drops a usage whose counts are not all token counts, and NaN in the heartbeat's counter
+        # would have every later heartbeat refused: a count that is none fails here, in the handler.
+        if not (is_token_count(input_tokens) and is_token_count(output_tokens)):
+            raise ValueError(f"token counts are non-negative integers up to {MAX_TOKENS}: got {input_tokens!r}, "
+                             f"{output_tokens!r}")
         so_far = self.usage or Usage()
         self.usage = Usage(input_tokens=so_far.input_tokens + input_tokens,
                            output_tokens=so_far.output_tokens + output_tokens)

@@ -33,13 +33,17 @@ class Usage(msgspec.Struct, kw_only=True, frozen=True):
     cost: float | None = None
 
 
+def is_token_count(value: Any) -> bool:
+    """A non-negative int (not a bool, a float, NaN) that sums exactly: what a usage's counts must be."""
+    return type(value) is int and 0 <= value <= MAX_TOKENS
+
+
 def _count(raw: dict[Any, Any], names: tuple[str, ...]) -> int | None:
     """The first of ``names`` present in ``raw``: 0 when none is, -1 when the one present is no token count."""
     for name in names:
         if name in raw:
             value = raw[name]
-            valid = type(value) is int and 0 <= value <= MAX_TOKENS
-            return value if valid else -1
+            return value if is_token_count(value) else -1
     return None
 
 
