@@ -361,8 +361,10 @@ class Budgets:
     def _session(self, client_id: str, context: dict[str, Any]) -> tuple[str, str] | Refusal | None:
         """The session this call counts toward (None: it names no session and cap), or why it is refused."""
         session_id, cap = context.get("session_id"), context.get("token_budget")
-        if not isinstance(session_id, str) or type(cap) is not int or cap < 0:
+        if not isinstance(session_id, str) or type(cap) is not int:
             return None
+        # Below 0: a nested call whose caller spent more than it had (the SDK sends what is left); nothing is left.
+        cap = max(cap, 0)
         key = (client_id, session_id)
         session = self._sessions.get(key)
         if session is None:
