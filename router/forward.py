@@ -124,7 +124,7 @@ def _malformed(what: str) -> AgentAnswer:
 def _classify_atp(status: int, body: bytes) -> AgentAnswer:
     try:
         reply = _reply_decoder.decode(body)
-    except msgspec.MsgspecError as exc:
+    except (msgspec.MsgspecError, RecursionError) as exc:  # an answer nested past any need is malformed too
         return _malformed(f"not a frame ({exc})") if 200 <= status < 300 else _failed_status(status)
     if reply.error_code is None and reply.status is None:
         return _malformed("a frame needs status or error_code")
@@ -179,7 +179,7 @@ def _classify_rest(status: int, body: bytes) -> AgentAnswer:
                 body.decode()
             return AgentAnswer(result=_raw_decoder.decode(body) if body else None, usage=_rest_usage(body))
         result = _business_decoder.decode(body)
-    except (msgspec.MsgspecError, UnicodeDecodeError) as exc:
+    except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError) as exc:
         return _malformed(f"the body is not JSON ({exc})")
     raw = result.get("business_error") if isinstance(result, dict) else None
     if raw is None:
@@ -290,7 +290,7 @@ async def _relay_stream(response: aiohttp.ClientResponse, protocol: Protocol, re
                 continue  # an event of another kind (a keep-alive, say): nothing for the caller
             try:
                 batch.append(_chunk_data(protocol, event.data))
-            except (msgspec.MsgspecError, UnicodeDecodeError) as exc:
+            except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError) as exc:
                 ended = _malformed(f"a chunk is not JSON ({exc})")
                 break
         if batch:
