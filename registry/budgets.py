@@ -67,8 +67,10 @@ class Budgets:
         for key, value in store.snapshot().items():
             self._apply(Change(key, value))
         self.close = store.watch(self._apply)
-        # One ask at a time in this process; across nodes sharing etcd, put_if_unchanged decides.
-        self._lock = asyncio.Lock()
+        # One ask at a time per account in this process (asks for other clients share the log's group commits,
+        # as every lease of every client runs out together when a period begins); across nodes sharing etcd,
+        # put_if_unchanged decides.
+        self._locks: dict[str, asyncio.Lock] = {}
 
     def _apply(self, change: Change) -> None:
         client_id = client_of(change.key)
@@ -125,7 +127,7 @@ class Budgets:
         """Record a router's spend and grant it a chunk of what is left (nothing once the budget is committed)."""
         limits = self._limits(client_id)
         key = account_key(client_id)
-        async with self._lock:
+        async with self._locks.setdefault(client_id, asyncio.Lock()):
             while True:
                 since = self._store.revision
                 stored = self._accounts.get(client_id)
