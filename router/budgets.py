@@ -76,6 +76,11 @@ async def lease_over_http(session: aiohttp.ClientSession, registry_url: str, adm
         return _grant_decoder.decode(body)
 
 
+# A session as the cap table keeps it: its client and its id's hash, not the id (up to ~4 KB, and 100,000 of them
+# are kept; two of a client's sessions whose ids share a 64-bit hash, salted per process, would share a count).
+SessionKey = tuple[str, int]
+
+
 class Ticket(msgspec.Struct, frozen=True, gc=False):
     """What an admitted call holds until it ends: its reservation in its client's lease, its session."""
 
@@ -83,7 +88,7 @@ class Ticket(msgspec.Struct, frozen=True, gc=False):
     period_start: float = 0.0
     tokens: int = 0
     cost: float = 0.0
-    session: tuple[str, str] | None = None
+    session: SessionKey | None = None
 
 
 NO_TICKET = Ticket()
@@ -199,7 +204,7 @@ class Budgets:
         # Set by the server: how this router asks the registry for a lease (None: it cannot, budgets fail closed).
         self.lease_budget: LeaseBudget | None = None
         self._leases: dict[str, _Lease] = {}
-        self._sessions: OrderedDict[tuple[str, str], _Session] = OrderedDict()
+        self._sessions: OrderedDict[SessionKey, _Session] = OrderedDict()
         self._unreachable = Throttle()
         self.report_every = report_every
         # For /metrics: refusals by their decision; lease asks by outcome, their latency in ASK_BOUNDS_MS buckets.
@@ -358,14 +363,14 @@ class Budgets:
                        message=f"Client {client_id} has used this router's lease of its budget and the registry "
                                "cannot be asked for more now; retry shortly")
 
-    def _session(self, client_id: str, context: dict[str, Any]) -> tuple[str, str] | Refusal | None:
+    def _session(self, client_id: str, context: dict[str, Any]) -> SessionKey | Refusal | None:
         """The session this call counts toward (None: it names no session and cap), or why it is refused."""
         session_id, cap = context.get("session_id"), context.get("token_budget")
         if not isinstance(session_id, str) or type(cap) is not int:
             return None
         # Below 0: a nested call whose caller spent more than it had (the SDK sends what is left); nothing is left.
         cap = max(cap, 0)
-        key = (client_id, session_id)
+        key = (client_id, hash(session_id))
         session = self._sessions.get(key)
         if session is None:
             session = self._sessions[key] = _Session(cap)
