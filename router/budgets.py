@@ -138,13 +138,16 @@ class _Lease:
 
     def shortfall(self) -> tuple[int, float]:
         """What the lease lacks to cover one more call's estimate, per limited dimension (0: it covers it).
-        Even a client whose calls have used nothing yet needs some of the lease left."""
+        Even a client whose calls have used nothing yet needs some of the lease left. A lease granted under a
+        larger budget is spent only as far as the budget now leaves beside the other routers' part."""
         tokens, cost = 0, 0.0
         if self.limits.tokens is not None:
-            left = self.granted_tokens - self.spent_tokens - self.reserved_tokens
+            usable = min(self.granted_tokens, self.limits.tokens - self.others_tokens)
+            left = usable - self.spent_tokens - self.reserved_tokens
             tokens = max(0, max(self.estimate.tokens, 1) - left)
         if self.limits.cost is not None:
-            left_cost = self.granted_cost - self.spent_cost - self.reserved_cost
+            usable_cost = min(self.granted_cost, self.limits.cost - self.others_cost)
+            left_cost = usable_cost - self.spent_cost - self.reserved_cost
             cost = max(0.0, cost_amount(max(self.estimate.cost, 1e-9) - left_cost))
         return tokens, cost
 
