@@ -51,6 +51,9 @@ UNREACHABLE_RETRY_SECONDS = 5
 REPORT_SECONDS = 10.0
 # Asks for one call that grant nothing though the account is not dry: past this, the call is refused.
 MAX_FRUITLESS_ASKS = 3
+# Spend reports (and releases) on their way to the registry at once: one per client with spend would open as
+# many connections together, every REPORT_SECONDS.
+REPORT_CONCURRENCY = 8
 # A call reserves the largest usage among its client's last this many calls that reported usage at this router.
 ESTIMATE_WINDOW = 20
 # Sessions whose usage is remembered; past this the least recently seen is forgotten (its count starts over).
@@ -311,7 +314,13 @@ class Budgets:
         due = [(client_id, lease) for client_id, lease in self._leases.items()
                if lease.period_start and now < lease.reset_at
                and (release or lease.reported != (lease.spent_tokens, lease.spent_cost))]
-        await asyncio.gather(*(self._renewed(client_id, lease, 0, 0.0, release) for client_id, lease in due))
+        few = asyncio.Semaphore(REPORT_CONCURRENCY)
+
+        async def reported(client_id: str, lease: _Lease) -> None:
+            async with few:
+                await self._renewed(client_id, lease, 0, 0.0, release)
+
+        await asyncio.gather(*(reported(client_id, lease) for client_id, lease in due))
 
     def _lease(self, client_id: str, limits: Limits, now: float) -> _Lease:
         """The client's lease for now: a new one once its period ended; a changed budget may be asked again."""
