@@ -333,7 +333,10 @@ class Budgets:
 
     async def _renewed(self, client_id: str, lease: _Lease, tokens: int, cost: float, release: bool = False) -> bool:
         """Ask the registry for more (callers needing it at once share one ask; an ask already on its way
-        reports the spend too); False when it cannot be asked."""
+        reports the spend too); False when it cannot be asked. A release is an ask of its own: it waits for
+        the one on its way, which gives nothing back."""
+        while release and lease.asking is not None:
+            await asyncio.shield(lease.asking)
         if lease.asking is None:
             lease.asking = asyncio.get_running_loop().create_task(self._ask(client_id, lease, tokens, cost, release))
         return await asyncio.shield(lease.asking)
