@@ -13,6 +13,7 @@ the account and the router (router/budgets.py) spends the lease.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
@@ -164,6 +165,25 @@ def committed(account: BudgetAccount) -> tuple[int, float]:
     return tokens, cost_amount(cost)
 
 
+def _given_back(share: RouterShare) -> RouterShare:
+    """The share once what it was granted beyond its spend went back to the account (committed := spent)."""
+    return msgspec.structs.replace(share, granted_tokens=share.spent_tokens, granted_cost=share.spent_cost)
+
+
+def holding(account: BudgetAccount) -> list[str]:
+    """The routers granted more of the account than they spent: what they hold unspent nobody else may get."""
+    return [router_id for router_id, share in account.routers.items()
+            if share.granted_tokens > share.spent_tokens or share.granted_cost > share.spent_cost]
+
+
+def given_back(account: BudgetAccount, router_ids: Collection[str]) -> BudgetAccount:
+    """The account once ``router_ids`` (gone) gave back what they held unspent; the same account when they held
+    nothing, so giving back twice changes nothing."""
+    routers = {router_id: _given_back(share) if router_id in router_ids else share
+               for router_id, share in account.routers.items()}
+    return account if routers == account.routers else msgspec.structs.replace(account, routers=routers)
+
+
 def _given(budget: float | None, used: float, want: float, chunk: float) -> float:
     """What one ask gets of a limited dimension: a chunk (or what it wants, if more), never past the budget;
     nothing when it wants none."""
@@ -180,7 +200,7 @@ def lease(account: BudgetAccount, limits: Limits, request: LeaseRequest) -> tupl
         share = msgspec.structs.replace(share, spent_tokens=max(share.spent_tokens, request.spent_tokens),
                                         spent_cost=max(share.spent_cost, request.spent_cost))
     if request.release:
-        share = msgspec.structs.replace(share, granted_tokens=share.spent_tokens, granted_cost=share.spent_cost)
+        share = _given_back(share)
     routers = {**account.routers, request.router_id: share}
     used_tokens, used_cost = committed(msgspec.structs.replace(account, routers=routers))
     # Committing the grant adds to the router's committed part only what its grant passes its spend by.

@@ -11,9 +11,13 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Collection, Iterator
+from functools import partial
+from typing import TypeVar
 
 import msgspec
+from agent_reach.exhaustion import Throttle
 
 from auth.records import BudgetPeriod
 from mesh.budgets import (
@@ -28,6 +32,8 @@ from mesh.budgets import (
     client_of,
     committed,
     current,
+    given_back,
+    holding,
     lease,
     limits_of,
     view,
@@ -42,6 +48,13 @@ log = logging.getLogger("agentreach.registry.budgets")
 _account_decoder = msgspec.msgpack.Decoder(BudgetAccount)
 # GET /budgets: the most accounts one answer holds (and the page size when none is asked for).
 MAX_ACCOUNTS_LISTED = 1000
+# The router-liveness TTL: a router not live (no watch stream open at any registry node) this long gives back what it
+# was granted this period and did not spend. A router id is new with every process, so a killed router never comes
+# back for its lease; a live one moving to another registry node is away for seconds, well under this.
+ROUTER_GONE_SECONDS = 30.0
+# How often the leader looks for routers gone, as a share of the TTL.
+RECLAIM_CHECKS_PER_TTL = 6
+Result = TypeVar("Result")
 
 
 class BudgetPage(msgspec.Struct, kw_only=True):
@@ -58,6 +71,10 @@ def check_budget(tokens: int | None, cost: float | None, period: BudgetPeriod | 
         raise ApiError(400, "invalid_field", problem[1], problem[0])
 
 
+def _given_back_by(routers: Collection[str], account: BudgetAccount) -> tuple[BudgetAccount, None]:
+    return given_back(account, routers), None
+
+
 class Budgets:
     def __init__(self, store: Store, state: RegistryState, wall_clock: Callable[[], float]):
         self._store = store
@@ -71,6 +88,10 @@ class Budgets:
         # as every lease of every client runs out together when a period begins); across nodes sharing etcd,
         # put_if_unchanged decides.
         self._locks: dict[str, asyncio.Lock] = {}
+        self.router_gone_seconds = ROUTER_GONE_SECONDS
+        # Routers holding an unspent grant this period and not live: since when (monotonic), while this node leads.
+        self._absent_since: dict[str, float] = {}
+        self._reclaim_failures = Throttle()
 
     def _apply(self, change: Change) -> None:
         client_id = client_of(change.key)
@@ -123,22 +144,61 @@ class Budgets:
         limits = self._limits(client_id)
         return view(current(self._accounts.get(client_id), client_id, limits, self._wall_clock()), limits)
 
-    async def lease(self, client_id: str, request: LeaseRequest) -> LeaseGrant:
-        """Record a router's spend and grant it a chunk of what is left (nothing once the budget is committed)."""
-        limits = self._limits(client_id)
+    async def _change(self, client_id: str, limits: Limits,
+                      change: Callable[[BudgetAccount], tuple[BudgetAccount, Result]]) -> tuple[bool, Result]:
+        """Apply ``change`` to the client's current account and store it (whether it changed, and what ``change``
+        said); nothing is written when it changes nothing."""
         key = account_key(client_id)
         async with self._locks.setdefault(client_id, asyncio.Lock()):
             while True:
                 since = self._store.revision
                 stored = self._accounts.get(client_id)
-                account, grant = lease(current(stored, client_id, limits, self._wall_clock()), limits, request)
+                account, result = change(current(stored, client_id, limits, self._wall_clock()))
                 if account == stored:
-                    return grant
+                    return False, result
                 # Another registry node may have changed this account since memory was read: read again then.
                 if await self._store.put_if_unchanged(key, encode_value(account), since,
                                                       [f"{BUDGET_PREFIX}{client_id}/"]) is not None:
-                    break
+                    return True, result
+
+    async def lease(self, client_id: str, request: LeaseRequest) -> LeaseGrant:
+        """Record a router's spend and grant it a chunk of what is left (nothing once the budget is committed)."""
+        limits = self._limits(client_id)
+        changed, grant = await self._change(client_id, limits, lambda account: lease(account, limits, request))
+        if not changed:
+            return grant
         log.info("budget lease", extra={"client_id": client_id, "router_id": request.router_id,
                                         "granted_tokens": grant.share.granted_tokens,
                                         "left_tokens": grant.left_tokens, "left_cost": grant.left_cost})
         return grant
+
+    async def reclaim_forever(self, live: Callable[[], Collection[str]], leads: Callable[[], bool]) -> None:
+        """While this node leads (the sole node always does): give back the unspent grants of routers gone longer
+        than the router-liveness TTL, so a killed router strands nothing past it."""
+        while True:
+            await asyncio.sleep(self.router_gone_seconds / RECLAIM_CHECKS_PER_TTL)
+            if not leads():
+                self._absent_since.clear()  # a node that takes the lead later counts absences from then
+                continue
+            try:
+                await self.reclaim(live())
+            except Exception as exc:  # the store refusing writes: the next look tries again
+                self._reclaim_failures.log(log, logging.ERROR, "unspent budget of gone routers not given back yet",
+                                           error=repr(exc))
+
+    async def reclaim(self, live: Collection[str]) -> None:
+        """One look: the routers holding an unspent grant this period that are not live are noted, and those gone
+        for the TTL give it back, one stored write per account they hold part of."""
+        now, moment = time.monotonic(), self._wall_clock()
+        held = {client_id: (limits, routers) for client_id, limits in self._budgeted()
+                if (stored := self._accounts.get(client_id)) is not None
+                and current(stored, client_id, limits, moment) is stored and (routers := holding(stored))}
+        absent = {router_id for _, routers in held.values() for router_id in routers} - set(live)
+        self._absent_since = {router_id: self._absent_since.get(router_id, now) for router_id in absent}
+        gone = {router_id for router_id, since in self._absent_since.items()
+                if now - since >= self.router_gone_seconds}
+        for client_id, (limits, routers) in held.items():
+            returning = gone.intersection(routers)
+            if returning and (await self._change(client_id, limits, partial(_given_back_by, returning)))[0]:
+                log.info("budget held by gone routers given back", extra={"client_id": client_id,
+                                                                          "routers": sorted(returning)})

@@ -127,7 +127,9 @@ class RegistryServer:
         self.hub = WatchHub(self.registry, node_id=new_node_id())
         self.membership = self._membership(self.registry, self.hub)
         checker = HealthChecker(self.registry, self._session, self.membership)
-        self._tasks = [asyncio.create_task(checker.run()), asyncio.create_task(self.hub.run())]
+        self._tasks = [asyncio.create_task(checker.run()), asyncio.create_task(self.hub.run()),
+                       asyncio.create_task(self.registry.budgets.reclaim_forever(self.hub.routers,
+                                                                                 self.membership.leads))]
         app = create_app(self.registry, checker, self.hub, max_body=self.settings.max_body, auth=self.settings.auth,
                          data_dir=self.settings.data_dir, membership=self.membership)
         self._runner, self.port = await listen(app, self.settings.host, self.settings.port)
