@@ -49,6 +49,9 @@ LeaseBudget = Callable[[str, LeaseRequest], Awaitable[LeaseGrant]]
 UNREACHABLE_RETRY_SECONDS = 5
 # How often at most the router tells the registry what it spent while no lease runs low (GET /budgets is current).
 REPORT_SECONDS = 10.0
+# A lease whose account had nothing left is asked again after this long: another router may have given some back (it
+# stopped, or was gone past the registry's router-liveness TTL). A truly empty account costs one ask per interval.
+DRY_RECHECK_SECONDS = 30.0
 # Asks for one call that grant nothing though the account is not dry: past this, the call is refused.
 MAX_FRUITLESS_ASKS = 3
 # Spend reports (and releases) on their way to the registry at once: one per client with spend would open as
@@ -117,7 +120,7 @@ class _Estimate:
 class _Lease:
     """One client's lease at this router, for one period: cumulative granted and spent, reserved in flight."""
 
-    __slots__ = ("asking", "dry", "estimate", "granted_cost", "granted_tokens", "limits", "others_cost",
+    __slots__ = ("asking", "dry", "dry_until", "estimate", "granted_cost", "granted_tokens", "limits", "others_cost",
                  "others_tokens", "period_start", "reported", "reserved_cost", "reserved_tokens",
                  "reset_at", "retry_at", "spent_cost", "spent_tokens")
 
@@ -134,8 +137,10 @@ class _Lease:
         self.reserved_tokens, self.reserved_cost = 0, 0.0
         # What a call reserves; kept from one period to the next (the client's calls are the same size).
         self.estimate = estimate
-        # The account had nothing left at the last ask: nothing more until the period resets or the budget changes.
+        # The account had nothing left at the last ask: not asked again before dry_until (wall clock), unless the
+        # period resets or the budget changes.
         self.dry = False
+        self.dry_until = 0.0
         self.retry_at = 0.0
         self.asking: asyncio.Task[bool] | None = None
 
@@ -213,6 +218,7 @@ class Budgets:
         self._sessions: OrderedDict[SessionKey, _Session] = OrderedDict()
         self._unreachable = Throttle()
         self.report_every = report_every
+        self.dry_recheck = DRY_RECHECK_SECONDS
         # For /metrics: refusals by their decision; lease asks by outcome, their latency in ASK_BOUNDS_MS buckets.
         self.refusals: Counter[str] = Counter()
         self.asks: Counter[str] = Counter()
@@ -248,7 +254,7 @@ class Budgets:
             tokens, cost = lease.shortfall()
             if not tokens and not cost:
                 break
-            if lease.dry:
+            if lease.dry and now <= lease.dry_until:
                 return self._exhausted(client_id, lease, now)
             granted = lease.granted_tokens, lease.granted_cost
             if now < lease.retry_at or not await self._renewed(client_id, lease, tokens, cost):
@@ -351,6 +357,7 @@ class Budgets:
             if self.lease_budget is None:
                 raise LeaseRefused("this router has no way to ask the registry for a lease")
             lease.take(await self.lease_budget(client_id, request))
+            lease.dry_until = self._wall_clock() + self.dry_recheck
             lease.reported = (request.spent_tokens, request.spent_cost)
             outcome = _ask_outcome(request, granted != (lease.granted_tokens, lease.granted_cost), lease.dry)
             return True
