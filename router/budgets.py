@@ -14,7 +14,8 @@ A registry that cannot be reached fails closed past the lease held: the router s
 granted and then refuses (Retry-After a few seconds) until the registry answers again.
 
 A session's cap is the largest ``context.token_budget`` its calls (``context.session_id``, per client)
-carried; once the session's calls through this router used that many tokens, its next call is refused.
+carried; a call is admitted while what the session's calls through this router used, plus the estimates its calls
+in flight reserved, leaves room for one more estimate (the client's, as above) within it.
 Kept per router, in bounded memory: a session whose calls go through several routers is capped at
 each of them separately.
 """
@@ -88,13 +89,14 @@ SessionKey = tuple[str, int]
 
 
 class Ticket(msgspec.Struct, frozen=True, gc=False):
-    """What an admitted call holds until it ends: its reservation in its client's lease, its session."""
+    """What an admitted call holds until it ends: its reservation in its client's lease, and in its session's cap."""
 
     client_id: str | None = None
     period_start: float = 0.0
     tokens: int = 0
     cost: float = 0.0
     session: SessionKey | None = None
+    session_tokens: int = 0
 
 
 NO_TICKET = Ticket()
@@ -180,10 +182,12 @@ class _Lease:
 
 
 class _Session:
-    __slots__ = ("cap", "used")
+    """A session's cap, what its ended calls used, and what its calls in flight reserved of it."""
+
+    __slots__ = ("cap", "reserved", "used")
 
     def __init__(self, cap: int):
-        self.cap, self.used = cap, 0
+        self.cap, self.used, self.reserved = cap, 0, 0
 
 
 def _ask_outcome(request: LeaseRequest, more: bool, dry: bool) -> str:
@@ -215,6 +219,8 @@ class Budgets:
         # Set by the server: how this router asks the registry for a lease (None: it cannot, budgets fail closed).
         self.lease_budget: LeaseBudget | None = None
         self._leases: dict[str, _Lease] = {}
+        # Per client ("" when calls name none): what its next call reserves, of its lease and of its session's cap.
+        self._estimates: dict[str, _Estimate] = {}
         self._sessions: OrderedDict[SessionKey, _Session] = OrderedDict()
         self._unreachable = Throttle()
         self.report_every = report_every
@@ -243,9 +249,17 @@ class Budgets:
         session = self._session(client_id or "", context)
         if isinstance(session, Refusal):
             return session
+        admitted = await self._client_admission(client_id, session)
+        if isinstance(admitted, Refusal):
+            self._unreserve(session)
+        return admitted
+
+    async def _client_admission(self, client_id: str | None, session: Ticket) -> Ticket | Refusal:
+        """``session`` (the call's reservation in its session's cap) with the call's reservation in its client's
+        lease, or why its client's budget refuses it."""
         limits = limits_of(self._clients(client_id)) if client_id is not None else None
         if limits is None:
-            return Ticket(session=session) if session is not None else NO_TICKET
+            return session
         assert client_id is not None
         now = self._wall_clock()
         lease = self._lease(client_id, limits, now)
@@ -269,8 +283,8 @@ class Budgets:
         estimate_cost = lease.estimate.cost if limits.cost is not None else 0.0
         lease.reserved_tokens += estimate_tokens
         lease.reserved_cost += estimate_cost
-        return Ticket(client_id=client_id, period_start=lease.period_start, tokens=estimate_tokens,
-                      cost=estimate_cost, session=session)
+        return msgspec.structs.replace(session, client_id=client_id, period_start=lease.period_start,
+                                       tokens=estimate_tokens, cost=estimate_cost)
 
     def used_fraction(self, client_id: str) -> float | None:
         """How much of the client's budget this period is used as this router knows it (the larger of tokens and
@@ -291,20 +305,28 @@ class Budgets:
         """A call ended: its reservation released, what it used spent (nothing known: nothing spent)."""
         tokens = usage.input_tokens + usage.output_tokens if usage is not None else 0
         cost = (usage.cost or 0.0) if usage is not None else 0.0
+        client = ticket.client_id if ticket.client_id is not None else ticket.session[0] if ticket.session else None
+        estimate = self._estimates.get(client) if client is not None else None
+        if estimate is not None and usage is not None:
+            estimate.add(tokens, cost)  # a call that reported nothing says nothing of how large the client's calls are
         lease = self._leases.get(ticket.client_id) if ticket.client_id is not None else None
-        if lease is not None:
-            if usage is not None:  # a call that reported nothing says nothing of how large the client's calls are
-                lease.estimate.add(tokens, cost)
-            if lease.period_start == ticket.period_start:
-                lease.reserved_tokens -= ticket.tokens
-                lease.reserved_cost -= ticket.cost
-                # Capped at what the registry counts (more than any budget): a spend it refused would never reach it.
-                lease.spent_tokens = min(MAX_TOKENS, lease.spent_tokens + tokens)
-                lease.spent_cost = min(MAX_COST, lease.spent_cost + cost)
-        if ticket.session is not None:
-            session = self._sessions.get(ticket.session)
-            if session is not None:
-                session.used += tokens
+        if lease is not None and lease.period_start == ticket.period_start:
+            lease.reserved_tokens -= ticket.tokens
+            lease.reserved_cost -= ticket.cost
+            # Capped at what the registry counts (more than any budget): a spend it refused would never reach it.
+            lease.spent_tokens = min(MAX_TOKENS, lease.spent_tokens + tokens)
+            lease.spent_cost = min(MAX_COST, lease.spent_cost + cost)
+        session = self._unreserve(ticket)
+        if session is not None:
+            session.used += tokens
+
+    def _unreserve(self, ticket: Ticket) -> _Session | None:
+        """The ticket's reservation in its session's cap released; the session (None: it names none, or it was
+        forgotten meanwhile)."""
+        session = self._sessions.get(ticket.session) if ticket.session is not None else None
+        if session is not None:
+            session.reserved = max(0, session.reserved - ticket.session_tokens)  # forgotten and seen anew meanwhile
+        return session
 
     async def report_forever(self) -> None:
         """Every ``report_every`` seconds, tell the registry what each client spent here since it last heard, so
@@ -332,7 +354,7 @@ class Budgets:
         """The client's lease for now: a new one once its period ended; a changed budget may be asked again."""
         lease = self._leases.get(client_id)
         if lease is None or now >= lease.reset_at or lease.limits.period != limits.period:
-            lease = self._leases[client_id] = _Lease(limits, lease.estimate if lease is not None else _Estimate())
+            lease = self._leases[client_id] = _Lease(limits, self._estimates.setdefault(client_id, _Estimate()))
         elif lease.limits != limits:
             lease.limits, lease.dry = limits, False
         return lease
@@ -385,11 +407,13 @@ class Budgets:
                        message=f"Client {client_id} has used this router's lease of its budget and the registry "
                                "cannot be asked for more now; retry shortly")
 
-    def _session(self, client_id: str, context: dict[str, Any]) -> SessionKey | Refusal | None:
-        """The session this call counts toward (None: it names no session and cap), or why it is refused."""
+    def _session(self, client_id: str, context: dict[str, Any]) -> Ticket | Refusal:
+        """The call's reservation in the cap of the session it counts toward (NO_TICKET: it names no session and
+        cap), or why it is refused. It reserves its client's estimate, as of its lease: calls of one session in
+        flight at once pass the cap only by what they use beyond it."""
         session_id, cap = context.get("session_id"), context.get("token_budget")
         if not isinstance(session_id, str) or type(cap) is not int:
-            return None
+            return NO_TICKET
         # Below 0: a nested call whose caller spent more than it had (the SDK sends what is left); nothing is left.
         cap = max(cap, 0)
         key = (client_id, hash(session_id))
@@ -402,8 +426,11 @@ class Budgets:
             self._sessions.move_to_end(key)
             # The session's own budget: nested calls carry what their caller has left, which must not lower it.
             session.cap = max(session.cap, cap)
-        if session.used >= session.cap:
+        estimate = self._estimates.setdefault(client_id, _Estimate()).tokens
+        if session.used + session.reserved + max(estimate, 1) > session.cap:
             return Refusal(code=ErrorCode.BUDGET_EXHAUSTED, decision="session_budget_exhausted",
                            message=f"Session {session_id!r} has used its token_budget ({session.used} of "
-                                   f"{session.cap} tokens through this router)")
-        return key
+                                   f"{session.cap} tokens through this router, {session.reserved} more reserved by "
+                                   "its calls in flight)")
+        session.reserved += estimate
+        return Ticket(session=key, session_tokens=estimate)

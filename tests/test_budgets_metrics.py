@@ -32,7 +32,7 @@ async def test_budget_refusals_lease_asks_and_unspent_leases_are_on_both_metrics
     tight = await budgeted([mesh], budget_tokens=30, budget_period="day")
     assert [(await spend(mesh, roomy)).status for _ in range(3)] == [200] * 3  # a 50-token chunk, 30 spent
     assert [(await spend(mesh, tight)).status for _ in range(4)] == [200, 200, 200, 429]
-    session = {"session_id": "s-1", "token_budget": 5}
+    session = {"session_id": "s-1", "token_budget": 15}  # room for one call of 10 tokens
     assert [(await spend(mesh, roomy, context=session)).status for _ in range(2)] == [200, 429]
 
     registry = await scraped(http, mesh.registry.url)
