@@ -29,9 +29,11 @@ from agent_reach.atp import (
     valid_capability,
     valid_request_id,
     valid_routing_hint,
+    valid_token_budget,
 )
 from agent_reach.headers import REQUEST_ID_HEADER, ROUTE_HEADERS, TRACEPARENT_HEADER, TRACESTATE_HEADER
 from agent_reach.sse import ERROR, RESPONSE, EventWriter, on_disconnect, wants_stream
+from agent_reach.usage import MAX_TOKENS
 from agent_reach.versions import check_constraint
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -168,6 +170,9 @@ def checked(frame: RequestFrame) -> RequestFrame | CallResult:
     if not valid_budget(frame.context):
         return invalid_frame(frame.request_id, f"context.budget must be one of {', '.join(BUDGET_LABELS)}",
                              "context.budget")
+    if not valid_token_budget(frame.context):
+        return invalid_frame(frame.request_id, f"context.token_budget must be a whole number of tokens (at most "
+                                               f"{MAX_TOKENS} either side of 0)", "context.token_budget")
     if frame.context and len(context := _encoder.encode(frame.context)) > MAX_CONTEXT_BYTES:
         return invalid_frame(frame.request_id, f"context is {len(context)} bytes as JSON; the mesh carries at most "
                                                f"{MAX_CONTEXT_BYTES} (it travels in a header to rest agents): send "

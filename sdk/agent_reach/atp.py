@@ -14,7 +14,7 @@ from typing import Any, Literal
 import msgspec
 
 from agent_reach.registration import RoutingPolicy
-from agent_reach.usage import Usage
+from agent_reach.usage import MAX_TOKENS, Usage
 
 # A request id and a capability name travel in HTTP headers (X-Request-Id, X-Reach-Capability), so
 # both are bounded and plain: visible ASCII, nothing a header could be split on. Checked by the
@@ -50,6 +50,13 @@ def valid_budget(context: dict[str, Any]) -> bool:
     not read as "standard", so a caller who misspelt "economy" is told rather than routed at any price."""
     budget = context.get("budget")
     return budget is None or budget in BUDGET_LABELS
+
+
+def valid_token_budget(context: dict[str, Any]) -> bool:
+    """``context.token_budget`` absent, null or a whole number of tokens (below 0: a nested call whose caller spent
+    more than it had): a cap of another shape is refused, not ignored, which would leave the session uncapped."""
+    budget = context.get("token_budget")
+    return budget is None or (type(budget) is int and -MAX_TOKENS <= budget <= MAX_TOKENS)
 
 
 def valid_capability(name: str) -> bool:
