@@ -5,6 +5,9 @@ the edge instead, naming the field, as a routing_hint of the wrong shape is. A r
 from __future__ import annotations
 
 import pytest
+from agent_reach.atp import valid_token_budget
+from agent_reach.context import CallContext, outgoing_context, serving
+from agent_reach.usage import MAX_TOKENS
 
 from router_support import Mesh
 
@@ -27,3 +30,13 @@ async def test_an_integer_or_null_token_budget_is_taken(mesh: Mesh, start_agent,
     await mesh.add(agent)
     answer = await mesh.call(payload=1, context={"session_id": "s-1", "token_budget": cap})
     assert answer.status == (429 if cap is not None and cap <= 0 else 200), answer.body
+
+
+def test_the_sdk_never_sends_a_token_budget_the_router_refuses():
+    """What a nested call carries is what its caller has left: the caller's spend, or a callee's, past its budget by
+    more than a token count can be (two counts of 2^53-1) still goes out as a budget the router takes (429, not 400)."""
+    call = CallContext("r-1", "planner", {"session_id": "s-1", "token_budget": 1000})
+    call.report_usage(MAX_TOKENS, MAX_TOKENS)
+    with serving(call):
+        context = outgoing_context()
+    assert valid_token_budget(context) and context["token_budget"] == -MAX_TOKENS, context["token_budget"]

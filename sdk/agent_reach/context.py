@@ -69,9 +69,10 @@ class CallContext:
 
     @property
     def token_budget(self) -> int | None:
-        """The budget left for this call: what the caller granted minus what was spent so far."""
+        """The budget left for this call: what the caller granted minus what was spent so far (no further below 0
+        than a token count goes, so a nested call carries a budget the router takes)."""
         budget = self.context.get("token_budget")
-        return None if budget is None else budget - self.tokens_spent
+        return None if budget is None else max(budget - self.tokens_spent, -MAX_TOKENS)
 
     def remaining(self) -> float | None:
         """Seconds until the caller stops waiting, or None without a deadline."""
