@@ -222,11 +222,12 @@ class ConsoleApi:
         return relay(await self.router.get("/rules/stats", {"capability": capability} if capability else None))
 
     async def put_policy(self, request: web.Request) -> web.Response:
-        """The editor's ``If-Match`` passed on and the registry's ``ETag`` passed back: the editor saves only over
-        the policy it opened (or last saved), and a policy changed meanwhile is refused 409 ``policy_changed``."""
-        match = request.headers.get("If-Match")
+        """The editor's ``If-Match`` (or ``If-None-Match: *`` creating one) passed on and the registry's ``ETag``
+        passed back: the editor saves only over the policy it opened (or last saved), and a policy changed (or
+        created) meanwhile is refused 409 ``policy_changed`` (``policy_exists``)."""
+        conditions = {name: request.headers[name] for name in ("If-Match", "If-None-Match") if name in request.headers}
         reply = await self.registry.request("PUT", f"/policies/{segment(request.match_info['capability'])}",
-                                            await request.read(), conditions={"If-Match": match} if match else None)
+                                            await request.read(), conditions=conditions or None)
         response = relay(reply)
         etag = CIMultiDict(reply.headers).get("ETag")
         if etag is not None:

@@ -21,7 +21,7 @@ from mesh.alerts import AlertConfig
 from mesh.budgets import LeaseRequest
 from mesh.examples import Confirmation, ExampleSettings, NewExample, Rejection
 from mesh.policy import Policy
-from mesh.policy_writes import PolicyChanged, policy_etag
+from mesh.policy_writes import ANY_POLICY, PolicyChanged, policy_etag
 from mesh.quality import QualityPost
 from mesh.watch import ROUTER_ID_MAX, encode_event, valid_router_id
 from registry.access import Access, admin_key_path
@@ -184,15 +184,26 @@ def etag(policy: Policy) -> dict[str, str]:
 
 
 def if_match(request: web.Request) -> str | None:
-    """The one ETag a conditional write was based on; None: the write is unconditional."""
+    """The one ETag a conditional write was based on (ANY_POLICY for ``*``); None: the write is unconditional."""
     raw = request.headers.get("If-Match")
     if raw is None:
         return None
+    if raw.strip() == "*":
+        return ANY_POLICY
     matched = _ETAG.fullmatch(raw.strip())
     if matched is None:
         raise ApiError(400, "invalid_field", "If-Match must be one ETag as GET /policies/{capability} answers it, "
                        f'quotes included ("..."), got {raw!r}', "If-Match")
     return matched.group(1)
+
+
+def if_none_match(request: web.Request) -> bool:
+    """``If-None-Match: *``: the write creates the policy, never writes over one (the only form a write takes)."""
+    raw = request.headers.get("If-None-Match")
+    if raw is not None and raw.strip() != "*":
+        raise ApiError(400, "invalid_field", f"If-None-Match on a write must be * (create only), got {raw!r}",
+                       "If-None-Match")
+    return raw is not None
 
 
 async def get_policy(request: web.Request) -> web.Response:
@@ -201,13 +212,16 @@ async def get_policy(request: web.Request) -> web.Response:
 
 
 async def put_policy(request: web.Request) -> web.Response:
-    """With ``If-Match``: written only over the policy it names, else 409 with the policy stored now."""
+    """With ``If-Match``: written only over the policy it names (``*``: any), with ``If-None-Match: *`` only where
+    none is stored; else 409 with the policy stored now."""
     capability = path_capability(request)
-    based_on = if_match(request)
+    based_on, absent = if_match(request), if_none_match(request)
     try:
-        stored = await request.app[REGISTRY_KEY].put_policy(capability, await read_json(request, Policy), based_on)
+        stored = await request.app[REGISTRY_KEY].put_policy(capability, await read_json(request, Policy), based_on,
+                                                            absent)
     except PolicyChanged as exc:
-        raise ApiError(409, "policy_changed", str(exc), "If-Match", policy=exc.current) from None
+        raise ApiError(409, "policy_exists" if exc.exists else "policy_changed", str(exc),
+                       "If-None-Match" if exc.exists else "If-Match", policy=exc.current) from None
     return json_response(stored, headers=etag(stored))
 
 

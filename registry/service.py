@@ -17,7 +17,7 @@ from agent_reach.registration import HeartbeatRequest, RegisterRequest
 from auth.records import TokenRecord, TokenView
 from mesh.alerts import AlertConfig
 from mesh.policy import Policy, PolicyError, validate_policy
-from mesh.policy_writes import PolicyChanged, policy_digest
+from mesh.policy_writes import check_write
 from mesh.records import (
     ALERTS_KEY,
     INSTANCE_PREFIX,
@@ -279,9 +279,11 @@ class Registry:
         found.sort(key=lambda instance: (QUERY_ORDER[instance.state], instance.load))
         return QueryResult(capability=name, service=self.state.owner(name) or "", instances=found)
 
-    async def put_policy(self, capability: str, policy: Policy, based_on: str | None = None) -> Policy:
-        """``based_on``: the digest of the policy this one was made from (mesh/policy_writes.py); raises
-        :class:`PolicyChanged`, writing nothing, when the stored policy is another by now."""
+    async def put_policy(self, capability: str, policy: Policy, based_on: str | None = None,
+                         absent: bool = False) -> Policy:
+        """``based_on``: the digest of the policy this one was made from, or ANY_POLICY; ``absent``: written only
+        where none is stored (mesh/policy_writes.py); raises :class:`PolicyChanged`, writing nothing, when the
+        stored policy is another by now."""
         try:
             validate_policy(policy, capability)
         except PolicyError as exc:
@@ -289,14 +291,13 @@ class Registry:
         stored = msgspec.structs.replace(policy, capability=capability)
         key = policy_key(capability)
         async with self._policy_writes:
-            if based_on is not None:  # the writer may have seen a write this node's memory has not applied yet
+            if based_on is not None or absent:  # the writer may know a write memory has not applied yet
                 await self.store.caught_up(key)
             # Another registry node on the same etcd may write it after memory was checked: check again then.
             while True:
                 since = self.store.revision
                 current = self.state.policies.get(capability)
-                if based_on is not None and (current is None or policy_digest(current) != based_on):
-                    raise PolicyChanged(capability, current)
+                check_write(capability, current, based_on, absent)
                 if await self.store.put_if_unchanged(key, encode_value(stored), since, [key]) is not None:
                     break
         log.info("policy saved", extra={"capability": capability, "policy": stored.policy})

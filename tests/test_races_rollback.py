@@ -169,7 +169,7 @@ async def test_a_write_if_match_an_older_policy_is_refused_with_the_stored_one(s
     status, body, _ = await put_if(judged)
     assert (status, body["error"], body["field"]) == (409, "policy_changed", "If-Match"), body
     assert msgspec.convert(body["policy"], Policy) == edited == await stored(http, registry.url, key)
-    for malformed in ("*", judged.strip('"'), f"{judged}, {judged}", f"W/{judged}"):
+    for malformed in (judged.strip('"'), f"{judged}, {judged}", f"W/{judged}"):
         status, body, _ = await put_if(malformed)
         assert (status, body["error"], body["field"]) == (400, "invalid_field", "If-Match"), (malformed, body)
     async with http.get(f"{registry.url}/policies/echo", headers={"X-API-Key": key}) as response:

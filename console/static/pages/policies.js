@@ -84,8 +84,9 @@ function collect(form, stored) {
   return body;
 }
 
-// Saved only over the policy the editor opened (or last saved): its ETag goes along as If-Match, and a
-// policy changed meanwhile (a canary rollback, another operator) is refused, offered to reload, never overwritten.
+// Saved only over the policy the editor opened (or last saved): its ETag goes along as If-Match (none stored:
+// If-None-Match: *, create only), and a policy changed or created meanwhile (a canary rollback, another operator)
+// is refused, offered to reload, never overwritten.
 function editor(entry, names, onSaved, onReload) {
   let base = entry.policy;
   let etag = entry.etag;
@@ -126,7 +127,7 @@ function editor(entry, names, onSaved, onReload) {
       form.elements.namedItem("releases").focus();
       return;
     }
-    const headers = etag ? { "If-Match": etag } : {};
+    const headers = etag ? { "If-Match": etag } : { "If-None-Match": "*" };
     const answer = await call(`/api/policies/${encodeURIComponent(entry.capability)}`, { method: "PUT", body, headers });
     if (answer.ok) {
       status.textContent = "Saved in the registry. Routers apply it within a second.";
@@ -137,7 +138,7 @@ function editor(entry, names, onSaved, onReload) {
       return;
     }
     status.textContent = "";
-    if (answer.status === 409 && answer.body?.error === "policy_changed") {
+    if (answer.status === 409 && ["policy_changed", "policy_exists"].includes(answer.body?.error)) {
       summary.hidden = false;
       replace(summary, h("strong", { text: "Not saved. " }), "The policy was changed since you opened it — reload to see it, then make your change again. ",
         h("button", { type: "button", class: "btn btn-quiet", text: "Reload", onclick: onReload }));
