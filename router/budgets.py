@@ -249,7 +249,11 @@ class Budgets:
         session = self._session(client_id or "", context)
         if isinstance(session, Refusal):
             return session
-        admitted = await self._client_admission(client_id, session)
+        try:
+            admitted = await self._client_admission(client_id, session)
+        except asyncio.CancelledError:  # the caller went away while the registry was asked for a lease
+            self._unreserve(session)
+            raise
         if isinstance(admitted, Refusal):
             self._unreserve(session)
         return admitted

@@ -71,3 +71,32 @@ async def test_calls_of_one_session_in_flight_at_once_each_reserve_the_clients_e
     # Two calls reserve 10 tokens each of the 25; a third would pass the cap by what it would reserve.
     assert sorted(answer.status for answer in answers) == [200, 200, 429, 429, 429]
     assert (await spend(mesh, key, context=capped)).status == 429  # 20 used, 10 more would pass 25
+
+
+async def test_a_call_cancelled_while_its_client_lease_is_asked_for_gives_back_its_session_reservation(
+        start_mesh, metered):
+    [mesh] = await routers(start_mesh, metered, count=1)
+    secrets = await mesh.new_client(["llm.*"], budget_tokens=1000, budget_period="day")
+    key, client_id = secrets["api_key"], secrets["client_id"]
+    [held] = metered.started
+    held.answering.set()
+    for _ in range(5):  # the 50-token lease spent: the next call asks the registry
+        assert (await spend(mesh, key)).status == 200
+    budgets = mesh.router.budgets
+    asking = budgets.lease_budget
+    assert asking is not None
+    asked, registry_answers = asyncio.Event(), asyncio.Event()
+
+    async def slow_registry(client_id, request):
+        asked.set()
+        await registry_answers.wait()
+        return await asking(client_id, request)
+    budgets.lease_budget = slow_registry
+
+    capped = {"session_id": "s-capped", "token_budget": 25}
+    gone = asyncio.create_task(budgets.admit(client_id, capped))
+    await asked.wait()
+    gone.cancel()  # the caller went away while the registry was asked
+    registry_answers.set()
+    # Its 10-token reservation went with it: two calls of 10 fit in 25.
+    assert [(await spend(mesh, key, context=capped)).status for _ in range(3)] == [200, 200, 429]
