@@ -135,8 +135,8 @@ class Router:
         self.forwarder = forwarder
         self.settings = settings
         self.book = InstanceBook(self.limit_share)
-        self.observer = Observer(self.book)
         self.measurements = Measurements()
+        self.observer = Observer(self.book, self.measurements)
         self.sticky = StickyTable()
         self.ledger = ReachLedger(period_seconds=settings.period_seconds, alert=settings.alert)
         self.decisions: Counter[str] = Counter()
@@ -567,8 +567,7 @@ class Router:
             state.answer = answer
             state.agent_ms += answer.elapsed_ms
             answer.cut_short = hurried(answer.error_code, timeouts, own)
-            step = self.observer.observe(breaker, candidate.agent_id, answer, time.monotonic())
-            self.measurements.observe(capability, candidate.agent_id, answer)
+            step = self.observer.observe(breaker, candidate.agent_id, answer, time.monotonic(), capability)
             state.score = candidate.score
             if flight.relay.delivered:
                 break  # the caller has chunks of this answer: another instance's would not continue them

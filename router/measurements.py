@@ -74,8 +74,12 @@ class Measurements:
         return self._measured.get((capability, agent_id))
 
     def observe(self, capability: str, agent_id: str, answer: AgentAnswer) -> None:
-        """Account one attempt's answer; one that says nothing of the instance (see the module) changes nothing."""
-        counted = verdict(answer)
+        """Account one attempt's answer, judged here by the breakers' rule."""
+        self.record(capability, agent_id, answer, verdict(answer))
+
+    def record(self, capability: str, agent_id: str, answer: AgentAnswer, counted: bool | None) -> None:
+        """Account one attempt's answer as ``counted`` (its verdict, as the outcome observer judged it: the
+        router's calls are not judged twice); one that says nothing of the instance changes nothing."""
         if counted is None:
             return
         measured = self._measured.get((capability, agent_id))

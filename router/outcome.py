@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from agent_reach.atp import ErrorCode
 
@@ -26,6 +27,9 @@ from router.breaker import CircuitBreaker
 from router.forward import AgentAnswer
 from router.instances import InstanceBook
 from router.timeouts import ResolvedTimeouts
+
+if TYPE_CHECKING:
+    from router.measurements import Measurements
 
 log = logging.getLogger("agentreach.router")
 
@@ -100,20 +104,27 @@ def hurried(code: ErrorCode | None, given: ResolvedTimeouts, own: ResolvedTimeou
 
 
 class Observer:
-    """Applies what answers mean to the router's instance book: breakers, ejections, reinstatements."""
+    """Applies what answers mean to the router's instance book (breakers, ejections, reinstatements) and,
+    when given them, to its measurements (router/measurements.py), judging each answer once."""
 
-    def __init__(self, book: InstanceBook):
+    def __init__(self, book: InstanceBook, measurements: Measurements | None = None):
         self.book = book
+        self.measurements = measurements
 
-    def observe(self, breaker: CircuitBreaker, instance: str, answer: AgentAnswer, now: float) -> Step:
-        """Account one attempt's ``answer`` from ``instance`` (``breaker``: the instance's for this
-        capability, the one the attempt passed) and say what the call does next."""
+    def observe(self, breaker: CircuitBreaker, instance: str, answer: AgentAnswer, now: float,
+                capability: str = "") -> Step:
+        """Account one attempt's ``answer`` from ``instance`` of ``capability`` (``breaker``: the instance's for
+        this capability, the one the attempt passed) and say what the call does next."""
         if answer.error_code is None:  # the common case, without the table
             breaker.record(True, now)
             self.book.reinstate(instance)
+            if self.measurements is not None:
+                self.measurements.record(capability, instance, answer, True)
             return Step.DONE
         reading = read(answer)
         counted = _COUNTED[reading]
+        if self.measurements is not None:
+            self.measurements.record(capability, instance, answer, counted)
         if counted is not None:
             # Business errors count as failures even though the agent answered HTTP 200.
             breaker.record(counted, now)
