@@ -200,6 +200,15 @@ def _ask_outcome(request: LeaseRequest, more: bool, dry: bool) -> str:
     return "granted" if more else "dry" if dry else "empty"
 
 
+def _session_cap(context: dict[str, Any]) -> tuple[str, int] | None:
+    """The session a call counts toward and the cap it carries; None: it names no session, or no cap."""
+    session_id, cap = context.get("session_id"), context.get("token_budget")
+    if not isinstance(session_id, str) or type(cap) is not int:
+        return None
+    # Below 0: a nested call whose caller spent more than it had (the SDK sends what is left); nothing is left.
+    return session_id, max(cap, 0)
+
+
 def reset_time(reset_at: float) -> str:
     return datetime.fromtimestamp(reset_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -230,6 +239,12 @@ class Budgets:
         self.asks: Counter[str] = Counter()
         self.ask_buckets = [0] * (len(ASK_BOUNDS_MS) + 1)
         self.ask_seconds = 0.0
+
+    def applies(self, client_id: str | None, context: dict[str, Any]) -> bool:
+        """Whether a call takes from a budget: its client has one, or it names a session and a cap. Most calls
+        do not: they are admitted without ``admit``'s coroutines (their ticket: NO_TICKET, which settles nothing)."""
+        return _session_cap(context) is not None or \
+            client_id is not None and limits_of(self._clients(client_id)) is not None
 
     async def admit(self, client_id: str | None, context: dict[str, Any]) -> Ticket | Refusal:
         """The call's reservation, or why it may not go on: its session's cap, or its client's budget spent."""
@@ -415,11 +430,10 @@ class Budgets:
         """The call's reservation in the cap of the session it counts toward (NO_TICKET: it names no session and
         cap), or why it is refused. It reserves its client's estimate, as of its lease: calls of one session in
         flight at once pass the cap only by what they use beyond it."""
-        session_id, cap = context.get("session_id"), context.get("token_budget")
-        if not isinstance(session_id, str) or type(cap) is not int:
+        capped = _session_cap(context)
+        if capped is None:
             return NO_TICKET
-        # Below 0: a nested call whose caller spent more than it had (the SDK sends what is left); nothing is left.
-        cap = max(cap, 0)
+        session_id, cap = capped
         key = (client_id, hash(session_id))
         session = self._sessions.get(key)
         if session is None:

@@ -216,10 +216,12 @@ class Router:
             if refusal is not None:
                 return self._refuse(frame, refusal, caller, started)
         # Once the caller may make the call: a refused one must not take from its budget's lease.
-        admitted = await self.budgets.admit(caller.client_id if isinstance(caller, Caller) else None, frame.context)
-        if isinstance(admitted, Refusal):
-            return self._refuse(frame, admitted, caller, started)
-        flight.budget = admitted
+        client_id = caller.client_id if isinstance(caller, Caller) else None
+        if self.budgets.applies(client_id, frame.context):  # most calls: no budget, no coroutine
+            admitted = await self.budgets.admit(client_id, frame.context)
+            if isinstance(admitted, Refusal):
+                return self._refuse(frame, admitted, caller, started)
+            flight.budget = admitted
         if frame.confirm_intent and frame.intent and offers is not None and self.confirmations is not None:
             # Only once the caller may call it: nobody teaches the mesh phrasings for capabilities it may not use.
             self.confirmations.offer(capability, frame.intent,
@@ -234,7 +236,8 @@ class Router:
         """Trace, audit and count one call that ended; ``result`` is None when it was cancelled."""
         outcome = self._outcome(result) if result is not None else "failed"
         answered = result.frame if result is not None else None
-        self.budgets.settle(flight.budget, answered.usage if isinstance(answered, ResponseFrame) else None)
+        if flight.budget is not NO_TICKET:
+            self.budgets.settle(flight.budget, answered.usage if isinstance(answered, ResponseFrame) else None)
         self._trace(frame, result, outcome, started, started_at, payload, caller, flight)
         if result is None or not result.ledgered:
             return
