@@ -244,7 +244,7 @@ class Budgets:
         """Whether a call takes from a budget: its client has one, or it names a session and a cap. Most calls
         do not: they are admitted without ``admit``'s coroutines (their ticket: NO_TICKET, which settles nothing)."""
         return _session_cap(context) is not None or \
-            client_id is not None and limits_of(self._clients(client_id)) is not None
+            (client_id is not None and limits_of(self._clients(client_id)) is not None)
 
     async def admit(self, client_id: str | None, context: dict[str, Any]) -> Ticket | Refusal:
         """The call's reservation, or why it may not go on: its session's cap, or its client's budget spent."""
