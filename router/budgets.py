@@ -202,8 +202,11 @@ def _ask_outcome(request: LeaseRequest, more: bool, dry: bool) -> str:
 
 def _session_cap(context: dict[str, Any]) -> tuple[str, int] | None:
     """The session a call counts toward and the cap it carries; None: it names no session, or no cap."""
-    session_id, cap = context.get("session_id"), context.get("token_budget")
-    if not isinstance(session_id, str) or type(cap) is not int:
+    cap = context.get("token_budget")  # first: most calls carry none
+    if type(cap) is not int:
+        return None
+    session_id = context.get("session_id")
+    if not isinstance(session_id, str):
         return None
     # Below 0: a nested call whose caller spent more than it had (the SDK sends what is left); nothing is left.
     return session_id, max(cap, 0)

@@ -114,7 +114,8 @@ class _Attempts(msgspec.Struct, kw_only=True):
     version: str | None = None  # the capability version of the instance last tried
     rule: str | None = None  # the policy rule that decided where the call went
     score: Score | None = None  # the scored policy's score of the instance last tried
-    served: Capability | None = None  # the capability of the instance last tried: its prices price the call
+    # The capability of the instance last tried when it declares prices (None: it declares none): they price the call.
+    served: Capability | None = None
 
 
 class _InFlight(msgspec.Struct, kw_only=True):
@@ -566,7 +567,7 @@ class Router:
             attempt.error_code = answer.error_code
             state.attempts += 1
             state.instance, state.version = candidate.agent_id, candidate.version
-            state.served = offer.capability
+            state.served = offer.capability if candidate.cost is not None else None  # cost None: no price
             state.answer = answer
             state.agent_ms += answer.elapsed_ms
             answer.cut_short = hurried(answer.error_code, timeouts, own)
@@ -681,7 +682,8 @@ class Router:
         if answer.error_code is None:
             return CallResult(frame=ResponseFrame(request_id=frame.request_id, status="success", result=answer.result,
                                                   context_update=answer.context_update, route=route,
-                                                  usage=priced(attempts.served, answer.usage)),
+                                                  usage=answer.usage if attempts.served is None else
+                                                  priced(attempts.served, answer.usage)),
                               route=route, plan=attempts.plan)
         error = error_frame(frame.request_id, answer.error_code, answer.message)
         error.business_error, error.route = answer.business_error, route
