@@ -6,14 +6,18 @@ never times out a header or a body that trickles in, so slow clients (slowloris)
 file descriptor the process has. Here each request's header must be complete within
 ``header_timeout`` of its first byte (or of the connection opening), its body within
 ``body_timeout`` of its header, and past ``max_connections`` new connections get a 503 and are
-closed at once, keeping descriptors for the process's own outgoing calls and its files.
+closed as they are accepted, keeping descriptors for the process's own outgoing calls and its files.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import logging
 import resource
+import socket
+import typing
 from typing import Any
 
 import msgspec
@@ -88,13 +92,35 @@ def protocol_error(status: int, exc: BaseException | None) -> tuple[str, str]:
 
 
 class Gate:
-    """How many connections a listener has open, against its cap; refusals reported once per interval."""
+    """How many connections a listener has open, against its cap; refusals reported once per interval.
+    A connection counts from the moment it is accepted (``accepted`` until asyncio gives it a handler, a
+    loop turn later), so however many are accepted in one go, no more than the cap hold descriptors."""
 
     def __init__(self, limit: int):
         self.limit = limit
         self.open = 0
+        self.accepted = 0
         self.refused = 0
         self._throttle = Throttle()
+
+    def admit(self) -> bool:
+        """Whether a connection just accepted may stay."""
+        if self.open + self.accepted >= self.limit:
+            self.refuse()
+            return False
+        self.accepted += 1
+        return True
+
+    def take(self) -> bool:
+        """Whether the next connection gets a handler (which counts itself open). One admitted at accept
+        always does; a loop that accepts on its own (uvloop) bypasses ``admit``, so the cap is checked here."""
+        if self.accepted:
+            self.accepted -= 1
+            return True
+        if self.open < self.limit:
+            return True
+        self.refuse()
+        return False
 
     def refuse(self) -> None:
         self.refused += 1
@@ -102,18 +128,77 @@ class Gate:
                            open=self.open, limit=self.limit)
 
 
-_TOO_MANY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
-             b"Retry-After: 1\r\nContent-Length: %d\r\n\r\n%s")
+def _too_many() -> bytes:
+    body = _encoder.encode(error_body("too_many_connections",
+                                      "The server has as many connections open as it accepts; retry shortly"))
+    return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            b"Retry-After: 1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+
+_TOO_MANY = _too_many()
+_UNREAD = 65_536
+
+
+def turn_away(conn: socket.socket) -> None:
+    """A connection past the cap gets a 503 and is closed, its request never handled. What the client has
+    sent already is drained first: closing over unread bytes resets the connection, and a reset can beat the
+    answer to the client."""
+    with conn:
+        conn.setblocking(False)
+        with contextlib.suppress(OSError):
+            conn.send(_TOO_MANY)
+        with contextlib.suppress(OSError):
+            conn.recv(_UNREAD)
+
+
+class GuardedListener(socket.socket):
+    """A listening socket that turns connections past its gate's cap away as it accepts them. asyncio
+    gives an accepted connection a transport a loop turn later and frees a closed one's descriptor a turn
+    after that, so refusals made there piled up while a busy loop kept accepting (EMFILE under load)."""
+
+    __slots__ = ("batch", "gate")
+
+    def __init__(self, family: int, kind: int, proto: int, *, gate: Gate, batch: int):
+        super().__init__(family, kind, proto)
+        self.gate, self.batch = gate, batch
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        for _ in range(self.batch):
+            conn, address = super().accept()  # BlockingIOError once none waits: asyncio then waits for more
+            if self.gate.admit():
+                return conn, address
+            turn_away(conn)
+        raise BlockingIOError(errno.EAGAIN, "a batch was turned away; the loop's other work goes first")
+
+
+async def bind(host: str, port: int, *, gate: Gate, batch: int, reuse_port: bool) -> list[GuardedListener]:
+    """A guarded listening socket on each address ``host`` names, bound as asyncio's ``create_server`` binds."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                                         flags=socket.AI_PASSIVE)
+    listeners: list[GuardedListener] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            listener = GuardedListener(family, kind, proto, gate=gate, batch=batch)
+            listeners.append(listener)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if family == socket.AF_INET6:
+                listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            listener.bind(address)
+    except OSError:
+        for listener in listeners:
+            listener.close()
+        raise
+    return listeners
 
 
 class Refusal(asyncio.Protocol):
-    """What a connection past the cap gets: a 503 and the door closed, before any of it is read."""
+    """A refusal for a loop that accepts on its own (uvloop), past ``GuardedListener``: a 503 and closed."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        body = _encoder.encode(error_body("too_many_connections",
-                                          "The server has as many connections open as it accepts; retry shortly"))
-        assert isinstance(transport, asyncio.Transport)
-        transport.write(_TOO_MANY % (len(body), body))
+        # uvloop's transports write as asyncio.Transport does without deriving from it.
+        typing.cast(asyncio.Transport, transport).write(_TOO_MANY)
         transport.close()
 
 
@@ -212,9 +297,9 @@ class GuardedHandler(RequestHandler):
 
 
 class GuardedSite(web.BaseSite):
-    """A TCP listener whose connections are GuardedHandlers (a Refusal past the cap)."""
+    """TCP listeners whose connections are GuardedHandlers, turned away at accept past the cap."""
 
-    __slots__ = ("_gate", "_handler_args", "_host", "_limits", "_port", "_reuse_port")
+    __slots__ = ("_gate", "_handler_args", "_host", "_limits", "_more", "_port", "_reuse_port")
 
     def __init__(self, runner: web.AppRunner, host: str, port: int, limits: Limits, *, reuse_port: bool = False,
                  **handler_args: Any):
@@ -226,6 +311,7 @@ class GuardedSite(web.BaseSite):
         self._limits = limits
         self._gate = Gate(limits.max_connections)
         self._handler_args = handler_args
+        self._more: list[asyncio.Server] = []
 
     @property
     def name(self) -> str:
@@ -236,22 +322,23 @@ class GuardedSite(web.BaseSite):
         return self._gate
 
     def _connection(self) -> asyncio.Protocol:
-        if self._gate.open >= self._gate.limit:
-            self._gate.refuse()
+        if not self._gate.take():
             return Refusal()
         server = self._runner.server
         assert server is not None
         return GuardedHandler(server, loop=asyncio.get_running_loop(), limits=self._limits, gate=self._gate,
                               **self._handler_args)
 
-    def _accept_batch(self) -> int:
-        """asyncio accepts up to ``backlog`` connections per wake-up before any of them is handled, so a
-        refused one is still open while the rest are accepted: a backlog above the cap let a flood open
-        cap + backlog descriptors at once and run the process out of them (EMFILE) under load."""
-        return max(1, min(self._backlog, self._limits.max_connections))
-
     async def start(self) -> None:
         await super().start()
-        self._server = await asyncio.get_running_loop().create_server(self._connection, self._host, self._port,
-                                                                      backlog=self._accept_batch(),
-                                                                      reuse_port=self._reuse_port)
+        loop = asyncio.get_running_loop()
+        listeners = await bind(self._host, self._port, gate=self._gate, batch=self._backlog,
+                               reuse_port=self._reuse_port)
+        servers = [await loop.create_server(self._connection, sock=listener, backlog=self._backlog)
+                   for listener in listeners]
+        self._server, *self._more = servers
+
+    async def stop(self) -> None:
+        for server in self._more:
+            server.close()
+        await super().stop()
