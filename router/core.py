@@ -548,7 +548,8 @@ class Router:
                                                            sent=False, cut_short=True)
                 break
             breaker = self.book.breaker(capability, candidate.agent_id, policy.circuit_breaker)
-            if not self.book.bucket(candidate.agent_id, candidate.max_qps).try_take(now):
+            # Without a max_qps (0 or less: unlimited, the common case) an instance's bucket is not asked.
+            if candidate.max_qps > 0 and not self.book.bucket(candidate.agent_id, candidate.max_qps).try_take(now):
                 continue
             if not plan.panic and not breaker.allow(now):
                 broken += 1
@@ -611,7 +612,7 @@ class Router:
             state=offer.state.state, load=offer.state.load, inflight=self.book.inflight.get(agent_id, 0),
             metadata=offer.record.metadata, max_qps=max_qps,
             available=self.book.available(capability, agent_id, policy.circuit_breaker, now),
-            has_capacity=self.book.bucket(agent_id, max_qps).available(now) >= 1,
+            has_capacity=max_qps <= 0 or self.book.bucket(agent_id, max_qps).available(now) >= 1,
             version=offer.version, measured=self.measurements.get(capability, agent_id),
             cost=reference_cost(offer.capability), quality=self.mirror.quality(capability, agent_id),
             sla_ms=offer.capability.timeout_sla_ms,
