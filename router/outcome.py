@@ -93,7 +93,9 @@ def read(answer: AgentAnswer) -> Reading:
 
 def verdict(answer: AgentAnswer | None) -> bool | None:
     """What ``answer`` tells a breaker: True a success, False a failure, None nothing (nor does no answer)."""
-    return _COUNTED[read(answer)] if answer is not None else None
+    if answer is None:
+        return None
+    return True if answer.error_code is None else _COUNTED[read(answer)]  # a success without the table
 
 
 def hurried(code: ErrorCode | None, given: ResolvedTimeouts, own: ResolvedTimeouts) -> bool:
