@@ -54,7 +54,7 @@ from router.oauth import OAuthRefusal
 from router.reach import ReachView, health_rate
 from router.streaming import CallerStream, Relay
 from router.tracecontext import ParentSpan, parent_span
-from router.usage import PERIOD_SECONDS
+from router.usage import PERIOD_SECONDS, Period, PeriodUsage
 from weblayer.errors import ApiError, from_decode_error
 from weblayer.guard import admin_only
 from weblayer.middleware import failure_response
@@ -389,12 +389,19 @@ async def scores(request: web.Request) -> web.Response:
 async def usage(request: web.Request) -> web.Response:
     """GET /usage?period=hour|day[&client=ID][&capability=NAME]: calls, tokens and cost this router metered,
     per period kept (oldest first), in all and per client, capability and instance (router/usage.py)."""
+    period = usage_period(request)
+    return json_response({"period": period, "periods": usage_periods(request.app[ROUTER_KEY], request, period)})
+
+
+def usage_period(request: web.Request) -> Period:
     period = request.query.get("period", "hour")
     if period not in PERIOD_SECONDS:
         raise ApiError(400, "invalid_field", f"period must be one of {', '.join(PERIOD_SECONDS)}", "period")
-    query = request.query
-    periods = request.app[ROUTER_KEY].usage.periods(period, query.get("client"), query.get("capability"))
-    return json_response({"period": period, "periods": periods})
+    return period
+
+
+def usage_periods(router: Router, request: web.Request, period: Period) -> list[PeriodUsage]:
+    return router.usage.periods(period, request.query.get("client"), request.query.get("capability"))
 
 
 async def rule_stats(request: web.Request) -> web.Response:

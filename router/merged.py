@@ -4,7 +4,9 @@ Counters and histograms add up: every worker counts into the same buckets, so th
 up only when its meaning does (router/metrics.py SUMMED_GAUGES: calls in flight, budget held); any other gauge
 is one worker's state (its breakers, its view of the registry, its open period's rates) and each worker's value
 is kept under a `worker` label. A reach period's counts add up, and its rates and percentiles are computed again
-from the summed counts and latency buckets, exactly as for one router. Traces are listed newest first.
+from the summed counts and latency buckets, exactly as for one router. Traces are listed newest first. Usage adds up
+per period and name (each worker's `(other)` overflow row into one). Views come by worker index and are added in
+that order, so whichever worker answers, the sums (costs are floats) are the same.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from router.reach import PeriodSummary, ReachView, merged, period_summary
 from router.traces import CallTrace, TraceNode
+from router.usage import PeriodUsage, Totals
 
 LabelKey = tuple[str, tuple[tuple[str, str], ...]]
 
@@ -96,3 +99,24 @@ def newest_trace(answers: Iterable[TraceAnswer | None]) -> TraceAnswer | None:
     """The newest call with the id among the workers that kept one (a caller may reuse a request id)."""
     return max((answer for answer in answers if answer is not None), key=lambda answer: answer.call.started_at,
                default=None)
+
+
+def _absorb(into: dict[str, Totals], part: dict[str, Totals]) -> None:
+    for name, used in part.items():
+        into.setdefault(name, Totals()).absorb(used)
+
+
+def merge_usage(views: Mapping[int, list[PeriodUsage]]) -> list[PeriodUsage]:
+    """Every worker's usage periods added up, per period and per client, capability and instance; oldest first."""
+    whole: dict[int, PeriodUsage] = {}
+    for worker in sorted(views):
+        for period in views[worker]:
+            into = whole.get(period.start)
+            if into is None:
+                into = whole[period.start] = PeriodUsage(start=period.start, end=period.end, total=Totals(),
+                                                         by_client={}, by_capability={}, by_instance={})
+            into.total.absorb(period.total)
+            _absorb(into.by_client, period.by_client)
+            _absorb(into.by_capability, period.by_capability)
+            _absorb(into.by_instance, period.by_instance)
+    return [whole[start] for start in sorted(whole)]

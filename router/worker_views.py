@@ -1,6 +1,6 @@
 """`--workers N` seen as one router: each worker serves its own views on a private unix socket, and answers
-`/metrics`, `/reach` and `/traces` on the shared port with every worker's views merged (router/merged.py), so a
-scrape reaches the whole router whichever worker the kernel hands it to.
+`/metrics`, `/reach`, `/traces` and `/usage` on the shared port with every worker's views merged
+(router/merged.py), so a scrape reaches the whole router whichever worker the kernel hands it to.
 
 The sockets live in a directory the workers' parent made for this run (mode 0700, a random name, removed when it
 stops; one socket a worker, 0600): only this user reaches them, and nothing is bound to a network. A router alone
@@ -29,12 +29,30 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from yarl import URL
 
-from router.api import MAX_TRACES_LISTED, found_trace, reach_view, router_metrics, trace_not_found
+from router.api import (
+    MAX_TRACES_LISTED,
+    found_trace,
+    reach_view,
+    router_metrics,
+    trace_not_found,
+    usage_period,
+    usage_periods,
+)
 from router.core import Router
-from router.merged import Family, TraceAnswer, families, merge_metrics, merge_reach, merge_traces, newest_trace
+from router.merged import (
+    Family,
+    TraceAnswer,
+    families,
+    merge_metrics,
+    merge_reach,
+    merge_traces,
+    merge_usage,
+    newest_trace,
+)
 from router.metrics import SUMMED_GAUGES
 from router.reach import ReachView
 from router.traces import CallTrace
+from router.usage import PeriodUsage
 from weblayer.errors import ApiError
 from weblayer.reading import bounded_int
 from weblayer.responses import json_response
@@ -76,12 +94,14 @@ def _msgpack(value: Any) -> web.Response:
     return web.Response(body=_encode(value), content_type="application/msgpack")
 
 
+def _filters(request: web.Request, *names: str) -> dict[str, str]:
+    """The query parameters ``names`` the request has, to ask siblings the same."""
+    return {name: request.query[name] for name in names if name in request.query}
+
+
 def _traces_query(request: web.Request) -> dict[str, str]:
     """A /traces query as siblings are asked it: the limit checked once, here."""
-    query = {"limit": str(bounded_int(request, "limit", 50, 1, MAX_TRACES_LISTED))}
-    if "capability" in request.query:
-        query["capability"] = request.query["capability"]
-    return query
+    return {"limit": str(bounded_int(request, "limit", 50, 1, MAX_TRACES_LISTED)), **_filters(request, "capability")}
 
 
 class Views:
@@ -100,6 +120,7 @@ class Views:
         app.router.add_get("/reach", self._own_reach)
         app.router.add_get("/traces", self._own_traces)
         app.router.add_get("/traces/{request_id}", self._own_trace)
+        app.router.add_get("/usage", self._own_usage)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         path = self._views.socket(self._views.index)
@@ -123,7 +144,7 @@ class Views:
     def handlers(self) -> dict[str, Handler]:
         """The shared port's paths that answer for the whole router."""
         return {"/metrics": self.metrics, "/reach": self.reach, "/traces": self.traces,
-                "/traces/{request_id}": self.trace}
+                "/traces/{request_id}": self.trace, "/usage": self.usage}
 
     async def metrics(self, request: web.Request) -> web.Response:
         views = {self._views.index: families(self._metrics),
@@ -137,7 +158,7 @@ class Views:
         return web.Response(body=generate_latest(Fixed(merged)), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def reach(self, request: web.Request) -> web.Response:
-        query = {"capability": request.query["capability"]} if "capability" in request.query else {}
+        query = _filters(request, "capability")
         others = await self._ask_siblings("/reach", query, ReachView)
         own = reach_view(self._router, query.get("capability"))
         return json_response(merge_reach(own, others.values()))
@@ -156,6 +177,13 @@ class Views:
             raise trace_not_found(self._router, request_id)
         return json_response(found)
 
+    async def usage(self, request: web.Request) -> web.Response:
+        period = usage_period(request)
+        views = await self._ask_siblings("/usage", {"period": period, **_filters(request, "client", "capability")},
+                                         list[PeriodUsage])
+        views[self._views.index] = usage_periods(self._router, request, period)
+        return json_response({"period": period, "periods": merge_usage(views)})
+
     async def _own_metrics(self, request: web.Request) -> web.Response:
         return _msgpack(families(self._metrics))
 
@@ -167,6 +195,9 @@ class Views:
 
     async def _own_trace(self, request: web.Request) -> web.Response:
         return _msgpack(found_trace(self._router, request.match_info["request_id"]))
+
+    async def _own_usage(self, request: web.Request) -> web.Response:
+        return _msgpack(usage_periods(self._router, request, usage_period(request)))
 
     async def _ask_siblings(self, path: str, query: dict[str, str], kind: Any) -> dict[int, Any]:
         """Every live sibling's view at ``path`` decoded as ``kind``, by worker index."""

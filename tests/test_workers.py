@@ -115,10 +115,11 @@ def connected_to(pid: int, port: int) -> bool:
     return False
 
 
-async def register_echo(registry_url: str, agent: Any, token: str | None = None) -> None:
-    """``agent`` registered as `echo` (with a registration token when auth is on), heartbeating once: healthy."""
+async def register_echo(registry_url: str, agent: Any, token: str | None = None, **fields: Any) -> None:
+    """``agent`` registered as `echo` (with a registration token when auth is on, the capability's ``fields``),
+    heartbeating once: healthy."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    body = {"agent_id": agent.name, "service": "echo", "capabilities": [capability("echo", agent.endpoint)]}
+    body = {"agent_id": agent.name, "service": "echo", "capabilities": [capability("echo", agent.endpoint, **fields)]}
     async with aiohttp.ClientSession() as http:
         for path, payload in (("/register", body), ("/heartbeat", {"agent_id": agent.name})):
             async with http.post(f"{registry_url}{path}", json=payload, headers=headers) as response:
