@@ -48,7 +48,7 @@ from router.audit_query import FilterError, parse_filters
 from router.auth import Authenticator, Caller, Unauthenticated
 from router.core import CallResult, Router
 from router.forward import MAX_CONTEXT_BYTES
-from router.merged import TraceAnswer
+from router.merged import RuleStats, TraceAnswer
 from router.metrics import RouterCollector
 from router.oauth import OAuthRefusal
 from router.reach import ReachView, health_rate
@@ -406,9 +406,13 @@ def usage_periods(router: Router, request: web.Request, period: Period) -> list[
 
 async def rule_stats(request: web.Request) -> web.Response:
     """Calls each live rule decided and each shadow rule's agreement with the live decisions, on this router."""
-    book, capability = request.app[ROUTER_KEY].rules, request.query.get("capability")
-    return json_response({"hits": book.hits(capability), "shadow": book.shadows(capability),
-                          "mirror": request.app[ROUTER_KEY].traffic_mirror.stats(capability)})
+    return json_response(rule_stats_of(request.app[ROUTER_KEY], request.query.get("capability")))
+
+
+def rule_stats_of(router: Router, capability: str | None) -> RuleStats:
+    book = router.rules
+    return RuleStats(hits=book.hits(capability), shadow=book.shadows(capability),
+                     mirror=router.traffic_mirror.stats(capability))
 
 
 async def alerts(request: web.Request) -> web.Response:

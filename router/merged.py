@@ -6,19 +6,26 @@ is one worker's state (its breakers, its view of the registry, its open period's
 is kept under a `worker` label. A reach period's counts add up, and its rates and percentiles are computed again
 from the summed counts and latency buckets, exactly as for one router. Traces are listed newest first. Usage adds up
 per period and name (each worker's `(other)` overflow row into one). Views come by worker index and are added in
-that order, so whichever worker answers, the sums (costs are floats) are the same.
+that order, so whichever worker answers, the sums (costs are floats) are the same. Rule hits, shadow verdicts
+and mirrored copies add up per rule (per mirrored version), keeping the newest disagreements of all workers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import copy
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from router.reach import PeriodSummary, ReachView, merged, period_summary
+from router.shadow import SAMPLES_KEPT as SHADOW_SAMPLES_KEPT
+from router.shadow import RuleHits, ShadowStats
 from router.traces import CallTrace, TraceNode
+from router.traffic_mirror import SAMPLES_KEPT as MIRROR_SAMPLES_KEPT
+from router.traffic_mirror import MirrorStats
 from router.usage import PeriodUsage, Totals
 
 LabelKey = tuple[str, tuple[tuple[str, str], ...]]
@@ -44,6 +51,23 @@ class TraceAnswer(msgspec.Struct, kw_only=True):
 
     call: CallTrace
     tree: TraceNode | None
+
+
+class RuleStats(msgspec.Struct, kw_only=True):
+    """``GET /rules/stats``: calls each live rule decided, each shadow rule's and each mirror's record."""
+
+    hits: list[RuleHits]
+    shadow: list[ShadowStats]
+    mirror: list[MirrorStats]
+
+
+class Recorded(Protocol):
+    """A record with counts and its latest samples (each with ``at``, unix seconds)."""
+
+    samples: list[Any]
+
+
+Row = TypeVar("Row", bound=Recorded)
 
 
 def families(collector: Collector) -> list[Family]:
@@ -120,3 +144,40 @@ def merge_usage(views: Mapping[int, list[PeriodUsage]]) -> list[PeriodUsage]:
             _absorb(into.by_capability, period.by_capability)
             _absorb(into.by_instance, period.by_instance)
     return [whole[start] for start in sorted(whole)]
+
+
+def _taken_at(sample: Any) -> float:
+    return float(sample.at)
+
+
+def _sum_rows(views: Mapping[int, list[Row]], key: Callable[[Row], Any], counts: tuple[str, ...],
+              kept: int) -> list[Row]:
+    """Rows with the same key as one: their ``counts`` added up, the newest ``kept`` of their samples."""
+    whole: dict[Any, Row] = {}
+    for worker in sorted(views):
+        for row in views[worker]:
+            into = whole.get(key(row))
+            if into is None:  # a copy: the answering worker's own rows are its live records
+                into = whole[key(row)] = copy.copy(row)
+                into.samples = list(row.samples)
+                continue
+            for name in counts:
+                setattr(into, name, getattr(into, name) + getattr(row, name))
+            into.samples = sorted([*into.samples, *row.samples], key=_taken_at)[-kept:]
+    return [whole[name] for name in sorted(whole)]
+
+
+def merge_rule_stats(views: Mapping[int, RuleStats]) -> RuleStats:
+    hits: dict[tuple[str, str], int] = {}
+    for worker in sorted(views):
+        for hit in views[worker].hits:
+            hits[(hit.capability, hit.rule)] = hits.get((hit.capability, hit.rule), 0) + hit.calls
+    return RuleStats(
+        hits=[RuleHits(capability=capability, rule=rule, calls=calls)
+              for (capability, rule), calls in sorted(hits.items())],
+        shadow=_sum_rows({worker: view.shadow for worker, view in views.items()},
+                         lambda row: (row.capability, row.rule), ("agree", "disagree"), SHADOW_SAMPLES_KEPT),
+        mirror=_sum_rows({worker: view.mirror for worker, view in views.items()},
+                         lambda row: (row.capability, row.version),
+                         ("sent", "skipped", "same_status", "different_status", "live_ms_sum", "mirror_ms_sum"),
+                         MIRROR_SAMPLES_KEPT))

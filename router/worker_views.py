@@ -1,6 +1,6 @@
 """`--workers N` seen as one router: each worker serves its own views on a private unix socket, and answers
-`/metrics`, `/reach`, `/traces` and `/usage` on the shared port with every worker's views merged
-(router/merged.py), so a scrape reaches the whole router whichever worker the kernel hands it to.
+`/metrics`, `/reach`, `/traces`, `/usage` and `/rules/stats` on the shared port with every worker's views
+merged (router/merged.py), so a scrape reaches the whole router whichever worker the kernel hands it to.
 
 The sockets live in a directory the workers' parent made for this run (mode 0700, a random name, removed when it
 stops; one socket a worker, 0600): only this user reaches them, and nothing is bound to a network. A router alone
@@ -34,6 +34,7 @@ from router.api import (
     found_trace,
     reach_view,
     router_metrics,
+    rule_stats_of,
     trace_not_found,
     usage_period,
     usage_periods,
@@ -41,10 +42,12 @@ from router.api import (
 from router.core import Router
 from router.merged import (
     Family,
+    RuleStats,
     TraceAnswer,
     families,
     merge_metrics,
     merge_reach,
+    merge_rule_stats,
     merge_traces,
     merge_usage,
     newest_trace,
@@ -121,6 +124,7 @@ class Views:
         app.router.add_get("/traces", self._own_traces)
         app.router.add_get("/traces/{request_id}", self._own_trace)
         app.router.add_get("/usage", self._own_usage)
+        app.router.add_get("/rules/stats", self._own_rule_stats)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         path = self._views.socket(self._views.index)
@@ -144,7 +148,8 @@ class Views:
     def handlers(self) -> dict[str, Handler]:
         """The shared port's paths that answer for the whole router."""
         return {"/metrics": self.metrics, "/reach": self.reach, "/traces": self.traces,
-                "/traces/{request_id}": self.trace, "/usage": self.usage}
+                "/traces/{request_id}": self.trace, "/usage": self.usage,
+                "/rules/stats": self.rule_stats}
 
     async def metrics(self, request: web.Request) -> web.Response:
         views = {self._views.index: families(self._metrics),
@@ -184,6 +189,12 @@ class Views:
         views[self._views.index] = usage_periods(self._router, request, period)
         return json_response({"period": period, "periods": merge_usage(views)})
 
+    async def rule_stats(self, request: web.Request) -> web.Response:
+        query = _filters(request, "capability")
+        views = await self._ask_siblings("/rules/stats", query, RuleStats)
+        views[self._views.index] = rule_stats_of(self._router, query.get("capability"))
+        return json_response(merge_rule_stats(views))
+
     async def _own_metrics(self, request: web.Request) -> web.Response:
         return _msgpack(families(self._metrics))
 
@@ -198,6 +209,9 @@ class Views:
 
     async def _own_usage(self, request: web.Request) -> web.Response:
         return _msgpack(usage_periods(self._router, request, usage_period(request)))
+
+    async def _own_rule_stats(self, request: web.Request) -> web.Response:
+        return _msgpack(rule_stats_of(self._router, request.query.get("capability")))
 
     async def _ask_siblings(self, path: str, query: dict[str, str], kind: Any) -> dict[int, Any]:
         """Every live sibling's view at ``path`` decoded as ``kind``, by worker index."""

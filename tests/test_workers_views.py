@@ -8,17 +8,24 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from agent_reach.usage import Usage
 
 from registry.server import RegistryServer
-from router.merged import merge_usage
+from router.merged import RuleStats, merge_rule_stats, merge_usage
+from router.rules import Decision
+from router.shadow import Disagreement, RuleHits, ShadowStats
+from router.traffic_mirror import MirrorSample, MirrorStats
 from router.usage import OTHER, UsageLedger
 from sdk_support import free_port
 from test_workers import Caller, Supervised, register_echo, until_forwarding
 from test_workers_metrics import SCRAPES, fresh_get
 
 PRICE = 0.25
+# Every call is decided by the live rule; one shadow rule would do the same, the other would refuse it.
+POLICY = {"rules": [{"id": "live", "priority": 10}, {"id": "same", "priority": 5, "mode": "shadow"},
+                    {"id": "refusing", "priority": 6, "mode": "shadow", "action": "refuse"}]}
 
 
 class Served:
@@ -43,6 +50,8 @@ class Served:
 async def served(registry: RegistryServer, start_agent: Callable[..., Any], tmp_path: Path) -> AsyncIterator[Served]:
     agent = await start_agent("echo-1")
     await register_echo(registry.url, agent, cost_per_call=PRICE)
+    async with aiohttp.ClientSession() as http, http.put(f"{registry.url}/policies/echo", json=POLICY) as response:
+        assert response.status == 200, await response.text()  # before the workers start: every call sees it
     port = free_port()
     router = await Supervised.start("router", "--workers", "2", "--port", str(port), "--registry", registry.url,
                                     "--auth", "off", "--data-dir", str(tmp_path))
@@ -80,3 +89,45 @@ def test_merged_usage_keeps_each_workers_overflow_in_one_other_row() -> None:
     assert {name: (used.calls, used.input_tokens, used.output_tokens, used.cost)
             for name, used in hour.by_client.items()} == {"a": (2, 2, 0, 1.0), OTHER: (2, 0, 4, 0.5)}
     assert hour.by_capability.keys() == {"echo", OTHER} and hour.total.calls == 4
+
+
+async def test_rule_stats_on_the_shared_port_add_up_every_workers_rule_book(served: Served) -> None:
+    calls = len(served.caller.answered)
+    stats = await served.every_scrape("/rules/stats", capability="echo")
+    assert [(hit["rule"], hit["calls"]) for hit in stats["hits"]] == [("live", calls)]
+    assert [(row["rule"], row["agree"], row["disagree"]) for row in stats["shadow"]] == [
+        ("refusing", 0, calls), ("same", calls, 0)]
+    samples = stats["shadow"][0]["samples"]
+    assert len(samples) == 5 and [sample["at"] for sample in samples] == sorted(sample["at"] for sample in samples)
+    assert {sample["would"]["action"] for sample in samples} == {"refuse"}
+    assert (await served.every_scrape("/rules/stats", capability="other")) == {"hits": [], "shadow": [], "mirror": []}
+
+
+def test_merged_rule_stats_add_up_per_rule_and_keep_the_newest_samples_of_all_workers() -> None:
+    def disagreement(at: float) -> Disagreement:
+        return Disagreement(at=at, would=Decision("echo", action="refuse"), did=Decision("echo"))
+
+    def copy(at: float) -> MirrorSample:
+        return MirrorSample(at=at, request_id=str(at), instance="b", live="success", mirror="TIMEOUT", live_ms=1,
+                            mirror_ms=2)
+
+    own_shadow = ShadowStats(capability="echo", rule="s", agree=1, disagree=3,
+                             samples=[disagreement(at) for at in (1, 4, 6)])
+    views = {
+        1: RuleStats(hits=[RuleHits(capability="echo", rule="r", calls=2)],
+                     shadow=[ShadowStats(capability="echo", rule="s", agree=2, disagree=3,
+                                         samples=[disagreement(at) for at in (2, 3, 5)])],
+                     mirror=[MirrorStats(capability="echo", version="2", sent=1, different_status=1, live_ms_sum=1,
+                                         mirror_ms_sum=2, samples=[copy(9)])]),
+        0: RuleStats(hits=[RuleHits(capability="echo", rule="r", calls=1), RuleHits(capability="a", rule="r", calls=1)],
+                     shadow=[own_shadow],
+                     mirror=[MirrorStats(capability="echo", version="2", sent=2, skipped=1, same_status=1,
+                                         different_status=1, live_ms_sum=3, mirror_ms_sum=4, samples=[copy(8)])])}
+    whole = merge_rule_stats(views)
+    assert [(hit.capability, hit.calls) for hit in whole.hits] == [("a", 1), ("echo", 3)]
+    [shadow] = whole.shadow
+    assert (shadow.agree, shadow.disagree, [sample.at for sample in shadow.samples]) == (3, 6, [2, 3, 4, 5, 6])
+    assert (own_shadow.agree, len(own_shadow.samples)) == (1, 3)  # the answering worker's own record untouched
+    [mirror] = whole.mirror
+    assert (mirror.sent, mirror.skipped, mirror.same_status, mirror.different_status, mirror.live_ms_sum,
+            mirror.mirror_ms_sum, [sample.at for sample in mirror.samples]) == (3, 1, 1, 2, 4, 6, [8, 9])
