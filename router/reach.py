@@ -160,6 +160,14 @@ def period_summary(capability: str, start: float, period_seconds: float, tally: 
     )
 
 
+def tally_of(tallies: dict[Any, Tally], key: Any) -> Tally:
+    """``key``'s tally, made on its first call only (``setdefault`` would build a Tally on every call)."""
+    tally = tallies.get(key)
+    if tally is None:
+        tally = tallies[key] = Tally()
+    return tally
+
+
 def health_rate(healthy: int, registered: int) -> float | None:
     """Share of registered instances that are healthy; None when nothing is registered."""
     return healthy / registered if registered else None
@@ -187,8 +195,11 @@ class ReachLedger:
     def record(self, capability: str, outcome: Outcome, error_code: str | None, latency_ms: float, now: float) -> None:
         """Count one finished call; a clock older than the open period counts in the open period."""
         current = self.evaluate(now)
-        self._periods.setdefault(capability, {}).setdefault(current, Tally()).add(outcome, error_code, latency_ms)
-        self._lifetime.setdefault(capability, Tally()).add(outcome, error_code, latency_ms)
+        periods = self._periods.get(capability)
+        if periods is None:
+            periods = self._periods[capability] = {}
+        tally_of(periods, current).add(outcome, error_code, latency_ms)
+        tally_of(self._lifetime, capability).add(outcome, error_code, latency_ms)
 
     def evaluate(self, now: float) -> int:
         """Close the periods ``now`` has moved past and judge alerts on them; returns the open period."""
