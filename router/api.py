@@ -48,7 +48,7 @@ from router.audit_query import FilterError, parse_filters
 from router.auth import Authenticator, Caller, Unauthenticated
 from router.core import CallResult, Router
 from router.forward import MAX_CONTEXT_BYTES
-from router.merged import RuleStats, TraceAnswer
+from router.merged import RuleStats, Scores, TraceAnswer
 from router.metrics import RouterCollector
 from router.oauth import OAuthRefusal
 from router.reach import ReachView, health_rate
@@ -375,15 +375,17 @@ async def reach(request: web.Request) -> web.Response:
 async def scores(request: web.Request) -> web.Response:
     """GET /scores/{capability}: every instance's score under the scored policy, its parts and the figures
     behind them, as this router measured them (each router learns from its own calls)."""
-    router, capability = request.app[ROUTER_KEY], request.match_info["capability"]
+    return json_response(scores_of(request.app[ROUTER_KEY], request.match_info["capability"]))
+
+
+def scores_of(router: Router, capability: str) -> Scores:
     found = router.scores(capability)
     if found is None:
         raise ApiError(404, "unknown_capability", f"No instance offers capability {capability!r}", "capability")
     policy_name, instances = found
     policy = router.mirror.policy(capability) or DEFAULT_POLICY
-    return json_response({"capability": capability, "policy": policy_name, "weights": policy.score_weights,
-                          "explore_share": policy.exploration, "quality_floor": policy.min_quality,
-                          "instances": instances})
+    return Scores(capability=capability, policy=policy_name, weights=policy.score_weights,
+                  explore_share=policy.exploration, quality_floor=policy.min_quality, instances=instances)
 
 
 async def usage(request: web.Request) -> web.Response:

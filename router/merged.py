@@ -8,6 +8,8 @@ from the summed counts and latency buckets, exactly as for one router. Traces ar
 per period and name (each worker's `(other)` overflow row into one). Views come by worker index and are added in
 that order, so whichever worker answers, the sums (costs are floats) are the same. Rule hits, shadow verdicts
 and mirrored copies add up per rule (per mirrored version), keeping the newest disagreements of all workers.
+Instance scores do not add up: each worker scores from its own measurements (decision 52), so every worker's rows
+are listed, labelled with its index, never averaged.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import msgspec
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from mesh.policy import ScoreWeights
 from router.reach import PeriodSummary, ReachView, merged, period_summary
+from router.scoring import InstanceScore
 from router.shadow import SAMPLES_KEPT as SHADOW_SAMPLES_KEPT
 from router.shadow import RuleHits, ShadowStats
 from router.traces import CallTrace, TraceNode
@@ -68,6 +72,23 @@ class Recorded(Protocol):
 
 
 Row = TypeVar("Row", bound=Recorded)
+
+
+class WorkerScore(InstanceScore, kw_only=True, frozen=True):
+    """An instance as one of `--workers N` scores it."""
+
+    worker: int
+
+
+class Scores(msgspec.Struct, kw_only=True):
+    """``GET /scores/{capability}``: the policy in force and every instance's score (with workers, each worker's)."""
+
+    capability: str
+    policy: str
+    weights: ScoreWeights
+    explore_share: float
+    quality_floor: float | None
+    instances: list[InstanceScore]
 
 
 def families(collector: Collector) -> list[Family]:
@@ -181,3 +202,9 @@ def merge_rule_stats(views: Mapping[int, RuleStats]) -> RuleStats:
                          lambda row: (row.capability, row.version),
                          ("sent", "skipped", "same_status", "different_status", "live_ms_sum", "mirror_ms_sum"),
                          MIRROR_SAMPLES_KEPT))
+
+
+def label_scores(views: Mapping[int, list[InstanceScore]]) -> list[InstanceScore]:
+    """Every worker's instance scores, by worker, each worker's best first."""
+    return [WorkerScore(worker=worker, **msgspec.structs.asdict(score)) for worker in sorted(views)
+            for score in views[worker]]

@@ -1,6 +1,6 @@
 """`--workers N` seen as one router: each worker serves its own views on a private unix socket, and answers
-`/metrics`, `/reach`, `/traces`, `/usage` and `/rules/stats` on the shared port with every worker's views
-merged (router/merged.py), so a scrape reaches the whole router whichever worker the kernel hands it to.
+`/metrics`, `/reach`, `/traces`, `/usage`, `/rules/stats` and `/scores` on the shared port with every worker's
+views merged (router/merged.py), so a scrape reaches the whole router whichever worker the kernel hands it to.
 
 The sockets live in a directory the workers' parent made for this run (mode 0700, a random name, removed when it
 stops; one socket a worker, 0600): only this user reaches them, and nothing is bound to a network. A router alone
@@ -35,6 +35,7 @@ from router.api import (
     reach_view,
     router_metrics,
     rule_stats_of,
+    scores_of,
     trace_not_found,
     usage_period,
     usage_periods,
@@ -45,6 +46,7 @@ from router.merged import (
     RuleStats,
     TraceAnswer,
     families,
+    label_scores,
     merge_metrics,
     merge_reach,
     merge_rule_stats,
@@ -54,6 +56,7 @@ from router.merged import (
 )
 from router.metrics import SUMMED_GAUGES
 from router.reach import ReachView
+from router.scoring import InstanceScore
 from router.traces import CallTrace
 from router.usage import PeriodUsage
 from weblayer.errors import ApiError
@@ -125,6 +128,7 @@ class Views:
         app.router.add_get("/traces/{request_id}", self._own_trace)
         app.router.add_get("/usage", self._own_usage)
         app.router.add_get("/rules/stats", self._own_rule_stats)
+        app.router.add_get("/scores/{capability}", self._own_scores)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         path = self._views.socket(self._views.index)
@@ -149,7 +153,7 @@ class Views:
         """The shared port's paths that answer for the whole router."""
         return {"/metrics": self.metrics, "/reach": self.reach, "/traces": self.traces,
                 "/traces/{request_id}": self.trace, "/usage": self.usage,
-                "/rules/stats": self.rule_stats}
+                "/rules/stats": self.rule_stats, "/scores/{capability}": self.scores}
 
     async def metrics(self, request: web.Request) -> web.Response:
         views = {self._views.index: families(self._metrics),
@@ -195,6 +199,13 @@ class Views:
         views[self._views.index] = rule_stats_of(self._router, query.get("capability"))
         return json_response(merge_rule_stats(views))
 
+    async def scores(self, request: web.Request) -> web.Response:
+        capability = request.match_info["capability"]
+        own = scores_of(self._router, capability)  # unknown here: 404 without asking anyone
+        views = await self._ask_siblings(f"/scores/{quote(capability, safe='')}", {}, list[InstanceScore])
+        views[self._views.index] = own.instances
+        return json_response(msgspec.structs.replace(own, instances=label_scores(views)))
+
     async def _own_metrics(self, request: web.Request) -> web.Response:
         return _msgpack(families(self._metrics))
 
@@ -212,6 +223,11 @@ class Views:
 
     async def _own_rule_stats(self, request: web.Request) -> web.Response:
         return _msgpack(rule_stats_of(self._router, request.query.get("capability")))
+
+    async def _own_scores(self, request: web.Request) -> web.Response:
+        """A capability the registry only now added or removed may be unknown here yet: no rows."""
+        found = self._router.scores(request.match_info["capability"])
+        return _msgpack(found[1] if found is not None else [])
 
     async def _ask_siblings(self, path: str, query: dict[str, str], kind: Any) -> dict[int, Any]:
         """Every live sibling's view at ``path`` decoded as ``kind``, by worker index."""

@@ -13,6 +13,7 @@ import pytest
 from agent_reach.usage import Usage
 
 from registry.server import RegistryServer
+from router.measurements import ERROR_WINDOW
 from router.merged import RuleStats, merge_rule_stats, merge_usage
 from router.rules import Decision
 from router.shadow import Disagreement, RuleHits, ShadowStats
@@ -20,7 +21,7 @@ from router.traffic_mirror import MirrorSample, MirrorStats
 from router.usage import OTHER, UsageLedger
 from sdk_support import free_port
 from test_workers import Caller, Supervised, register_echo, until_forwarding
-from test_workers_metrics import SCRAPES, fresh_get
+from test_workers_metrics import SCRAPES, fresh_get, own_calls
 
 PRICE = 0.25
 # Every call is decided by the live rule; one shadow rule would do the same, the other would refuse it.
@@ -31,9 +32,10 @@ POLICY = {"rules": [{"id": "live", "priority": 10}, {"id": "same", "priority": 5
 class Served:
     """A `--workers 2` router in front of a priced echo agent, and the calls it answered."""
 
-    def __init__(self, url: str, caller: Caller):
+    def __init__(self, url: str, caller: Caller, private_dir: Path):
         self.url = url
         self.caller = caller
+        self.private_dir = private_dir  # the workers' own views
 
     async def every_scrape(self, path: str, **params: str) -> Any:
         """``path``'s answer, the same on ``SCRAPES`` fresh connections (else the assertion says how it differs)."""
@@ -61,7 +63,7 @@ async def served(registry: RegistryServer, start_agent: Callable[..., Any], tmp_
         await until_forwarding(caller, ready["pids"], agent.port, router)  # each worker has served calls
         await caller.calls("counted", 20)
         assert caller.failures == []
-        yield Served(caller.url, caller)
+        yield Served(caller.url, caller, Path(ready["private_dir"]))
     finally:
         await router.close()
 
@@ -131,3 +133,16 @@ def test_merged_rule_stats_add_up_per_rule_and_keep_the_newest_samples_of_all_wo
     [mirror] = whole.mirror
     assert (mirror.sent, mirror.skipped, mirror.same_status, mirror.different_status, mirror.live_ms_sum,
             mirror.mirror_ms_sum, [sample.at for sample in mirror.samples]) == (3, 1, 1, 2, 4, 6, [8, 9])
+
+
+async def test_scores_on_the_shared_port_list_every_workers_own_measurements(served: Served) -> None:
+    answer = await served.every_scrape("/scores/echo")
+    assert (answer["capability"], answer["policy"]) == ("echo", "least_load")
+    rows = answer["instances"]
+    assert [(row["worker"], row["agent_id"]) for row in rows] == [(0, "echo-1"), (1, "echo-1")]
+    # Each worker's own figures, not an average: the calls it served, up to its error window.
+    for row in rows:
+        assert row["latency_ms"] is not None
+        assert row["samples"] == min(ERROR_WINDOW, await own_calls(served.private_dir, row["worker"])) > 0
+    unknown = await fresh_get(f"{served.url}/scores/never-offered")
+    assert unknown.status == 404 and (await unknown.json())["error"] == "unknown_capability"

@@ -18,9 +18,12 @@ export function scoreFacts(scored) {
 const quality = (s) => (s.quality === null ? fmt.DASH : s.below_quality_floor
   ? h("span", { class: "badge badge-alert", text: `${s.quality.toFixed(2)} below floor` }) : s.quality.toFixed(2));
 
+// A router run as --workers N lists each worker's own scores of an instance, labelled with the worker.
+const scorer = (s) => (s.worker === undefined ? s.agent_id : `${s.agent_id} (worker ${s.worker})`);
+
 function instanceTable(answer) {
   return table([
-    { label: "Instance", rowHeader: true, cell: (s) => h("a", { href: `#/agents/${encodeURIComponent(s.agent_id)}`, text: s.agent_id }) },
+    { label: "Instance", rowHeader: true, cell: (s) => h("a", { href: `#/agents/${encodeURIComponent(s.agent_id)}`, text: scorer(s) }) },
     { label: "State", cell: (s) => s.state },
     { label: "Score", numeric: true, cell: (s) => s.score.toFixed(3) },
     { label: "Parts", cell: (s) => scoreParts(s.parts) },
@@ -30,7 +33,7 @@ function instanceTable(answer) {
     { label: "Load", numeric: true, cell: (s) => fmt.load(s.load) },
     { label: "Cost", numeric: true, cell: (s) => fmt.cost(s.cost) },
     { label: "Quality", numeric: true, cell: quality },
-  ], answer.instances, { caption: `Instance scores of ${answer.capability}`, empty: "No instance offers it now.", rowKey: (s) => s.agent_id });
+  ], answer.instances, { caption: `Instance scores of ${answer.capability}`, empty: "No instance offers it now.", rowKey: scorer });
 }
 
 function settingsLine(answer) {
