@@ -31,11 +31,12 @@ class Offer(msgspec.Struct, frozen=True):
     record: InstanceRecord
     capability: Capability
     state: InstanceState
+    version: str  # the instance's version of this capability (agent_reach.versions.instance_version)
 
-    @property
-    def version(self) -> str:
-        """The instance's version of this capability (agent_reach.versions.instance_version)."""
-        return instance_version(self.capability.version, self.record.metadata.get("semver"))
+
+def new_offer(record: InstanceRecord, capability: Capability, state: InstanceState) -> Offer:
+    """The offer with its version worked out once, as the feed changes, rather than per candidate per call."""
+    return Offer(record, capability, state, instance_version(capability.version, record.metadata.get("semver")))
 
 
 def new_router_id() -> str:
@@ -123,7 +124,7 @@ class RegistryMirror:
         if not found:
             return None
         built = self._offer_lists[capability] = [
-            Offer(self.keys.live[agent_id], offered, self.states.get(agent_id, UNKNOWN_STATE))
+            new_offer(self.keys.live[agent_id], offered, self.states.get(agent_id, UNKNOWN_STATE))
             for agent_id, offered in found.items()]
         return built
 
@@ -132,7 +133,8 @@ class RegistryMirror:
 
     def quality(self, capability: str, agent_id: str) -> float | None:
         """The instance's quality score for ``capability`` (0..1, mesh/quality.py); None when none is posted."""
-        score = self.keys.quality.get(capability, {}).get(agent_id)
+        scores = self.keys.quality.get(capability)
+        score = scores.get(agent_id) if scores is not None else None
         return score.score if score is not None else None
 
     def capability_names(self) -> list[str]:
