@@ -48,7 +48,7 @@ from router.audit_query import FilterError, parse_filters
 from router.auth import Authenticator, Caller, Unauthenticated
 from router.core import CallResult, Router
 from router.forward import MAX_CONTEXT_BYTES
-from router.merged import RuleStats, Scores, TraceAnswer
+from router.merged import AlertsAnswer, RuleStats, Scores, TraceAnswer
 from router.metrics import RouterCollector
 from router.oauth import OAuthRefusal
 from router.reach import ReachView, health_rate
@@ -418,9 +418,12 @@ def rule_stats_of(router: Router, capability: str | None) -> RuleStats:
 
 
 async def alerts(request: web.Request) -> web.Response:
-    router = request.app[ROUTER_KEY]
-    return json_response({"alerts": router.ledger.alerts(time.time()), "config": router.ledger.alert_config,
-                          "rollbacks": list(router.releases.rollbacks), "degraded": router.degradations.alerts()})
+    return json_response(alerts_of(request.app[ROUTER_KEY]))
+
+
+def alerts_of(router: Router) -> AlertsAnswer:
+    return AlertsAnswer(alerts=router.ledger.alerts(time.time()), config=router.ledger.alert_config,
+                        rollbacks=list(router.releases.rollbacks), degraded=router.degradations.alerts())
 
 
 async def traces(request: web.Request) -> web.Response:

@@ -8,13 +8,15 @@ from the summed counts and latency buckets, exactly as for one router. Traces ar
 per period and name (each worker's `(other)` overflow row into one). Views come by worker index and are added in
 that order, so whichever worker answers, the sums (costs are floats) are the same. Rule hits, shadow verdicts
 and mirrored copies add up per rule (per mirrored version), keeping the newest disagreements of all workers.
-Instance scores do not add up: each worker scores from its own measurements (decision 52), so every worker's rows
-are listed, labelled with its index, never averaged.
+Reach alerts are judged again on the merged periods, as one ledger holding every worker's calls would judge them
+(each worker's own sees its share of the failures only). Instance scores do not add up: each worker scores from
+its own measurements (decision 52), so every worker's rows are listed, labelled with its index, never averaged.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, TypeVar
 
@@ -22,8 +24,11 @@ import msgspec
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from mesh.alerts import AlertConfig
 from mesh.policy import ScoreWeights
-from router.reach import PeriodSummary, ReachView, merged, period_summary
+from router.degradation import DegradedAlert
+from router.reach import Alert, PeriodSummary, ReachLedger, ReachView, merged, period_summary
+from router.rollback import ROLLBACKS_KEPT, RollbackAlert
 from router.scoring import InstanceScore
 from router.shadow import SAMPLES_KEPT as SHADOW_SAMPLES_KEPT
 from router.shadow import RuleHits, ShadowStats
@@ -72,6 +77,15 @@ class Recorded(Protocol):
 
 
 Row = TypeVar("Row", bound=Recorded)
+
+
+class AlertsAnswer(msgspec.Struct, kw_only=True):
+    """``GET /alerts``: reach alerts with their settings, canary rollbacks this router made, degraded answers."""
+
+    alerts: list[Alert]
+    config: AlertConfig
+    rollbacks: list[RollbackAlert]
+    degraded: list[DegradedAlert]
 
 
 class WorkerScore(InstanceScore, kw_only=True, frozen=True):
@@ -208,3 +222,42 @@ def label_scores(views: Mapping[int, list[InstanceScore]]) -> list[InstanceScore
     """Every worker's instance scores, by worker, each worker's best first."""
     return [WorkerScore(worker=worker, **msgspec.structs.asdict(score)) for worker in sorted(views)
             for score in views[worker]]
+
+
+def judged_alerts(whole: ReachView, config: AlertConfig, keep_periods: int, now: float) -> list[Alert]:
+    """The alerts of one ledger that counted every worker's calls: the merged periods replayed oldest first, each
+    period closed and judged in turn (as the router's housekeeping does every second). Only the kept periods are
+    known: an alert resolved before them is not listed, and one firing since before them dates from their start."""
+    ledger = ReachLedger(whole.period_seconds, keep_periods, config)
+    by_index: dict[int, list[PeriodSummary]] = {}
+    for period in whole.periods:
+        by_index.setdefault(round(period.start / whole.period_seconds), []).append(period)
+    if not by_index:
+        return []
+    for index in range(min(by_index), math.floor(now / whole.period_seconds) + 1):
+        ledger.evaluate((index + 0.5) * whole.period_seconds)
+        for period in by_index.get(index, []):
+            ledger.add_period(period.capability, period.start, merged([period]))
+    return ledger.alerts(now)
+
+
+def merge_alerts(views: Mapping[int, AlertsAnswer], whole: ReachView, own: int, keep_periods: int,
+                 now: float) -> AlertsAnswer:
+    """Reach alerts judged on ``whole`` (the merged reach view) under worker ``own``'s settings; every worker's
+    rollbacks newest first; degraded answers added up per capability."""
+    rollbacks = sorted((rollback for worker in sorted(views) for rollback in views[worker].rollbacks),
+                       key=lambda rollback: -rollback.at)[:ROLLBACKS_KEPT]
+    degraded: dict[str, DegradedAlert] = {}
+    for worker in sorted(views):
+        for alert in views[worker].degraded:
+            into = degraded.get(alert.capability)
+            if into is None:
+                degraded[alert.capability] = msgspec.structs.replace(alert)
+                continue
+            into.answers += alert.answers
+            into.first_at = min(into.first_at, alert.first_at)
+            if alert.last_at > into.last_at:
+                into.last_at, into.last_reason = alert.last_at, alert.last_reason
+    config = views[own].config
+    return AlertsAnswer(alerts=judged_alerts(whole, config, keep_periods, now), config=config, rollbacks=rollbacks,
+                        degraded=sorted(degraded.values(), key=lambda alert: -alert.last_at))

@@ -201,6 +201,12 @@ class ReachLedger:
         tally_of(periods, current).add(outcome, error_code, latency_ms)
         tally_of(self._lifetime, capability).add(outcome, error_code, latency_ms)
 
+    def add_period(self, capability: str, start: float, tally: Tally) -> None:
+        """Calls counted elsewhere (another ledger's period starting at ``start``) added to that period here, for
+        the alerts they raise; the lifetime counters (this router's own, for Prometheus) are left alone."""
+        current = self.evaluate(start)
+        absorb(tally_of(self._periods.setdefault(capability, {}), current), tally)
+
     def evaluate(self, now: float) -> int:
         """Close the periods ``now`` has moved past and judge alerts on them; returns the open period."""
         index = math.floor(now / self.period_seconds)

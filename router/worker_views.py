@@ -1,6 +1,6 @@
 """`--workers N` seen as one router: each worker serves its own views on a private unix socket, and answers
-`/metrics`, `/reach`, `/traces`, `/usage`, `/rules/stats` and `/scores` on the shared port with every worker's
-views merged (router/merged.py), so a scrape reaches the whole router whichever worker the kernel hands it to.
+`/metrics`, `/reach`, `/traces`, `/usage`, `/rules/stats`, `/scores` and `/alerts` on the shared port with every
+worker's views merged (router/merged.py), so a scrape reaches the whole router whichever worker the kernel hands it to.
 
 The sockets live in a directory the workers' parent made for this run (mode 0700, a random name, removed when it
 stops; one socket a worker, 0600): only this user reaches them, and nothing is bound to a network. A router alone
@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -31,6 +32,7 @@ from yarl import URL
 
 from router.api import (
     MAX_TRACES_LISTED,
+    alerts_of,
     found_trace,
     reach_view,
     router_metrics,
@@ -42,11 +44,13 @@ from router.api import (
 )
 from router.core import Router
 from router.merged import (
+    AlertsAnswer,
     Family,
     RuleStats,
     TraceAnswer,
     families,
     label_scores,
+    merge_alerts,
     merge_metrics,
     merge_reach,
     merge_rule_stats,
@@ -129,6 +133,7 @@ class Views:
         app.router.add_get("/usage", self._own_usage)
         app.router.add_get("/rules/stats", self._own_rule_stats)
         app.router.add_get("/scores/{capability}", self._own_scores)
+        app.router.add_get("/alerts", self._own_alerts)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         path = self._views.socket(self._views.index)
@@ -153,7 +158,8 @@ class Views:
         """The shared port's paths that answer for the whole router."""
         return {"/metrics": self.metrics, "/reach": self.reach, "/traces": self.traces,
                 "/traces/{request_id}": self.trace, "/usage": self.usage,
-                "/rules/stats": self.rule_stats, "/scores/{capability}": self.scores}
+                "/rules/stats": self.rule_stats, "/scores/{capability}": self.scores,
+                "/alerts": self.alerts}
 
     async def metrics(self, request: web.Request) -> web.Response:
         views = {self._views.index: families(self._metrics),
@@ -206,6 +212,14 @@ class Views:
         views[self._views.index] = own.instances
         return json_response(msgspec.structs.replace(own, instances=label_scores(views)))
 
+    async def alerts(self, request: web.Request) -> web.Response:
+        (alerts, reach) = await asyncio.gather(self._ask_siblings("/alerts", {}, AlertsAnswer),
+                                               self._ask_siblings("/reach", {}, ReachView))
+        index, ledger = self._views.index, self._router.ledger
+        alerts[index] = alerts_of(self._router)
+        whole = merge_reach(reach_view(self._router, None), reach.values())
+        return json_response(merge_alerts(alerts, whole, index, ledger.keep_periods, time.time()))
+
     async def _own_metrics(self, request: web.Request) -> web.Response:
         return _msgpack(families(self._metrics))
 
@@ -228,6 +242,9 @@ class Views:
         """A capability the registry only now added or removed may be unknown here yet: no rows."""
         found = self._router.scores(request.match_info["capability"])
         return _msgpack(found[1] if found is not None else [])
+
+    async def _own_alerts(self, request: web.Request) -> web.Response:
+        return _msgpack(alerts_of(self._router))
 
     async def _ask_siblings(self, path: str, query: dict[str, str], kind: Any) -> dict[int, Any]:
         """Every live sibling's view at ``path`` decoded as ``kind``, by worker index."""

@@ -9,16 +9,21 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgspec
 import pytest
 from agent_reach.usage import Usage
 
+from conftest import wait_for
+from mesh.alerts import AlertConfig
 from registry.server import RegistryServer
 from router.measurements import ERROR_WINDOW
-from router.merged import RuleStats, merge_rule_stats, merge_usage
+from router.merged import RuleStats, judged_alerts, merge_reach, merge_rule_stats, merge_usage
+from router.reach import Outcome, ReachLedger, ReachView
 from router.rules import Decision
 from router.shadow import Disagreement, RuleHits, ShadowStats
 from router.traffic_mirror import MirrorSample, MirrorStats
 from router.usage import OTHER, UsageLedger
+from router_support import capability
 from sdk_support import free_port
 from test_workers import Caller, Supervised, register_echo, until_forwarding
 from test_workers_metrics import SCRAPES, fresh_get, own_calls
@@ -146,3 +151,74 @@ async def test_scores_on_the_shared_port_list_every_workers_own_measurements(ser
         assert row["samples"] == min(ERROR_WINDOW, await own_calls(served.private_dir, row["worker"])) > 0
     unknown = await fresh_get(f"{served.url}/scores/never-offered")
     assert unknown.status == 404 and (await unknown.json())["error"] == "unknown_capability"
+
+
+async def own_view(private_dir: Path, index: int, path: str, kind: Any, **params: str) -> Any:
+    """Worker ``index``'s own view at ``path``, from its private socket."""
+    connector = aiohttp.UnixConnector(path=str(private_dir / f"worker-{index}.sock"))
+    async with aiohttp.ClientSession(connector=connector) as session, \
+            session.get(f"http://worker{path}", params=params) as response:
+        return msgspec.msgpack.decode(await response.read(), type=kind)
+
+
+async def test_alerts_on_the_shared_port_are_judged_on_every_workers_calls(
+        served: Served, registry: RegistryServer) -> None:
+    """Failures split between the workers: neither alone reaches min_failures, the router does."""
+    body = {"agent_id": "dead-1", "service": "dead",
+            "capabilities": [capability("dead", f"http://127.0.0.1:{free_port()}/call")]}
+    async with aiohttp.ClientSession() as http:
+        for path, payload in (("/register", body), ("/heartbeat", {"agent_id": "dead-1"})):
+            async with http.post(f"{registry.url}{path}", json=payload) as response:
+                assert response.status == 200, await response.text()
+    for n in range(30):
+        frame = {"capability": "dead", "payload": {}, "request_id": f"dead-{n}"}
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session, \
+                session.post(f"{served.url}/atp", json=frame) as response:
+            await response.read()
+    whole = await served.every_scrape("/reach", capability="dead")
+    worst = max(whole["periods"], key=lambda period: period["failed"])
+    shares = [period.failed for index in (0, 1)
+              for period in (await own_view(served.private_dir, index, "/reach", ReachView, capability="dead")).periods
+              if period.start == worst["start"]]
+    assert len(shares) == 2 and sum(shares) == worst["failed"] and max(shares) < worst["failed"]
+    config = {"reach_threshold": 0.98, "consecutive_periods": 1, "min_failures": worst["failed"]}
+    async with aiohttp.ClientSession() as http, http.put(f"{registry.url}/settings/alerts", json=config) as response:
+        assert response.status == 200, await response.text()
+
+    async def fired() -> list[Any]:
+        response = await fresh_get(f"{served.url}/alerts")
+        return [alert for alert in (await response.json())["alerts"] if alert["capability"] == "dead"]
+    # The period closes within a minute (the router's period); each worker judges it on its own share too.
+    await wait_for(fired, timeout=150, what="the router's reach alert on dead")
+    answer = await served.every_scrape("/alerts")
+    [alert] = [alert for alert in answer["alerts"] if alert["capability"] == "dead"]
+    assert (alert["state"], alert["failures"], alert["total"]) == ("active", worst["failed"], worst["total"])
+    assert answer["config"] == config
+    for index in (0, 1):  # each worker's own ledger, under the same settings, saw too few failures
+        own = await own_view(served.private_dir, index, "/alerts", dict[str, Any])
+        assert own["config"] == config and [a for a in own["alerts"] if a["capability"] == "dead"] == []
+
+
+def test_alerts_judged_on_merged_periods_are_those_of_one_ledger_counting_every_call() -> None:
+    config = AlertConfig(reach_threshold=0.9, consecutive_periods=2, min_failures=6)
+    workers, whole = [ReachLedger(alert=config), ReachLedger(alert=config)], ReachLedger(alert=config)
+    outcomes: dict[int, Outcome] = {10: "failed", 11: "failed", 12: "success", 14: "failed", 15: "failed"}
+    for minute in range(10, 16):
+        for ledger in (*workers, whole):
+            ledger.evaluate(minute * 60.0)  # housekeeping closes every period in turn
+        outcome = outcomes.get(minute)
+        if outcome is None:
+            continue
+        for call in range(4):
+            for ledger in (workers[call % 2], whole):
+                ledger.record("echo", outcome, "TIMEOUT" if outcome == "failed" else None, 5.0, now=minute * 60.0 + 1)
+    now = 16 * 60.0 + 1
+    for ledger in (*workers, whole):
+        ledger.evaluate(now)
+    assert [ledger.alerts(now) for ledger in workers] == [[], []]
+    views = [ReachView(period_seconds=60.0, periods=ledger.periods(now=now), instance_health_rate=None,
+                       route_decisions={}) for ledger in workers]
+    replayed = judged_alerts(merge_reach(views[0], views[1:]), config, 60, now)
+    assert replayed == whole.alerts(now)
+    assert [(alert.state, alert.failures, alert.fired_at) for alert in replayed] == [
+        ("active", 8, 16 * 60.0), ("resolved", 8, 12 * 60.0)]
