@@ -29,6 +29,11 @@ from aiohttp import web
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
+# The script that runs the echo agent and the bare proxy (`router_bench.py echo|proxy ...`).
+ROUTER_BENCH = str(Path(__file__).with_name("router_bench.py"))
+# router_bench's payload: every bench that compares routers with it sends the same calls.
+PAYLOAD = {"text": "hello, agent", "n": 1}
+ECHO_ID = "echo-1"
 # The Debian package that installs each tool a bench may need.
 DEBIAN_PACKAGES = {"wrk": "wrk", "df": "coreutils", "etcd": "etcd-server", "nginx": "nginx-light"}
 

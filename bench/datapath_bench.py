@@ -37,6 +37,7 @@ from auth_bench import enrol
 from common import (
     RESULTS,
     ROOT,
+    ROUTER_BENCH,
     best_rounds,
     free_port,
     keep_alive,
@@ -52,7 +53,6 @@ from common import (
 )
 from registry.access import read_admin_key
 
-ROUTER_BENCH = str(Path(__file__).with_name("router_bench.py"))
 AUTH_BENCH = str(Path(__file__).with_name("auth_bench.py"))
 WAYS = ("nginx", "proxy", "default", "no_audit")
 # With --uvloop: the bare proxy and the default router on uvloop's event loop (the same code otherwise).

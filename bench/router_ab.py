@@ -38,8 +38,11 @@ from typing import Any, NamedTuple
 import aiohttp
 
 from common import (
+    ECHO_ID,
+    PAYLOAD,
     RESULTS,
     ROOT,
+    ROUTER_BENCH,
     alternating_rounds,
     free_port,
     keep_alive,
@@ -51,10 +54,6 @@ from common import (
     wait_http,
     wrk_max,
 )
-
-ROUTER_BENCH = str(Path(__file__).with_name("router_bench.py"))
-PAYLOAD = {"text": "hello, agent", "n": 1}  # router_bench's payload: the same calls
-ECHO_ID = "echo-1"
 
 
 class Target(NamedTuple):

@@ -44,6 +44,7 @@ import aiohttp
 from aiohttp import web
 
 from common import (
+    PAYLOAD,
     RESULTS,
     ROOT,
     best_rounds,
@@ -58,7 +59,6 @@ from common import (
     wrk_max,
 )
 
-PAYLOAD = {"text": "hello, agent", "n": 1}
 TARGETS = ("direct", "proxy", "router", "audited")
 
 

@@ -33,6 +33,7 @@ from aiohttp import web
 
 from common import (
     RESULTS,
+    ROUTER_BENCH,
     alternating_rounds,
     best_rounds,
     free_port,
@@ -45,7 +46,6 @@ from common import (
     wrk_max,
 )
 
-ROUTER_BENCH = str(Path(__file__).with_name("router_bench.py"))
 PAIRS = ("aiohttp+aiohttp", "granian+aiohttp", "aiohttp+pyreqwest", "granian+pyreqwest")
 BODY = b'{"text":"' + b"x" * (1024 - 11) + b'"}'  # 1 KB, as issue 18's bar is stated
 

@@ -28,8 +28,11 @@ from typing import Any, NamedTuple
 import aiohttp
 
 from common import (
+    ECHO_ID,
+    PAYLOAD,
     RESULTS,
     ROOT,
+    ROUTER_BENCH,
     alternating_rounds,
     free_port,
     keep_alive,
@@ -42,9 +45,6 @@ from common import (
     wrk_max,
 )
 
-ROUTER_BENCH = str(Path(__file__).with_name("router_bench.py"))
-PAYLOAD = {"text": "hello, agent", "n": 1}  # router_bench's payload: the same calls
-ECHO_ID = "echo-1"
 CONNECTIONS = 64
 
 
