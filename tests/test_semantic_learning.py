@@ -13,10 +13,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from agent_reach.registration import Capability
 
+from mesh.records import InstanceRecord, instance_key
+from mesh.watch import Reset
+from router.mirror import RegistryMirror
 from router.semantic.calibrate import is_calibration, load_eval_set
 from router.semantic.embedder import DEFAULT_MODEL, MODELS, AsyncEmbedder
 from router.semantic.index import CapabilityIndex, CapabilityText
+from router.semantic.judge import ExampleJudge
 from router.semantic.matcher import MatchRule, routed_to
 
 EVAL = load_eval_set(Path(__file__).parent / "semantic_eval")
@@ -70,3 +75,28 @@ async def test_a_phrasing_routed_before_learning_is_still_routed_after(embedder:
         index = CapabilityIndex(embedder)
         await index.update(capabilities)
         assert routed_to(*index.scores(vector), rule) == "service.latency"
+
+
+class QpsFirst(CapabilityIndex):
+    """Scores as the router does, except that order.qps is always best: a scoring the judge must follow."""
+
+    def scores(self, vector: np.ndarray) -> tuple[list[str], np.ndarray]:
+        names, scores = super().scores(vector)
+        scores[names.index("order.qps")] = 1.0
+        return names, scores
+
+
+async def test_the_judge_scores_an_example_with_the_index_it_is_given(embedder: AsyncEmbedder) -> None:
+    """A benchmark that measures another scoring judges examples with it too (bench/semantic_bench.py)."""
+    mirror = RegistryMirror()
+    mirror.apply(Reset(revision=1, states={}, records={
+        instance_key(f"agent-{i}"): InstanceRecord(
+            agent_id=f"agent-{i}", service=f"agent-{i}", health_url="http://127.0.0.1:9/healthz",
+            capabilities=[Capability(name=c.name, endpoint="http://127.0.0.1:9/call", description=c.description,
+                                     examples=c.examples)])
+        for i, c in enumerate(EVAL.capabilities)}))
+    rule = MatchRule(threshold=embedder.model.threshold, margin=embedder.model.margin)
+    text = "where is the parcel I ordered last week"
+    assert await ExampleJudge(embedder, rule)(mirror.keys, "order.query", text) is None
+    reason = await ExampleJudge(embedder, rule, index=QpsFirst)(mirror.keys, "order.query", text)
+    assert reason == f"even with it, {text!r} would be routed to 'order.qps'"

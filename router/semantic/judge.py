@@ -17,7 +17,7 @@ is never wrong).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -50,13 +50,19 @@ def with_example(capabilities: list[CapabilityText], capability: str, text: str)
 
 
 class ExampleJudge:
-    """Loads the default model on first use (the registry rarely judges; most never need it)."""
+    """Loads the default model on first use (the registry rarely judges; most never need it).
+
+    ``index`` builds the index it scores with: the router's, unless a benchmark measures another scoring,
+    which its judge must then use too (an example is judged by the scores it would route with).
+    """
 
     def __init__(self, embedder: AsyncEmbedder | None = None, rule: MatchRule | None = None,
-                 evaluation: Sequence[Labelled] = ()):
+                 evaluation: Sequence[Labelled] = (),
+                 index: Callable[[AsyncEmbedder], CapabilityIndex] = CapabilityIndex):
         self._embedder = embedder
         self._evaluation = list(evaluation)
         self._rule = rule
+        self._index = index
         self._loading = asyncio.Lock()
         self._vectors: LruCache[np.ndarray] = LruCache(10_000)
         self._before: CapabilityIndex | None = None
@@ -70,7 +76,7 @@ class ExampleJudge:
                 model = self._embedder.model
                 self._rule = MatchRule(threshold=model.threshold, margin=model.margin)
             if self._before is None or self._after is None:
-                self._before, self._after = CapabilityIndex(self._embedder), CapabilityIndex(self._embedder)
+                self._before, self._after = self._index(self._embedder), self._index(self._embedder)
             return self._embedder, self._rule, self._before, self._after
 
     async def _vector(self, embedder: AsyncEmbedder, text: str) -> np.ndarray:
