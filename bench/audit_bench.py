@@ -3,8 +3,9 @@
     python bench/audit_bench.py [--entries N] [--prefill N] [--json out.json]
 
 Request path: the payload's SHA-256 (1 KiB payload), call_entry and AuditLog.record, each
-timed over N calls. Writes: N buffered entries flushed through the writer process, one commit per
-batch (synchronous=FULL, WAL), for a few batch sizes, into a SQLite file in the system temp dir.
+timed over N calls. Writes: N buffered entries flushed through the writer process in batches of a few
+sizes, which it commits a window at a time (router/audit_writer.py COMMIT_ROWS; synchronous=FULL, WAL),
+into a SQLite file in the system temp dir.
 Steady: 40,000 entries recorded at 8,000/s, the CPU per row in the router's process and in the
 writer's, and the loop's lateness; with --prefill, into a trail that already holds that many rows (a
 trail's random-key indexes cost more a row as they outgrow the writer's cache). Request and trace ids

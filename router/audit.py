@@ -5,14 +5,16 @@ keeps who called (client and how it authenticated), what it asked for, which ins
 how it ended, and the payload's size and SHA-256 digest — never the payload itself.
 
 ``record()`` only appends to a bounded in-memory buffer; a background task hands the buffer, a batch
-(one JSON array) at a time, to a writer process (router/audit_writer.py) that inserts it in one
-transaction and acknowledges the commit. SQLite's work thus never runs in the router's process.
+(one JSON array) at a time, to a writer process (router/audit_writer.py) that commits batches a window
+at a time (up to a second's worth) and acknowledges each batch once committed; the router keeps a batch
+until then, and does not wait for it. SQLite's work thus never runs in the router's process.
 Retention deletes (at start and every ``prune_interval``) and queries run on the router's own aiosqlite
 connection: rare, and readers never wait for the writer in WAL mode.
 
 What a crash loses: a batch is kept until the writer acknowledges its commit, so a writer that dies
-loses nothing (a new one is started and the batch sent again; a commit whose ack was lost comes back
-as a duplicate row). A router killed outright (SIGKILL) loses the rows not yet handed over: those
+loses nothing (a new one is started and the batches sent again; a commit whose ack was lost comes back
+as a duplicate row). A router killed outright (SIGKILL) loses the rows not yet handed over (the writer
+commits what it holds when its input closes): those
 recorded since the last hand-off, which happens every ``batch_size`` rows and every ``flush_interval``
 — fewer than ``batch_size`` rows while the writer keeps up, at most ``max_buffer`` if it does not.
 """
@@ -25,6 +27,7 @@ import logging
 import sqlite3
 import sys
 import time
+from collections import deque
 from pathlib import Path
 from typing import Literal, cast
 
@@ -32,7 +35,7 @@ import aiosqlite
 import msgspec
 from agent_reach.usage import Usage
 
-from router.audit_writer import BUSY_TIMEOUT_SECONDS, FRAME, switch_to_wal
+from router.audit_writer import ACK, BUSY_TIMEOUT_SECONDS, FRAME, SYNC, switch_to_wal
 from router.traces import AttemptTrace
 from wal.private import create_private_file
 
@@ -173,9 +176,15 @@ class AuditLog:
         self.prune_interval = prune_interval
         self.written = 0
         self.batches = 0
+        self.commits = 0  # the writer's transactions: a window of batches each (router/audit_writer.py)
         self.dropped = 0
         self._unreported_drops = 0
         self._buffer: list[AuditEntry] = []
+        # Handed to the writer, not yet acknowledged as committed: oldest first, an ack per batch in order.
+        self._unacked: deque[list[AuditEntry]] = deque()
+        self._unacked_rows = 0
+        self._acked = asyncio.Event()  # set by the ack reader at each ack, and when the writer is gone
+        self._acks: asyncio.Task[None] | None = None
         self._db: aiosqlite.Connection | None = None  # schema, retention and queries
         self._process: asyncio.subprocess.Process | None = None  # router/audit_writer.py: every insert
         self._lock = asyncio.Lock()
@@ -186,7 +195,13 @@ class AuditLog:
 
     @property
     def pending(self) -> int:
+        """Rows not yet handed to the writer: what a router killed now would lose."""
         return len(self._buffer)
+
+    @property
+    def unacknowledged(self) -> int:
+        """Rows handed to the writer and not yet committed (kept here until they are)."""
+        return self._unacked_rows
 
     @property
     def writer_pid(self) -> int | None:
@@ -196,7 +211,7 @@ class AuditLog:
     def record(self, entry: AuditEntry) -> None:
         """Queue one entry: an append, or a counted drop when the buffer is full or the log stopped."""
         buffer = self._buffer
-        if self._closed or len(buffer) >= self.max_buffer:
+        if self._closed or len(buffer) + self._unacked_rows >= self.max_buffer:
             self.dropped += 1
             self._unreported_drops += 1
             return
@@ -235,6 +250,25 @@ class AuditLog:
         self._process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "router.audit_writer", str(self.path), INSERT,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, start_new_session=True)
+        self._acks = asyncio.create_task(self._read_acks(self._process), name="audit-acks")
+
+    async def _read_acks(self, process: asyncio.subprocess.Process) -> None:
+        """Count each acknowledged batch as written; at the writer's EOF (it exited, or died) just stop:
+        whoever waits on an ack finds the writer gone."""
+        assert process.stdout is not None
+        try:
+            while True:
+                rows, ends_commit = ACK.unpack(await process.stdout.readexactly(ACK.size))
+                batch = self._unacked.popleft()
+                self._unacked_rows -= len(batch)
+                self.written += rows
+                self.batches += 1 if batch else 0
+                self.commits += ends_commit
+                self._acked.set()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self._acked.set()
 
     async def _stop_writer(self) -> None:
         """Close the writer's stdin and wait for it to exit (it has committed all it acknowledged)."""
@@ -246,6 +280,9 @@ class AuditLog:
         with contextlib.suppress(ConnectionError):
             await process.stdin.wait_closed()
         await process.wait()
+        if self._acks is not None:
+            await self._acks  # it reads the writer's last acks, then its EOF
+            self._acks = None
 
     async def stop(self) -> None:
         """Stop taking entries, let the writer finish its batch, write the rest, close."""
@@ -272,36 +309,51 @@ class AuditLog:
             await self.flush()
 
     async def flush(self) -> None:
-        """Write everything buffered so far, a batch per transaction; raises if the writer process fails
-        (the batches not acknowledged stay buffered, and a new writer is started for the next try)."""
+        """Write everything buffered so far and wait until the writer has committed it all; raises if the
+        writer process fails (the batches not acknowledged are buffered again, and a new writer is started
+        for the next try)."""
         async with self._lock:
             assert self._db is not None, "AuditLog.start() first"
-            taken, self._buffer = self._buffer, []
-            for first in range(0, len(taken), self.batch_size):
-                batch = taken[first:first + self.batch_size]
-                try:
-                    await self._commit(_batch_encoder.encode([msgspec.structs.astuple(entry) for entry in batch]))
-                except BaseException:  # cancelled too: an ack left unread would answer the next batch
-                    self._requeue(taken[first:])
-                    await self._restart_writer()
-                    raise
-                self.written += len(batch)
-                self.batches += 1
-            self._report_drops()
+            try:
+                await self._hand_off(sync=True)
+                while self._unacked:
+                    self._acked.clear()
+                    if self._acks is None or self._acks.done():
+                        raise asyncio.IncompleteReadError(b"", ACK.size)  # the writer's traceback is on stderr
+                    await self._acked.wait()
+            except BaseException:  # cancelled too: a new writer, so no stale ack answers a later batch
+                await self._restart_writer()
+                raise
+            finally:
+                self._report_drops()
 
-    async def _commit(self, batch: bytes) -> None:
-        """Hand one batch to the writer process and wait for its commit's acknowledgement."""
+    async def _hand_off(self, sync: bool) -> None:
+        """Send the buffer to the writer, a batch per frame, without waiting for commits; ``sync`` asks
+        for a commit of everything sent (an empty frame carries it when nothing is buffered)."""
         process = self._process
-        assert process is not None and process.stdin is not None and process.stdout is not None
-        process.stdin.write(FRAME.pack(len(batch)) + batch)
+        assert process is not None and process.stdin is not None
+        taken, self._buffer = self._buffer, []
+        batches = [taken[first:first + self.batch_size] for first in range(0, len(taken), self.batch_size)]
+        if sync and self._unacked and not batches:
+            batches = [[]]
+        for index, batch in enumerate(batches):
+            body = _batch_encoder.encode([msgspec.structs.astuple(entry) for entry in batch]) if batch else b""
+            last = index == len(batches) - 1
+            process.stdin.write(FRAME.pack(len(body) | (SYNC if sync and last else 0)) + body)
+            self._unacked.append(batch)
+            self._unacked_rows += len(batch)
         await process.stdin.drain()
-        await process.stdout.readexactly(FRAME.size)  # EOF instead: the writer died, its traceback on stderr
 
     async def _restart_writer(self) -> None:
+        """A new writer, the old one's unacknowledged batches buffered again in front, oldest first."""
         process = self._process
         if process is not None and process.returncode is None:
             process.kill()
         await self._stop_writer()
+        unwritten = [entry for batch in self._unacked for entry in batch]
+        self._unacked.clear()
+        self._unacked_rows = 0
+        self._requeue(unwritten)
         await self._start_writer()
 
     async def prune(self, now: float | None = None) -> int:
@@ -350,7 +402,11 @@ class AuditLog:
                 await asyncio.wait_for(self._wake.wait(), self.flush_interval)
             self._wake.clear()
             try:
-                await self.flush()
+                async with self._lock:
+                    if self._acks is None or self._acks.done():  # the writer died: its batches go again
+                        await self._restart_writer()
+                    await self._hand_off(sync=False)
+                    self._report_drops()
                 if time.monotonic() - pruned_at >= self.prune_interval:
                     pruned_at = time.monotonic()
                     await self.prune()
