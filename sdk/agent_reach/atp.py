@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -25,8 +26,10 @@ _CAPABILITY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
 
 
 def new_request_id() -> str:
-    """128 random bits as 32 hex digits (a uuid4's size, without the cost of building a UUID)."""
-    return os.urandom(16).hex()
+    """32 hex digits as a UUIDv7 lays them out: Unix milliseconds (48 bits), then 80 bits from the system's
+    generator. Unpredictable still, and in time order, so the audit trail's request_id and trace_id indexes
+    grow at their end rather than dirtying a page of their own for every row (decision 61)."""
+    return f"{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
 
 
 def valid_request_id(value: object) -> bool:

@@ -121,9 +121,9 @@ def serving(call: CallContext) -> Iterator[CallContext]:
 
 
 def new_trace_id() -> str:
-    """128 bits from the system's generator as 32 hex digits: a trace nobody can predict, so no caller can
-    put its calls into another caller's trace (a span generator's outputs can be told in advance once
-    enough of them are seen). All zero, invalid in W3C, would take 2**128 tries."""
+    """A request id's form (the time, then 80 bits from the system's generator): a trace nobody can predict, so
+    no caller can put its calls into another caller's trace (a span generator's outputs can be told in advance
+    once enough of them are seen). Never all zero, which W3C forbids: the time leads."""
     return new_request_id()
 
 
