@@ -17,6 +17,7 @@ from aiohttp import web
 
 from auth.records import PublishedKey
 from mesh.watch import WatchFeed
+from router.agent_client import AgentClients
 from router.api import DEFAULT_MAX_BODY, MAX_HEADER_LINE, create_app
 from router.audit import AuditLog
 from router.auth import Authenticator
@@ -99,6 +100,7 @@ class RouterServer:
         self.mirror = RegistryMirror()
         self.router: Router | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._agents: AgentClients | None = None
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = False
@@ -123,7 +125,8 @@ class RouterServer:
     async def _start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
         self._session = aiohttp.ClientSession(connector=connector)
-        forwarder = Forwarder(self._session)
+        self._agents = AgentClients(self._session)
+        forwarder = Forwarder(self._agents)
         if self.settings.semantic.enabled:
             # Imported only when asked for: it needs the `embed` extra (numpy and the model's wheel).
             try:
@@ -262,6 +265,8 @@ class RouterServer:
             # Every call has ended: what this router holds of clients' budgets and did not spend goes back.
             await self.router.budgets.report(release=True)
         await close(None, self._session)
+        if self._agents is not None:
+            await self._agents.close()
         if self.audit is not None:
             # After the server closed: calls still in progress while it closed have their rows.
             await self.audit.stop()
