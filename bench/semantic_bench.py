@@ -227,15 +227,11 @@ async def ranked_unseen(embedder: AsyncEmbedder, learned: list[CapabilityText],
     return ranked
 
 
-def nearest_index(embedder: AsyncEmbedder) -> CapabilityIndex:
-    return NearestLearnedIndex(embedder)
-
-
 # (name, the index it scores with, whether its threshold and margin are calibrated again with the learned examples)
 SCORINGS: tuple[tuple[str, Callable[[AsyncEmbedder], CapabilityIndex], bool], ...] = (
     ("centroid (the router)", CapabilityIndex, False),
-    ("max(centroid, nearest learned), shipped rule", nearest_index, False),
-    ("max(centroid, nearest learned), calibrated rule", nearest_index, True),
+    ("max(centroid, nearest learned), shipped rule", NearestLearnedIndex, False),
+    ("max(centroid, nearest learned), calibrated rule", NearestLearnedIndex, True),
 )
 
 
