@@ -8,6 +8,7 @@ In one run, against the same echo agent (bench/common.py's, its own process), fo
   default   `agentreach router` as it runs by default: auth on (each call carries `X-API-Key`), the
             audit trail on, forwards signed (the agent joined with a registration token)
   no_audit  the same router with `--no-audit`: what the audit trail costs
+  default+granian  the default router with `--http-front granian`: Granian's Rust server serving /atp
 
 Bodies of 1 KB and 32 B (the proxies get the payload, the routers a frame carrying the same payload).
 Maximum calls/s from wrk -c 64, rounds alternating the ways (order reversed every other round), the
@@ -54,7 +55,7 @@ from common import (
 from registry.access import read_admin_key
 
 AUTH_BENCH = str(Path(__file__).with_name("auth_bench.py"))
-WAYS = ("nginx", "proxy", "default", "no_audit")
+WAYS = ("nginx", "proxy", "default", "no_audit", "default+granian")
 # With --uvloop: the bare proxy and the default router on uvloop's event loop (the same code otherwise).
 UVLOOP_WAYS = ("proxy+uvloop", "default+uvloop")
 # `python -c UNDER_UVLOOP <script or -m module> args...`: that command line, run on uvloop.
@@ -144,7 +145,7 @@ def python_command(args: argparse.Namespace, way: str, port: int, echo: str, reg
     else:
         line = ("-m", "agentreach.cli", "router", "--port", str(port), "--registry", registry, "--data-dir",
                 data_dir, "--log-level", "warning", *(("--no-audit",) if plain == "no_audit" else ()),
-                *args.router_flag)
+                *(("--http-front", "granian") if plain == "default+granian" else ()), *args.router_flag)
     return ("-c", UNDER_UVLOOP, *line) if plain != way else line
 
 
@@ -205,6 +206,9 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
             "p99_ms_one_connection": single,
             "audit_cost_throughput": 1 - best["default"]["rps"] / best["no_audit"]["rps"],
             "audit_cost_p99_ms": single["default"] - single["no_audit"],
+            "granian_vs_default": {"calls_per_s": best["default+granian"]["rps"] / best["default"]["rps"],
+                                   "by_cpu_per_call": best["default"]["cpu_us_per_call"]
+                                   / best["default+granian"]["cpu_us_per_call"]},
         }
     one_k = summary["1k"]
     summary["targets"] = {"default_ge_0.85x_proxy_1k": one_k["vs_proxy"]["default"] >= 0.85,
@@ -227,6 +231,9 @@ def print_table(info: dict[str, str], summary: dict[str, Any]) -> None:
                   f"{row['p99_ms_one_connection'][way]:.2f} ms |")
         print(f"\naudit trail: {row['audit_cost_throughput']:+.1%} of throughput, "
               f"{row['audit_cost_p99_ms']:+.2f} ms of p99 at one connection")
+        granian = row["granian_vs_default"]
+        print(f"granian front: {granian['calls_per_s']:.2f}x the default router's calls/s, "
+              f"{granian['by_cpu_per_call']:.2f}x by CPU per call")
     print()
     for name, met in summary["targets"].items():
         print(f"target {name}: {'met' if met else 'MISSED'}")
