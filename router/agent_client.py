@@ -44,8 +44,9 @@ from mesh.policy import DEFAULT_CONNECT_MS
 from router.timeouts import ResolvedTimeouts
 
 KEEPALIVE = timedelta(seconds=30)
-# A cause naming the connect phase: the client's connect timeout says so; the request's own total
-# timeout, which pyreqwest also raises as ConnectTimeoutError while no header came, does not.
+# A cause naming the connect phase: the client's connect timeout and a failed connect say so; the
+# request's own total timeout, which pyreqwest also raises as ConnectTimeoutError while no header came,
+# and a connection reset after the request was written (a ConnectError) do not.
 _CONNECTING = "client error (Connect)"
 _OS_ERROR = re.compile(r"\(os error (\d+)\)")
 
@@ -210,12 +211,16 @@ class Failure(enum.Enum):
 def failure_of(exc: TimeoutError | RequestError | aiohttp.ClientError) -> Failure:
     """The kind of ``exc``, raised by pyreqwest's client, aiohttp's (an A2A agent's card is read with
     it) or a deadline of the call's."""
-    if isinstance(exc, ConnectTimeoutError):
+    if isinstance(exc, ConnectTimeoutError | ConnectError):
+        # pyreqwest names errors by their text: a connection reset, or closed, after the request was
+        # written is a ConnectError too. Only the connect phase's own (its cause says so) sent nothing.
         connecting = any(cause["message"] == _CONNECTING for cause in exc.details.get("causes") or ())
-        return Failure.CONNECT_TIMEOUT if connecting else Failure.TIMEOUT
+        if isinstance(exc, ConnectTimeoutError):
+            return Failure.CONNECT_TIMEOUT if connecting else Failure.TIMEOUT
+        return Failure.UNREACHED if connecting else Failure.BROKEN
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return Failure.CONNECT_TIMEOUT
-    if isinstance(exc, ConnectError | aiohttp.ClientConnectorError):
+    if isinstance(exc, aiohttp.ClientConnectorError):
         return Failure.UNREACHED
     if isinstance(exc, TimeoutError):
         return Failure.TIMEOUT

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import errno
 import socket
+import struct
 import time
 from collections.abc import AsyncIterator
 
@@ -25,17 +26,25 @@ from test_hardening_serving import descriptors_exhausted
 
 
 class Silent:
-    """An agent that reads a request and answers only what ``head`` says (nothing: it never answers);
-    ``closed`` is set when the router closed the connection, at ``closed_at``."""
+    """An agent that reads a request and answers only what ``head`` says (nothing: it never answers), or
+    resets the connection then (``reset``); ``closed`` is set when the router closed the connection, at
+    ``closed_at``."""
 
     def __init__(self, head: bytes = b"") -> None:
         self.head = head
+        self.reset = False
+        self.received = 0
         self.closed = asyncio.Event()
         self.closed_at = 0.0
         self.port = 0
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
+        self.received += 1
+        if self.reset:
+            writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()
+            return
         writer.write(self.head)
         await writer.drain()
         with contextlib.suppress(ConnectionError):
@@ -100,6 +109,18 @@ async def test_the_clients_connect_timeout_is_a_connect_timeout_and_the_requests
     # Connected, no answer: pyreqwest raises the request's own total as a ConnectTimeoutError too.
     error = await raised(agents, f"http://127.0.0.1:{silent.port}/", 1.0, 0.2)
     assert isinstance(error, ConnectTimeoutError) and failure_of(error) is Failure.TIMEOUT
+
+
+async def test_a_connection_reset_after_the_request_was_sent_is_a_broken_exchange_never_unreached(agents, silent):
+    """pyreqwest raises it as a ConnectError: read as unreached, the call would count as never sent and
+    be tried again elsewhere although this agent may have run it."""
+    silent.reset = True
+    url = f"http://127.0.0.1:{silent.port}/"
+    error = await raised(agents, url, 1.0, 3.0)
+    assert isinstance(error, ConnectError) and failure_of(error) is Failure.BROKEN, described(error)
+    answer, _ = await forwarded(agents, url, timeouts(1.0, 3.0))
+    assert (answer.error_code, answer.sent) == (ErrorCode.AGENT_ERROR, True), answer
+    assert "Connection reset by peer" in answer.message and silent.received == 2
 
 
 def test_a_client_per_connect_timeout_and_none_for_a_connect_cut_to_the_first_byte(agents):
