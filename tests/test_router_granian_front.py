@@ -7,9 +7,11 @@ through to the aiohttp app (health, metrics, operator endpoints with and without
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+from agent_reach.connections import Limits
 
 import test_router_api as api
 import test_router_auth as auth
@@ -17,6 +19,8 @@ import test_stream_cancel as cancel
 import test_stream_router as streams
 import test_workers as workers
 from conftest import admin_key
+from router.api import DEFAULT_MAX_BODY, create_app
+from router.front import GranianFront
 from router.server import RouterServer, RouterServerSettings
 from router_support import Mesh, StartMesh
 from sdk_support import free_port, issue_token
@@ -157,3 +161,22 @@ async def test_the_router_command_runs_two_granian_workers_on_one_port(start_reg
             assert response.status == 401 and (await response.json())["error"] == "unauthenticated"
     finally:
         await router.close()
+
+
+async def test_a_trickling_body_gets_a_408_and_a_trickling_header_is_cut_off(mesh):
+    """GuardedSite's body and header deadlines on the Granian front (short ones, for the test)."""
+    front = GranianFront(create_app(mesh.router), "127.0.0.1", 0, max_body=DEFAULT_MAX_BODY,
+                         limits=Limits(body_timeout=0.3, header_timeout=0.5))
+    port = await front.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /atp HTTP/1.1\r\nHost: router\r\nContent-Length: 100\r\n\r\n{")
+        answer = await asyncio.wait_for(reader.read(), 5)
+        assert answer.startswith(b"HTTP/1.1 408 ") and b'"error":"body_timeout"' in answer
+        writer.close()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /atp HTTP/1.1\r\nHost: rou")
+        await asyncio.wait_for(reader.read(), 5)  # closed by the server, well before the 5 s
+        writer.close()
+    finally:
+        await front.stop()
