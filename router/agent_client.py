@@ -6,11 +6,13 @@ costs less CPU per call than aiohttp's client (docs/benchmarks.md). pyreqwest ca
 whose awaiting task was cancelled before the agent's headers came: it lets it run until the request's
 own timeout. Each request carries the call's total as that timeout, so when the first byte's deadline
 is the total's (no ``first_byte_ms`` shorter than the total: the default) the connection closes when
-the router gives up, as it did on aiohttp. A call with an earlier first-byte deadline must close the
-connection at that deadline while its body may still take until the total (an agent that answers
-after it learns the router gave up, and reports the result as late): reqwest has no such deadline,
-so those calls go through the router's aiohttp session. Either way, leaving the call's context before
-the answer was read to its end closes the connection (never returned to the pool).
+the router gives up, as it did on aiohttp; a caller who leaves before the agent's headers came leaves
+the agent's connection open until then (on aiohttp it closed at once). A call with an earlier
+first-byte deadline must close the connection at that deadline while its body may still take until
+the total (an agent that answers after it learns the router gave up, and reports the result as late):
+reqwest has no such deadline, so those calls go through the router's aiohttp session. Either way,
+leaving the call's context before the answer was read to its end closes the connection (never
+returned to the pool).
 
 pyreqwest specifics:
 
