@@ -25,7 +25,7 @@ class TokenRefused(Exception):
 class ClientCredentials:
     def __init__(self, token_url: str, client_id: str, client_secret: str):
         self.token_url = token_url
-        self._auth = aiohttp.BasicAuth(client_id, client_secret)
+        self._basic = aiohttp.encode_basic_auth(client_id, client_secret)
         self._token: str | None = None
         self._expires = 0.0
         self._lock = asyncio.Lock()
@@ -42,7 +42,7 @@ class ClientCredentials:
 
     async def _fetch(self, session: aiohttp.ClientSession, timeout: aiohttp.ClientTimeout) -> TokenAnswer:
         async with session.post(self.token_url, data={"grant_type": "client_credentials"},
-                                auth=self._auth, timeout=timeout) as response:
+                                headers={"Authorization": self._basic}, timeout=timeout) as response:
             body = await response.read()
         if response.status != 200:
             raise TokenRefused(f"{self.token_url} answered {response.status}: {body[:200]!r}")
