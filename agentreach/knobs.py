@@ -23,7 +23,7 @@ from router.audit import MAX_BUFFER
 from router.core import RouterSettings
 from router.forward import DEFAULT_MAX_ANSWER_BYTES
 from router.semantic.settings import SemanticSettings
-from router.server import HttpFront, RouterServerSettings
+from router.server import RouterServerSettings
 
 STORE_ENV = "AGENTREACH_STORE"
 WORKERS_ENV = "AGENTREACH_WORKERS"
@@ -173,9 +173,6 @@ def add_router_knobs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-answer-bytes", type=int, default=DEFAULT_MAX_ANSWER_BYTES, metavar="BYTES",
                         help="an agent's answer past this many bytes is cut off while read and answered "
                              f"ANSWER_TOO_LARGE (default: {DEFAULT_MAX_ANSWER_BYTES}, 16 MiB)")
-    parser.add_argument("--http-front", choices=get_args(HttpFront), default="aiohttp",
-                        help="what serves the router's port: aiohttp, or granian (Rust) serving POST /atp itself "
-                             "and passing every other path to aiohttp on a private socket (default: aiohttp)")
     parser.add_argument("--workers", type=int, default=os.environ.get(WORKERS_ENV, "1"), metavar="N",
                         help="N router processes sharing the port (SO_REUSEPORT), restarted when one dies; each "
                              f"is a router of its own (default: 1, or ${WORKERS_ENV})")
@@ -209,7 +206,7 @@ def router_settings(args: argparse.Namespace, port: int, registry_url: str | Non
                                 auth=args.auth == "on", keys_dir=args.data_dir / "keys",
                                 audit_path=args.data_dir / "audit.db" if args.audit else None,
                                 audit_retention_days=args.audit_retention_days,
-                                audit_batch_rows=args.audit_batch_rows, http_front=args.http_front)
+                                audit_batch_rows=args.audit_batch_rows)
 
 
 def console_settings(args: argparse.Namespace, port: int, registry_url: str, router_url: str) -> ConsoleSettings:

@@ -8,15 +8,13 @@ In one run, against the same echo agent (bench/common.py's, its own process), fo
   default   `agentreach router` as it runs by default: auth on (each call carries `X-API-Key`), the
             audit trail on, forwards signed (the agent joined with a registration token)
   no_audit  the same router with `--no-audit`: what the audit trail costs
-  default+granian  the default router with `--http-front granian`: Granian's Rust server serving /atp
 
 Bodies of 1 KB and 32 B (the proxies get the payload, the routers a frame carrying the same payload).
 Maximum calls/s from wrk -c 64, rounds alternating the ways (order reversed every other round), the
 best round counting, with the CPU time the serving process and its descendants spent per call (and of
 it the descendants': the default router's audit writer); then p99 at one
 connection (wrk -c 1, the best of the rounds), where the audit trail's stalls would show. With
-`--uvloop`, three more ways: the bare proxy and the default router (also behind Granian) on uvloop's
-event loop. Ratios to
+`--uvloop`, two more ways: the bare proxy and the default router on uvloop's event loop. Ratios to
 the bare proxy come from the same run. Results: tables on stdout, JSON in bench/results/datapath_bench.json.
 """
 
@@ -56,10 +54,9 @@ from common import (
 from registry.access import read_admin_key
 
 AUTH_BENCH = str(Path(__file__).with_name("auth_bench.py"))
-WAYS = ("nginx", "proxy", "default", "no_audit", "default+granian")
-# With --uvloop: the bare proxy and the default router (also behind Granian) on uvloop's event loop (the same
-# code otherwise).
-UVLOOP_WAYS = ("proxy+uvloop", "default+uvloop", "default+granian+uvloop")
+WAYS = ("nginx", "proxy", "default", "no_audit")
+# With --uvloop: the bare proxy and the default router on uvloop's event loop (the same code otherwise).
+UVLOOP_WAYS = ("proxy+uvloop", "default+uvloop")
 # `python -c UNDER_UVLOOP <script or -m module> args...`: that command line, run on uvloop.
 UNDER_UVLOOP = """
 import asyncio, os, runpy, sys, uvloop
@@ -73,8 +70,6 @@ else:
     runpy.run_path(sys.argv[0], run_name="__main__")
 """
 SIZES = {"1k": 1024, "32b": 32}
-# (the router behind Granian, the same router on aiohttp's server)
-GRANIAN_PAIRS = (("default+granian", "default"), ("default+granian+uvloop", "default+uvloop"))
 
 
 def is_router(way: str) -> bool:
@@ -149,7 +144,7 @@ def python_command(args: argparse.Namespace, way: str, port: int, echo: str, reg
     else:
         line = ("-m", "agentreach.cli", "router", "--port", str(port), "--registry", registry, "--data-dir",
                 data_dir, "--log-level", "warning", *(("--no-audit",) if plain == "no_audit" else ()),
-                *(("--http-front", "granian") if plain == "default+granian" else ()), *args.router_flag)
+                *args.router_flag)
     return ("-c", UNDER_UVLOOP, *line) if plain != way else line
 
 
@@ -210,11 +205,6 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
             "p99_ms_one_connection": single,
             "audit_cost_throughput": 1 - best["default"]["rps"] / best["no_audit"]["rps"],
             "audit_cost_p99_ms": single["default"] - single["no_audit"],
-            # The Granian front against the same router on aiohttp's server (on the same event loop).
-            "granian_vs_aiohttp": {front: {"calls_per_s": best[front]["rps"] / best[base]["rps"],
-                                           "by_cpu_per_call": best[base]["cpu_us_per_call"]
-                                           / best[front]["cpu_us_per_call"]}
-                                   for front, base in GRANIAN_PAIRS if front in best},
         }
     one_k = summary["1k"]
     summary["targets"] = {"default_ge_0.85x_proxy_1k": one_k["vs_proxy"]["default"] >= 0.85,
@@ -237,9 +227,6 @@ def print_table(info: dict[str, str], summary: dict[str, Any]) -> None:
                   f"{row['p99_ms_one_connection'][way]:.2f} ms |")
         print(f"\naudit trail: {row['audit_cost_throughput']:+.1%} of throughput, "
               f"{row['audit_cost_p99_ms']:+.2f} ms of p99 at one connection")
-        for front, ratio in row["granian_vs_aiohttp"].items():
-            print(f"{front}: {ratio['calls_per_s']:.2f}x the same router's calls/s on aiohttp's server, "
-                  f"{ratio['by_cpu_per_call']:.2f}x by CPU per call")
     print()
     for name, met in summary["targets"].items():
         print(f"target {name}: {'met' if met else 'MISSED'}")
@@ -252,8 +239,7 @@ def main() -> None:
     parser.add_argument("--router-flag", action="append", default=[],
                         help="an extra flag for both routers (repeatable), e.g. --router-flag=--workers=2")
     parser.add_argument("--uvloop", action="store_true",
-                        help="also the bare proxy and the default router (on aiohttp's server and behind "
-                             "Granian) on uvloop (pip install uvloop)")
+                        help="also the bare proxy and the default router on uvloop (pip install uvloop)")
     parser.add_argument("--json", type=Path, default=RESULTS / "datapath_bench.json")
     args = parser.parse_args()
     require("wrk", "nginx")

@@ -11,9 +11,8 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Callable, Coroutine, Mapping
-from contextlib import AbstractContextManager
-from typing import Any, Protocol, TypeVar, cast
+from collections.abc import Mapping
+from typing import Any, cast
 
 import msgspec
 from agent_reach import logs
@@ -24,7 +23,6 @@ from agent_reach.atp import (
     ErrorCode,
     ErrorFrame,
     RequestFrame,
-    ResponseFrame,
     RouteFacts,
     error_frame,
     valid_budget,
@@ -39,7 +37,7 @@ from agent_reach.usage import MAX_TOKENS
 from agent_reach.versions import check_constraint
 from aiohttp import web
 from aiohttp.typedefs import Handler
-from multidict import CIMultiDictProxy, MultiMapping
+from multidict import MultiMapping
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from mesh.policy import DEFAULT_POLICY
@@ -54,7 +52,7 @@ from router.merged import AlertsAnswer, RuleStats, Scores, TraceAnswer
 from router.metrics import RouterCollector
 from router.oauth import OAuthRefusal
 from router.reach import ReachView, health_rate
-from router.streaming import CallerStream, EventSink, Relay
+from router.streaming import CallerStream, Relay
 from router.tracecontext import ParentSpan, parent_span
 from router.usage import PERIOD_SECONDS, Period, PeriodUsage
 from weblayer.errors import ApiError, from_decode_error
@@ -186,18 +184,14 @@ def header_bytes(request: web.Request) -> int:
     return sum(len(name) + len(value) for name, value in request.raw_headers)
 
 
-def headers_too_large(size: int) -> ApiError:
-    return ApiError(431, "headers_too_large", f"Request headers are {size} bytes; the router accepts at most "
-                                              f"{MAX_HEADER_BYTES}", "headers")
-
-
 def guarded(handler: Handler) -> Handler:
     """Headers over the limit are refused, and a failure becomes a JSON answer. Per handler rather
     than as middleware: an aiohttp middleware costs every call on /atp ~10 µs (measured)."""
     async def run(request: web.Request) -> web.StreamResponse:
         size = header_bytes(request)
         if size > MAX_HEADER_BYTES:
-            return error_response(headers_too_large(size))
+            return error_response(ApiError(431, "headers_too_large", f"Request headers are {size} bytes; the router "
+                                                                     f"accepts at most {MAX_HEADER_BYTES}", "headers"))
         try:
             return await handler(request)
         except ApiError as error:
@@ -222,93 +216,13 @@ def answer_headers(result: CallResult, route_facts: bool) -> dict[str, str]:
     return headers
 
 
+def refused_frame(result: CallResult, status: int) -> web.Response:
+    """An error frame for a body refused before it became a frame, under the id it was answered with."""
+    return json_response(result.frame, status, {REQUEST_ID_HEADER: result.frame.request_id})
+
+
 # Who a call comes from: a resolved caller, a refused credential, or nobody asked (auth off).
 Identity = Caller | Unauthenticated | None
-# What an edge hands its HTTP server back for one call: aiohttp's response object, or nothing (Granian's
-# RSGI answers through its protocol object).
-Answer = TypeVar("Answer")
-Answer_co = TypeVar("Answer_co", covariant=True)
-_NO_HEADERS: Mapping[str, str] = {}
-
-
-class StreamedEvents(EventSink, Protocol):
-    """A streamed answer's writer; ``headers`` go out with its first event."""
-
-    headers: dict[str, str]
-
-
-class Edge(Protocol[Answer_co]):
-    """One POST /atp as an HTTP server hands it over: the call logic (`Atp`) is written once against this,
-    for aiohttp (`AiohttpEdge`) and for Granian's RSGI (router/front.py)."""
-
-    @property
-    def headers(self) -> Mapping[str, str]:
-        """Looked up case-insensitively with ``get`` and ``in`` only."""
-
-    def tracestate(self) -> str:
-        """Every tracestate header line, joined by commas ("" when none)."""
-
-    async def read(self) -> bytes | None:
-        """The whole body, or None past the router's limit (never buffered past it)."""
-
-    def json(self, body: bytes, status: int, headers: Mapping[str, str]) -> Answer_co: ...
-
-    def empty(self, status: int) -> Answer_co: ...
-
-    def events(self, headers: dict[str, str]) -> StreamedEvents:
-        """A streamed answer's writer, opened with its first event."""
-
-    def on_disconnect(self, callback: Callable[[], object]) -> AbstractContextManager[object]:
-        """Run ``callback`` the moment the caller's connection is lost, while the block runs."""
-
-    def streamed(self) -> Answer_co:
-        """The answer once a stream has ended, or its caller left."""
-
-
-class AiohttpEdge:
-    """POST /atp on aiohttp's server (the default front)."""
-
-    __slots__ = ("headers", "request", "writer")
-
-    def __init__(self, request: web.Request):
-        self.request = request
-        self.headers: CIMultiDictProxy[str] = request.headers
-        self.writer: EventWriter | None = None
-
-    def tracestate(self) -> str:
-        return ",".join(self.headers.getall(TRACESTATE_HEADER, ()))
-
-    async def read(self) -> bytes | None:
-        try:
-            return await self.request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return None
-
-    def json(self, body: bytes, status: int, headers: Mapping[str, str]) -> web.StreamResponse:
-        return web.Response(body=body, status=status, content_type="application/json", headers=headers)
-
-    def empty(self, status: int) -> web.StreamResponse:
-        return web.Response(status=status)
-
-    def events(self, headers: dict[str, str]) -> EventWriter:
-        self.writer = EventWriter(self.request, headers)
-        return self.writer
-
-    def on_disconnect(self, callback: Callable[[], object]) -> AbstractContextManager[object]:
-        return on_disconnect(self.request, callback)
-
-    def streamed(self) -> web.StreamResponse:
-        response = self.writer.response if self.writer is not None else None
-        return response or web.Response()  # the caller left before any event: nobody reads it
-
-
-def json_answer(edge: Edge[Answer], body: Any, status: int = 200, headers: Mapping[str, str] = _NO_HEADERS) -> Answer:
-    return edge.json(_encoder.encode(body), status, headers)
-
-
-def refused(edge: Edge[Answer], frame: ErrorFrame | ResponseFrame, status: int = 400) -> Answer:
-    """An error frame for a body refused before it became a frame, under the id it was answered with."""
-    return json_answer(edge, frame, status, {REQUEST_ID_HEADER: frame.request_id})
 
 
 class Atp:
@@ -319,24 +233,22 @@ class Atp:
         self.auth = auth
         self.max_body = max_body
 
-    def handle(self, request: web.Request) -> Coroutine[Any, Any, web.StreamResponse]:
-        """aiohttp's handler (called by `guarded`'s coroutine): not a coroutine itself, one frame less a call."""
-        return self.serve(AiohttpEdge(request))
-
-    async def serve(self, edge: Edge[Answer]) -> Answer:
-        headers = edge.headers
-        caller = self.auth.authenticate(headers) if self.auth is not None else None
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        caller = self.auth.authenticate(request.headers) if self.auth is not None else None
         # The caller's W3C trace, continued by every call in the body (an invalid one is ignored).
-        traceparent = headers.get(TRACEPARENT_HEADER)
-        parent = parent_span(traceparent, edge.tracestate()) if traceparent is not None else None
-        raw = await edge.read()
-        if raw is None:
+        headers = request.headers
+        parent = parent_span(headers[TRACEPARENT_HEADER], ",".join(headers.getall(TRACESTATE_HEADER, ()))) \
+            if TRACEPARENT_HEADER in headers else None
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
             too_large = error_frame(RequestFrame().request_id, ErrorCode.PAYLOAD_TOO_LARGE,
                                     f"Request body exceeds the router's limit of {self.max_body} bytes")
-            return refused(edge, too_large, 413)
+            return json_response(too_large, 413, {REQUEST_ID_HEADER: too_large.request_id})
         if too_deep(raw):
-            return refused(edge, invalid_frame(RequestFrame().request_id, f"JSON nesting exceeds the router's "
-                                                                          f"limit of {MAX_JSON_DEPTH} levels").frame)
+            return refused_frame(invalid_frame(RequestFrame().request_id,
+                                               f"JSON nesting exceeds the router's limit of {MAX_JSON_DEPTH} levels"),
+                                 400)
         if b'"jsonrpc"' not in raw:
             # The common case, decoded and validated in one pass; anything odd takes the general path.
             try:
@@ -344,39 +256,39 @@ class Atp:
             except msgspec.MsgspecError:
                 pass
             else:
-                return await self.answer_frame(edge, frame, caller, ROUTE_HEADERS in headers, parent)
+                return await self.answer_frame(frame, caller, ROUTE_HEADERS in headers, parent, request)
         try:
             body = _decoder.decode(raw)
         except msgspec.DecodeError as exc:
             if raw.lstrip()[:1] in (b"[", b"{") and b'"jsonrpc"' in raw:
-                return json_answer(edge, jsonrpc.error_answer(None, jsonrpc.PARSE_ERROR, f"Parse error: {exc}"))
-            return refused(edge, invalid_frame(RequestFrame().request_id, f"Body is not valid JSON: {exc}").frame)
+                return json_response(jsonrpc.error_answer(None, jsonrpc.PARSE_ERROR, f"Parse error: {exc}"))
+            return refused_frame(invalid_frame(RequestFrame().request_id, f"Body is not valid JSON: {exc}"), 400)
         if jsonrpc.is_envelope(body):
-            return await self.rpc(edge, body, caller, parent)
-        return await self.answer_frame(edge, to_frame(body), caller, ROUTE_HEADERS in headers, parent)
+            return await self.rpc(body, caller, parent)
+        return await self.answer_frame(to_frame(body), caller, ROUTE_HEADERS in headers, parent, request)
 
-    async def answer_frame(self, edge: Edge[Answer], frame: RequestFrame | CallResult, caller: Identity,
-                           route_facts: bool, parent: ParentSpan | None) -> Answer:
+    async def answer_frame(self, frame: RequestFrame | CallResult, caller: Identity, route_facts: bool,
+                           parent: ParentSpan | None, request: web.Request | None = None) -> web.StreamResponse:
         if isinstance(frame, CallResult):
             result = frame
-        elif frame.stream or wants_stream(edge.headers.get("Accept", "")):
-            return await self.stream(edge, frame, caller, route_facts, parent)
+        elif request is not None and (frame.stream or wants_stream(request.headers.get("Accept", ""))):
+            return await self.stream(request, frame, caller, route_facts, parent)
         else:  # inline, not through call(): one coroutine frame less for every await below
             with logs.bind(request_id=frame.request_id, capability=frame.capability):
                 result = await self.router.call(frame, caller, parent)
-        return json_answer(edge, result.frame, result.http_status, answer_headers(result, route_facts))
+        return json_response(result.frame, result.http_status, answer_headers(result, route_facts))
 
-    async def stream(self, edge: Edge[Answer], frame: RequestFrame, caller: Identity, route_facts: bool,
-                     parent: ParentSpan | None) -> Answer:
+    async def stream(self, request: web.Request, frame: RequestFrame, caller: Identity, route_facts: bool,
+                     parent: ParentSpan | None) -> web.StreamResponse:
         """A streamed answer: each chunk as the agent sends it, then the final frame's event. Its status
         is the final frame's when no chunk came before it. The caller leaving cancels the call at once,
         which closes the agent's connection (router/forward.py): no work goes on for nobody."""
         frame.stream = True
-        writer = edge.events({REQUEST_ID_HEADER: frame.request_id})
+        writer = EventWriter(request, {REQUEST_ID_HEADER: frame.request_id})
         sink = CallerStream(writer, frame.request_id)
         with logs.bind(request_id=frame.request_id, capability=frame.capability):
             call = asyncio.ensure_future(self.router.call(frame, caller, parent, Relay(sink)))
-            with edge.on_disconnect(call.cancel):
+            with on_disconnect(request, call.cancel):
                 try:
                     result = await call
                 except asyncio.CancelledError:
@@ -384,11 +296,12 @@ class Atp:
                     if current is not None and current.cancelling():
                         raise
                     log.info("caller left a streamed call", extra={"chunks": sink.seq})
-                    return edge.streamed()
+                    return writer.response or web.Response()  # nobody reads it: the connection is gone
         writer.headers.update(answer_headers(result, route_facts))
         await sink.end(ERROR if isinstance(result.frame, ErrorFrame) else RESPONSE, _encoder.encode(result.frame),
                        result.http_status)
-        return edge.streamed()
+        assert writer.response is not None
+        return writer.response
 
     async def call(self, frame: RequestFrame | CallResult, caller: Identity, parent: ParentSpan | None) -> CallResult:
         if isinstance(frame, CallResult):
@@ -411,15 +324,15 @@ class Atp:
             answer = jsonrpc.answer(rpc.id, (await self.call(frame, caller, parent)).frame)
         return answer if rpc.has_id else None
 
-    async def rpc(self, edge: Edge[Answer], body: Any, caller: Identity, parent: ParentSpan | None) -> Answer:
+    async def rpc(self, body: Any, caller: Identity, parent: ParentSpan | None) -> web.Response:
         if isinstance(body, list):
             if not body:
-                return json_answer(edge, jsonrpc.error_answer(None, jsonrpc.INVALID_REQUEST, "Empty batch"))
+                return json_response(jsonrpc.error_answer(None, jsonrpc.INVALID_REQUEST, "Empty batch"))
             answers = [a for a in await asyncio.gather(*(self.rpc_one(item, caller, parent) for item in body))
                        if a is not None]
-            return json_answer(edge, answers) if answers else edge.empty(204)
+            return json_response(answers) if answers else web.Response(status=204)
         answer = await self.rpc_one(body, caller, parent)
-        return json_answer(edge, answer) if answer is not None else edge.empty(204)
+        return json_response(answer) if answer is not None else web.Response(status=204)
 
 
 async def completions(request: web.Request) -> web.Response:
@@ -614,10 +527,6 @@ OAUTH_OPEN: list[tuple[str, str, Handler]] = [
 OAUTH_ADMIN_ONLY: list[tuple[str, str, Handler]] = [("POST", "/oauth/keys/rotate", rotate_keys)]
 
 
-# POST /atp's call logic, for a front that serves it itself (router/front.py).
-ATP_KEY = web.AppKey("atp", Atp)
-
-
 def router_metrics(router: Router) -> CollectorRegistry:
     prometheus = CollectorRegistry(auto_describe=False)
     prometheus.register(RouterCollector(router))
@@ -631,8 +540,7 @@ def create_app(router: Router, *, max_body: int = DEFAULT_MAX_BODY, auth: Authen
     app = web.Application(client_max_size=max_body)
     app[ROUTER_KEY] = router
     app[METRICS_KEY] = router_metrics(router)
-    app[ATP_KEY] = atp = Atp(router, auth, max_body)
-    open_routes = [("POST", "/atp", atp.handle), *OPEN,
+    open_routes = [("POST", "/atp", Atp(router, auth, max_body).handle), *OPEN,
                    *A2AEndpoint(router, auth, checked, too_deep).routes()]
     admin_routes = list(ADMIN_ONLY)
     if router.audit is not None:

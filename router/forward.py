@@ -19,6 +19,7 @@ from typing import Any, Literal
 import aiohttp
 import msgspec
 from agent_reach.atp import BusinessError, ErrorCode, RequestFrame, agent_business_error, agent_status_code
+from agent_reach.exhaustion import local_exhaustion
 from agent_reach.headers import (
     COMPLETION_URL_HEADER,
     CONTEXT_HEADER,
@@ -32,11 +33,9 @@ from agent_reach.registration import Protocol
 from agent_reach.signing import sign
 from agent_reach.sse import CHUNK, ERROR, EVENT_STREAM, MESSAGE, RESPONSE, EventParser
 from agent_reach.usage import Usage, usage_from
-from pyreqwest.exceptions import RequestError
 from yarl import URL
 
 from router.a2a.outbound import A2AAgents, CardError, Verdict, a2a_request, stream_step, verdict_of
-from router.agent_client import AgentClients, Failure, Reply, aiohttp_timeout, described, exhausted_errno, failure_of
 from router.streaming import Relay
 from router.timeouts import ResolvedTimeouts
 from router.tracecontext import CallSpan
@@ -255,15 +254,15 @@ class _Stream:
         deadline.reschedule(self.ends_at)
 
 
-async def _relay_stream(reply: Reply, protocol: Protocol, relay: Relay, stream: _Stream,
+async def _relay_stream(response: aiohttp.ClientResponse, protocol: Protocol, relay: Relay, stream: _Stream,
                         deadline: asyncio.Timeout) -> AgentAnswer:
     """Read an agent's events, passing each chunk on before the next is read, until its final event."""
     parser = EventParser()
     last = msgspec.Raw(b"null")
     while True:
         stream.arm(deadline)
-        received = await reply.chunk()
-        if received is None:
+        received = await response.content.readany()
+        if not received:
             if protocol != "rest":
                 return _malformed("the stream ended without a final event")
             return AgentAnswer(result=last)
@@ -303,24 +302,34 @@ async def _relay_stream(reply: Reply, protocol: Protocol, relay: Relay, stream: 
             return ended
 
 
+@functools.lru_cache(maxsize=1024)
+def _client_timeout(connect_s: float) -> aiohttp.ClientTimeout:
+    return aiohttp.ClientTimeout(total=None, connect=connect_s, sock_connect=connect_s)
+
+
 @functools.lru_cache(maxsize=4096)
 def _path(endpoint: str) -> str:
     """The path an agent sees for ``endpoint`` (decoded, no query): what the signature binds."""
     return URL(endpoint).path
 
 
-async def _read_capped(reply: Reply, limit: int) -> bytes | None:
-    """The answer's body (decoded), or None as soon as it is known to exceed ``limit``: from its length
-    before reading, else while reading; leaving the call's context then closes the connection, so the
-    rest is never received. An answer whose length is declared within the limit is read at once (the
-    common case); a compressed one is counted as it is decoded, whatever it declares."""
-    if reply.length is not None:
-        return await reply.read() if reply.length <= limit else None
+async def _read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """The answer's body (decoded), or None as soon as it is known to exceed ``limit``: from Content-Length
+    before reading, else while reading; the connection is then closed, so the rest is never received.
+    An uncompressed answer whose length is declared within the limit is read at once (the common case,
+    ~1 µs less than chunk by chunk); a compressed one is counted as it is decoded, whatever it declares."""
+    length = response.content_length
+    if length is not None and length > limit:
+        response.close()
+        return None
+    if length is not None and "Content-Encoding" not in response.headers:
+        return await response.read()
     chunks: list[bytes] = []
     size = 0
-    while (chunk := await reply.chunk()) is not None:
+    async for chunk in response.content.iter_any():
         size += len(chunk)
         if size > limit:
+            response.close()
             return None
         chunks.append(chunk)
     return b"".join(chunks)
@@ -329,22 +338,22 @@ async def _read_capped(reply: Reply, limit: int) -> bytes | None:
 def _short_of_resources(exc: BaseException, sent: bool) -> AgentAnswer | None:
     """INTERNAL_ERROR when ``exc`` came of the router running out of descriptors, socket buffers or memory:
     no agent is to blame, and none would fare better; None for any other failure."""
-    exhausted = exhausted_errno(exc)
+    exhausted = local_exhaustion(exc)
     if exhausted is None:
         return None
-    name = errno.errorcode.get(exhausted, str(exhausted))
+    name = errno.errorcode.get(exhausted.errno or 0, str(exhausted.errno))
     happened = "the agent may have received the call" if sent else "nothing was sent"
     return AgentAnswer(error_code=ErrorCode.INTERNAL_ERROR, sent=sent,
                        message=f"the router ran out of a system resource ({name}); {happened}")
 
 
 class Forwarder:
-    """Calls to agents, on the agent clients' keep-alive pools (router/agent_client.py)."""
+    """One shared keep-alive connection pool for every agent."""
 
-    def __init__(self, agents: AgentClients, completion_url: str | None = None):
-        self.agents = agents
+    def __init__(self, session: aiohttp.ClientSession, completion_url: str | None = None):
+        self._session = session
         self.completion_url = completion_url
-        self.a2a = A2AAgents(agents.session)
+        self.a2a = A2AAgents(session)
 
     async def send(self, endpoint: str, protocol: Protocol, frame: RequestFrame, timeouts: ResolvedTimeouts,
                    signing_key: str | None = None, agent_id: str = "",
@@ -368,9 +377,9 @@ class Forwarder:
         relay = relay or Relay()
         if relay.streaming:
             headers["Accept"] = f"{EVENT_STREAM}, application/json"
+        client_timeout = _client_timeout(timeouts.connect_s)
         # One timer for both deadlines: the first byte's, then (headers in) the whole call's.
-        loop = asyncio.get_running_loop()
-        now = loop.time()
+        now = asyncio.get_running_loop().time()
         started = time.monotonic()
         first_byte_fires = timeouts.first_byte_s < timeouts.total_s
         stage = "first_byte"
@@ -379,58 +388,57 @@ class Forwarder:
             async with asyncio.timeout_at(now + min(timeouts.first_byte_s, timeouts.total_s)) as deadline:
                 # Never followed: a redirect would send the call (and its signature) wherever the agent says.
                 # An A2A agent's endpoint is its card, which names where it takes calls.
-                url = endpoint if protocol != "a2a" else await self.a2a.rpc_url(endpoint,
-                                                                                 aiohttp_timeout(timeouts.connect_s))
-                async with self.agents.call(url, body, headers, timeouts, stream.ends_at - loop.time()) as reply:
-                    stage = "body"
-                    if first_byte_fires:
-                        deadline.reschedule(stream.ends_at)
-                    if reply.status // 100 == 2 and reply.content_type == EVENT_STREAM:
-                        stage = "stream"
-                        answer = await self._stream(reply, url, protocol, relay, stream, deadline)
-                    else:
-                        raw = await _read_capped(reply, max_answer_bytes)
-                        answer = classify(reply.status, raw) if raw is not None else AgentAnswer(
-                            error_code=ErrorCode.ANSWER_TOO_LARGE,
-                            message=f"agent's answer exceeds the router's limit of {max_answer_bytes} bytes")
+                url = endpoint if protocol != "a2a" else await self.a2a.rpc_url(endpoint, client_timeout)
+                response = await self._session.post(url, data=body, headers=headers, timeout=client_timeout,
+                                                    allow_redirects=False)
+                stage = "body"
+                if first_byte_fires:
+                    deadline.reschedule(now + timeouts.total_s)
+                if response.status // 100 == 2 and response.content_type == EVENT_STREAM:
+                    stage = "stream"
+                    answer = await self._stream(response, protocol, relay, stream, deadline)
+                else:
+                    async with response:
+                        raw = await _read_capped(response, max_answer_bytes)
+                    answer = classify(response.status, raw) if raw is not None else AgentAnswer(
+                        error_code=ErrorCode.ANSWER_TOO_LARGE,
+                        message=f"agent's answer exceeds the router's limit of {max_answer_bytes} bytes")
         except CardError as exc:
             answer = AgentAnswer(error_code=ErrorCode.AGENT_ERROR, sent=False, message=str(exc))
-        except (TimeoutError, RequestError, aiohttp.ClientError) as exc:
-            answer = _failed(exc, failure_of(exc), stage, stream, timeouts, first_byte_fires)
+        except aiohttp.ConnectionTimeoutError:
+            answer = AgentAnswer(error_code=ErrorCode.CONNECT_TIMEOUT, sent=False,
+                                 message=f"no connection within {timeouts.connect_s * 1000:.0f} ms")
+        except aiohttp.ClientConnectorError as exc:
+            answer = _short_of_resources(exc, sent=False) or AgentAnswer(
+                error_code=ErrorCode.AGENT_ERROR, sent=False, message=f"connection failed: {exc}")
+        except TimeoutError:
+            if stage == "stream" and stream.idle_armed:
+                answer = AgentAnswer(error_code=ErrorCode.IDLE_TIMEOUT,
+                                     message=f"no chunk for {timeouts.idle_s * 1000:.0f} ms after "
+                                             f"{stream.chunks} chunks")
+            elif stage == "first_byte" and first_byte_fires:
+                answer = AgentAnswer(error_code=ErrorCode.FIRST_BYTE_TIMEOUT,
+                                     message=f"no answer within {timeouts.first_byte_s * 1000:.0f} ms")
+            else:
+                answer = AgentAnswer(error_code=ErrorCode.TOTAL_TIMEOUT,
+                                     message=f"call not finished within {timeouts.total_s * 1000:.0f} ms")
+        except aiohttp.ClientError as exc:
+            answer = _short_of_resources(exc, sent=True) or AgentAnswer(
+                error_code=ErrorCode.AGENT_ERROR, message=f"agent connection broke: {exc!r}")
         answer.elapsed_ms = (time.monotonic() - started) * 1000
         answer.chunks = stream.chunks
         return answer
 
-    async def _stream(self, reply: Reply, url: str, protocol: Protocol, relay: Relay, stream: _Stream,
+    async def _stream(self, response: aiohttp.ClientResponse, protocol: Protocol, relay: Relay, stream: _Stream,
                       deadline: asyncio.Timeout) -> AgentAnswer:
         """A streamed answer; the connection is closed, never reused, when the call ends before its final
-        event (a timeout, the caller gone, the cap): leaving the call's context unread closes it, and
-        that is what stops the agent's work. An A2A agent is also told to cancel its task."""
+        event (a timeout, the caller gone, the cap): that is what stops the agent's work."""
         try:
-            return await _relay_stream(reply, protocol, relay, stream, deadline)
+            answer = await _relay_stream(response, protocol, relay, stream, deadline)
         except BaseException:
+            response.close()
             if stream.agent_task:
-                self.a2a.cancel(url, stream.agent_task)
+                self.a2a.cancel(str(response.url), stream.agent_task)
             raise
-
-
-def _failed(exc: BaseException, failure: Failure, stage: str, stream: _Stream, timeouts: ResolvedTimeouts,
-            first_byte_fires: bool) -> AgentAnswer:
-    """A call that raised ``exc`` at ``stage``, as an answer."""
-    if failure is Failure.CONNECT_TIMEOUT:
-        return AgentAnswer(error_code=ErrorCode.CONNECT_TIMEOUT, sent=False,
-                           message=f"no connection within {timeouts.connect_s * 1000:.0f} ms")
-    if failure is Failure.UNREACHED:
-        return _short_of_resources(exc, sent=False) or AgentAnswer(
-            error_code=ErrorCode.AGENT_ERROR, sent=False, message=f"connection failed: {described(exc)}")
-    if failure is Failure.TIMEOUT:
-        if stage == "stream" and stream.idle_armed:
-            return AgentAnswer(error_code=ErrorCode.IDLE_TIMEOUT,
-                               message=f"no chunk for {timeouts.idle_s * 1000:.0f} ms after {stream.chunks} chunks")
-        if stage == "first_byte" and first_byte_fires:
-            return AgentAnswer(error_code=ErrorCode.FIRST_BYTE_TIMEOUT,
-                               message=f"no answer within {timeouts.first_byte_s * 1000:.0f} ms")
-        return AgentAnswer(error_code=ErrorCode.TOTAL_TIMEOUT,
-                           message=f"call not finished within {timeouts.total_s * 1000:.0f} ms")
-    return _short_of_resources(exc, sent=True) or AgentAnswer(
-        error_code=ErrorCode.AGENT_ERROR, message=f"agent connection broke: {described(exc)}")
+        response.release()  # closes the connection too unless the stream was read to its end
+        return answer

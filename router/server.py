@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import aiohttp
 import msgspec
@@ -17,7 +17,6 @@ from aiohttp import web
 
 from auth.records import PublishedKey
 from mesh.watch import WatchFeed
-from router.agent_client import AgentClients
 from router.api import DEFAULT_MAX_BODY, MAX_HEADER_LINE, create_app
 from router.audit import AuditLog
 from router.auth import Authenticator
@@ -25,7 +24,6 @@ from router.budgets import LeaseBudget, lease_over_http
 from router.core import Router, RouterSettings
 from router.feed import follow_http, follow_hub
 from router.forward import Forwarder
-from router.front import GranianFront
 from router.keyring import KeyRing
 from router.mirror import RegistryMirror
 from router.oauth import TokenIssuer
@@ -42,8 +40,6 @@ log = logging.getLogger("agentreach.router")
 # A router sharing its port with sibling workers waits this long at most for its first view of the
 # registry before it takes calls; past it (the registry is down) it serves what it can, as any router does.
 SYNC_BEFORE_SHARING_SECONDS = 10.0
-# What serves host:port: aiohttp, or Granian serving POST /atp itself before aiohttp (router/front.py).
-HttpFront = Literal["aiohttp", "granian"]
 
 
 class RouterServerSettings(msgspec.Struct, kw_only=True):
@@ -77,7 +73,6 @@ class RouterServerSettings(msgspec.Struct, kw_only=True):
     reuse_port: bool = False
     # One of `--workers N`: its siblings' private sockets, to answer /metrics, /reach and /traces for them all.
     views: WorkerViews | None = None
-    http_front: HttpFront = "aiohttp"
 
 
 class RouterServer:
@@ -104,9 +99,7 @@ class RouterServer:
         self.mirror = RegistryMirror()
         self.router: Router | None = None
         self._session: aiohttp.ClientSession | None = None
-        self._agents: AgentClients | None = None
         self._runner: web.AppRunner | None = None
-        self._front: GranianFront | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = False
         self.audit: AuditLog | None = None
@@ -130,8 +123,7 @@ class RouterServer:
     async def _start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
         self._session = aiohttp.ClientSession(connector=connector)
-        self._agents = AgentClients(self._session)
-        forwarder = Forwarder(self._agents)
+        forwarder = Forwarder(self._session)
         if self.settings.semantic.enabled:
             # Imported only when asked for: it needs the `embed` extra (numpy and the model's wheel).
             try:
@@ -183,14 +175,9 @@ class RouterServer:
             # Siblings serve this port already: the kernel would hand this router calls it cannot route yet.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(synced.wait(), SYNC_BEFORE_SHARING_SECONDS)
-        if self.settings.http_front == "granian":
-            self._front = GranianFront(app, self.settings.host, self.settings.port, max_body=self.settings.max_body,
-                                       reuse_port=self.settings.reuse_port)
-            self.port = await self._front.start()
-        else:
-            self._runner, self.port = await listen(app, self.settings.host, self.settings.port,
-                                                   reuse_port=self.settings.reuse_port,
-                                                   max_line_size=MAX_HEADER_LINE, max_field_size=MAX_HEADER_LINE)
+        self._runner, self.port = await listen(app, self.settings.host, self.settings.port,
+                                               reuse_port=self.settings.reuse_port,
+                                               max_line_size=MAX_HEADER_LINE, max_field_size=MAX_HEADER_LINE)
         forwarder.completion_url = f"{self.url}/completions"
         log.info("router listening", extra={"url": self.url, "registry": self.settings.registry_url or "in-process"})
 
@@ -268,8 +255,6 @@ class RouterServer:
             return
         self._stopped = True
         await cancel(*self._tasks)
-        if self._front is not None:
-            await self._front.stop()
         await close(self._runner, None)
         if self._views is not None:
             await self._views.stop()
@@ -277,8 +262,6 @@ class RouterServer:
             # Every call has ended: what this router holds of clients' budgets and did not spend goes back.
             await self.router.budgets.report(release=True)
         await close(None, self._session)
-        if self._agents is not None:
-            await self._agents.close()
         if self.audit is not None:
             # After the server closed: calls still in progress while it closed have their rows.
             await self.audit.stop()

@@ -12,21 +12,11 @@ import asyncio
 from typing import Protocol
 
 import msgspec
-from agent_reach.sse import chunk_event, encode_event
+from agent_reach.sse import EventWriter, chunk_event, encode_event
 
 
 class ChunkSink(Protocol):
     async def chunks(self, batch: list[msgspec.Raw]) -> None: ...
-
-
-class EventSink(Protocol):
-    """Where a streamed answer's events are written: aiohttp's EventWriter, or Granian's (router/front.py).
-    Writing to a reader that left raises ConnectionError."""
-
-    async def send(self, event: bytes, status: int = 200) -> None: ...
-
-    async def end(self, event: bytes, status: int = 200) -> object:
-        """The final event; ``status`` applies only when nothing was streamed before it."""
 
 
 class Relay:
@@ -59,7 +49,7 @@ class CallerStream:
     """The caller's end of a streamed call: chunk events numbered from 0, then the final frame's event.
     A caller gone while a chunk is written cancels the call, as its disconnect does (api.py)."""
 
-    def __init__(self, writer: EventSink, request_id: str):
+    def __init__(self, writer: EventWriter, request_id: str):
         self.writer = writer
         self.request_id = request_id
         self.seq = 0

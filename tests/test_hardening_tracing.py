@@ -59,9 +59,9 @@ def received_traceparent(agent: Agent) -> tuple[str, str, str, str]:
 # Item 7: no call ends unrecorded.
 
 async def test_a_call_that_fails_inside_the_router_is_answered_audited_and_traced(start_mesh, start_agent,
-                                                                                  tmp_path):
+                                                                                  tmp_path, http):
     mesh, agent = await audited(start_mesh, start_agent, tmp_path / "audit.db")
-    mesh.router.forwarder = FailingForwarder(mesh.router.forwarder.agents)
+    mesh.router.forwarder = FailingForwarder(http)
 
     answer = await mesh.call("echo", {"n": 1}, request_id="blew-up")
     assert agent.calls == 1, "the agent was sent the call before the router failed"

@@ -114,9 +114,7 @@ async def fetch_card(session: aiohttp.ClientSession, card_url: str, timeout: aio
 
 class A2AAgents:
     """The router's dealings with A2A agents beside the call itself: each one's JSON-RPC endpoint, read
-    from its card and kept ``CARD_TTL_S`` seconds, and cancelling the tasks of calls the mesh gave up on.
-    Both stay on the router's aiohttp session: cards are read rarely (then cached) and cancels are rare,
-    while the calls themselves go through the forwarder's clients (router/agent_client.py)."""
+    from its card and kept ``CARD_TTL_S`` seconds, and cancelling the tasks of calls the mesh gave up on."""
 
     def __init__(self, session: aiohttp.ClientSession):
         self._session = session
