@@ -182,10 +182,13 @@ async def test_debug_sends_a_frame_and_reports_route_and_timings(rig: Rig, start
     assert status == 200 and result["http_status"] == 400 and result["frame"]["error_code"] == "INVALID_FRAME"
 
 
-async def test_a_mesh_part_that_is_down_shows_as_unreachable(start_console, rig: Rig):
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))
-        nowhere = f"http://127.0.0.1:{closed.getsockname()[1]}"
+async def test_a_mesh_part_that_is_down_shows_as_unreachable(start_console, rig: Rig, request) -> None:
+    # Bound but never listening for the whole test: calls are refused, and no server started later
+    # (the console itself) can be handed this port and answer in the registry's place.
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    request.addfinalizer(held.close)
+    nowhere = f"http://127.0.0.1:{held.getsockname()[1]}"
     console = await start_console(nowhere, rig.mesh.url)
     lonely = Rig(rig.mesh, console, rig.http)
     overview = await lonely.until("/api/overview", lambda o: o["registry"]["checked_at"], "a poll")

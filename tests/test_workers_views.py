@@ -185,6 +185,12 @@ async def test_alerts_on_the_shared_port_are_judged_on_every_workers_calls(
     async with aiohttp.ClientSession() as http, http.put(f"{registry.url}/settings/alerts", json=config) as response:
         assert response.status == 200, await response.text()
 
+    async def both_under(settings: dict[str, Any]) -> bool:
+        views = [await own_view(served.private_dir, index, "/alerts", dict[str, Any]) for index in (0, 1)]
+        return all(view["config"] == settings for view in views)
+    # Each worker picks the settings up from the registry on its own; until both have, they judge differently.
+    await wait_for(lambda: both_under(config), timeout=30, what="both workers under the new alert settings")
+
     async def fired() -> list[Any]:
         response = await fresh_get(f"{served.url}/alerts")
         return [alert for alert in (await response.json())["alerts"] if alert["capability"] == "dead"]
