@@ -44,6 +44,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+# Held until the test process ends: a port that is bound can be handed to no other server.
+_refusing: list[socket.socket] = []
+
+
+def refused_url() -> str:
+    """``http://127.0.0.1:PORT`` where nothing listens, for as long as the tests run: the port stays bound
+    (never listening), so connections are refused and no server started later, here or in a child process,
+    can be given it (a closed free port can be, and then a "dead" address answers)."""
+    sock = loopback_socket()
+    _refusing.append(sock)
+    return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
 @contextlib.asynccontextmanager
 async def run_uvicorn(app: Any, sock: socket.socket) -> AsyncIterator[uvicorn.Server]:
     """Serve an ASGI ``app`` (FastAPI) with uvicorn on ``sock`` until the block ends."""

@@ -18,7 +18,7 @@ import pytest
 from agentreach.demo import DEMO_SERVICES, demo_credentials
 from conftest import registration, wait_for
 from router_support import capability
-from sdk_support import free_port
+from sdk_support import free_port, refused_url
 from storage_support import AGENTREACH, ROOT
 
 
@@ -208,7 +208,7 @@ async def test_a_refused_or_malformed_command_says_why_on_one_line(start_registr
 
 
 async def test_an_unreachable_registry_or_a_missing_admin_key_fails_cleanly(tmp_path):
-    down = f"http://127.0.0.1:{free_port()}"
+    down = refused_url()
     unreachable = await agentreach("clients", "list", "--registry", down, "--admin-key", "ara_x")
     assert unreachable.returncode == 1 and unreachable.stdout == ""
     assert unreachable.stderr.startswith(f"agentreach: cannot reach the registry at {down}")

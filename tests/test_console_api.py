@@ -4,13 +4,13 @@ and agents; plus what the console says when a part of the mesh is down or the in
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 
 from conftest import wait_for
 from console_support import Rig
 from router.core import RouterSettings
+from sdk_support import refused_url
 
 
 async def echo_mesh(rig: Rig, start_agent, *names: str) -> list:
@@ -182,14 +182,8 @@ async def test_debug_sends_a_frame_and_reports_route_and_timings(rig: Rig, start
     assert status == 200 and result["http_status"] == 400 and result["frame"]["error_code"] == "INVALID_FRAME"
 
 
-async def test_a_mesh_part_that_is_down_shows_as_unreachable(start_console, rig: Rig, request) -> None:
-    # Bound but never listening for the whole test: calls are refused, and no server started later
-    # (the console itself) can be handed this port and answer in the registry's place.
-    held = socket.socket()
-    held.bind(("127.0.0.1", 0))
-    request.addfinalizer(held.close)
-    nowhere = f"http://127.0.0.1:{held.getsockname()[1]}"
-    console = await start_console(nowhere, rig.mesh.url)
+async def test_a_mesh_part_that_is_down_shows_as_unreachable(start_console, rig: Rig):
+    console = await start_console(refused_url(), rig.mesh.url)
     lonely = Rig(rig.mesh, console, rig.http)
     overview = await lonely.until("/api/overview", lambda o: o["registry"]["checked_at"], "a poll")
     assert not overview["registry"]["ok"] and "upstream_unreachable" not in overview["registry"]["error"]

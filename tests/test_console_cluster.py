@@ -11,13 +11,9 @@ from cluster_support import DOWN_MEMBER, ClusterStandIn, Redirector, etcd_view
 from conftest import call, wait_for
 from console_support import Rig, screenshot
 from recording_support import starting
-from sdk_support import free_port
+from sdk_support import refused_url
 
 WAIT_MS = 10_000
-
-
-def dead_url() -> str:
-    return f"http://127.0.0.1:{free_port()}"
 
 
 async def test_api_cluster_relays_the_registrys_view(rig: Rig):
@@ -37,9 +33,9 @@ async def test_api_cluster_needs_a_signed_in_operator_and_sends_the_admin_key(au
 
 async def test_api_cluster_follows_the_first_registry_that_answers(start_mesh, start_console, http):
     mesh = await start_mesh()
-    rig = Rig(mesh, await start_console(f"{dead_url()},{mesh.registry.url}", mesh.url), http)
+    rig = Rig(mesh, await start_console(f"{refused_url()},{mesh.registry.url}", mesh.url), http)
     assert (await rig.get("/api/cluster"))["nodes"][0]["url"] == mesh.registry.url
-    nowhere = Rig(mesh, await start_console(dead_url(), mesh.url), http)
+    nowhere = Rig(mesh, await start_console(refused_url(), mesh.url), http)
     status, body = await nowhere.request("GET", "/api/cluster")
     assert status == 502 and body["error"] == "upstream_unreachable"
 

@@ -5,16 +5,12 @@ reach, so a dead URL first in each list still shows the live mesh. A "dead" URL 
 from __future__ import annotations
 
 from console_support import Rig
-from sdk_support import free_port
-
-
-def dead_url() -> str:
-    return f"http://127.0.0.1:{free_port()}"
+from sdk_support import refused_url
 
 
 async def test_a_console_given_dead_then_live_urls_shows_the_live_mesh(start_mesh, start_console, start_agent, http):
     mesh = await start_mesh()
-    registries, routers = f"{dead_url()},{mesh.registry.url}", f"{dead_url()},{mesh.url}"
+    registries, routers = f"{refused_url()},{mesh.registry.url}", f"{refused_url()},{mesh.url}"
     rig = Rig(mesh, await start_console(registries, routers), http)
     await mesh.add_all([await start_agent("a1")])
     assert await rig.get("/api/config") == {"auth": "off", "registry_url": registries, "router_url": routers,

@@ -11,14 +11,14 @@ from pathlib import Path
 
 from agentreach.demo import HttpAdmin, mint_credentials
 from conftest import admin_key, call
-from sdk_support import free_port
+from sdk_support import refused_url
 
 
 async def test_minted_over_http_once_then_reused_across_starts(start_registry, tmp_path: Path):
     server = await start_registry(tmp_path / "registry", auth=True)
     book = server.registry.access.book
     # The first registry named cannot be reached: the next one is used.
-    admin = HttpAdmin([f"http://127.0.0.1:{free_port()}", server.url], admin_key(server))
+    admin = HttpAdmin([refused_url(), server.url], admin_key(server))
     first = await mint_credentials(admin, tmp_path / "demo")
     caller_key = first.caller_key_path.read_text().strip()
     assert book.client_by_api_key(caller_key).name == "demo-caller"
@@ -53,7 +53,7 @@ def test_the_demo_command_without_an_admin_key_refuses_in_one_line(tmp_path: Pat
     """With auth on (the default) and no key anywhere, it says what it lacks instead of running keyless."""
     env = {key: value for key, value in os.environ.items() if key != "AGENTREACH_ADMIN_KEY"}
     done = subprocess.run([sys.executable, "-m", "agentreach.cli", "demo", "--data-dir", str(tmp_path),
-                           "--registry", f"http://127.0.0.1:{free_port()}"], capture_output=True, text=True,
+                           "--registry", refused_url()], capture_output=True, text=True,
                           cwd=tmp_path, env=env, timeout=60)
     assert done.returncode == 2, done.stderr
     assert "AGENTREACH_ADMIN_KEY" in done.stderr and "Traceback" not in done.stderr

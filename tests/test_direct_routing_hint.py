@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from agent_reach import ReachClient, ReachError
 
-from sdk_support import free_port, wait_state
+from sdk_support import refused_url, wait_state
 
 
 async def test_direct_fallback_calls_only_instances_matching_the_hint(registry, make_agent, http):
@@ -23,7 +23,7 @@ async def test_direct_fallback_calls_only_instances_matching_the_hint(registry, 
         await agent.start()
         await wait_state(http, registry.url, agent_id, "healthy")
 
-    async with ReachClient(f"http://127.0.0.1:{free_port()}", direct_fallback=True,
+    async with ReachClient(refused_url(), direct_fallback=True,
                            registry_url=registry.url) as client:
         for _ in range(10):
             assert await client.call("geo.where", None, context={"routing_hint": {"zone": "b"}}) == "geo-b"

@@ -14,7 +14,7 @@ from conftest import registration, wait_for
 from etcd_support import EtcdCluster
 from failure_support import ChildProcess, Failed, routes, steady_load
 from node_support import StartNode, cluster_view, evictions
-from sdk_support import free_port
+from sdk_support import refused_url
 
 Etcd = Callable[[], Awaitable[EtcdCluster]]
 
@@ -100,7 +100,7 @@ async def test_killing_the_leader_elects_another_that_still_evicts_and_no_two_no
         return None
 
     async def evict_a_dead_agent(agent_id: str, at: ChildProcess) -> None:
-        dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: every health check fails
+        dead = refused_url()  # nothing listens: every health check fails
         async with http.post(f"{at.url}/register", json=registration(agent_id, "dead.cap", service="deadsvc",
                                                                       base_url=dead)) as response:
             assert response.status == 200

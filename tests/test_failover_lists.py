@@ -15,11 +15,7 @@ from aiohttp import web
 from conftest import wait_for
 from recording_support import RecordingServer
 from router.server import RouterServer, RouterServerSettings
-from sdk_support import free_port, wait_state
-
-
-def dead_url() -> str:
-    return f"http://127.0.0.1:{free_port()}"
+from sdk_support import refused_url, wait_state
 
 
 async def follower(registry_urls: str, teardown) -> RouterServer:
@@ -77,7 +73,7 @@ async def test_a_call_that_reached_a_router_is_reported_not_sent_again(stand_in_
 async def test_sync_client_skips_a_dead_router(start_mesh, start_agent):
     mesh = await start_mesh()
     await mesh.add(await start_agent("echo-1"))
-    dead = dead_url()
+    dead = refused_url()
 
     def script():
         with SyncReachClient([dead, mesh.url]) as client:
@@ -88,7 +84,7 @@ async def test_sync_client_skips_a_dead_router(start_mesh, start_agent):
 
 async def test_router_follows_the_live_registry_of_a_list(start_registry, start_agent, teardown, http):
     registry = await start_registry()
-    router = await follower(f"{dead_url()},{registry.url}", teardown)
+    router = await follower(f"{refused_url()},{registry.url}", teardown)
     assert router.registries is not None and router.registries.current == registry.url
     echo = await start_agent("echo-1")
     body = {"agent_id": "echo-1", "service": "echo", "metadata": {},
@@ -99,7 +95,7 @@ async def test_router_follows_the_live_registry_of_a_list(start_registry, start_
 
 
 async def test_sdk_agent_registers_and_heartbeats_to_the_live_registry(registry, make_agent, http):
-    dead = dead_url()
+    dead = refused_url()
     agent = make_agent("fo-1", [dead, registry.url])
 
     @agent.capability("test.echo")

@@ -8,7 +8,7 @@ from typing import Any
 from agent_reach import ReachClient
 from agent_reach.atp import ErrorFrame, RequestFrame, ResponseFrame
 
-from sdk_support import free_port
+from sdk_support import refused_url
 
 STATUSES = (400, 413, 414, 422, 429, 431, 500, 503)
 BUSINESS_ERRORS: tuple[Any, ...] = ("out_of_stock", {"code": "out_of_stock", "message": "none left"}, 5)
@@ -32,7 +32,7 @@ async def test_router_and_direct_fallback_read_a_rest_agents_answers_alike(regis
         assert response.status == 200, await response.text()
     mesh = await start_mesh(registry=registry)
     await mesh.until_state(agent.name)
-    async with ReachClient(f"http://127.0.0.1:{free_port()}", direct_fallback=True,
+    async with ReachClient(refused_url(), direct_fallback=True,
                            registry_url=registry.url) as direct:
         async def both() -> tuple[tuple[Any, ...], tuple[Any, ...]]:
             routed = await mesh.call("echo", 1)

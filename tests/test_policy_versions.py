@@ -11,7 +11,7 @@ from agent_reach.versions import check_constraint, instance_version, parse_const
 
 from router.selection import Candidate, RouteRefusal, plan_route
 from router_support import Mesh
-from sdk_support import free_port, wait_state
+from sdk_support import refused_url, wait_state
 
 SATISFIED = [
     (">=3.2", "3.2.0"), (">=3.2", "3.10.1"), ("^3", "3.9.1"), ("~3.2", "3.2.9"), ("3.2.1", "3.2.1"),
@@ -143,7 +143,7 @@ async def test_the_sdk_client_sends_a_constraint_and_the_direct_fallback_honours
         await agent.start()
     for agent_id in agents:
         await wait_state(http, registry.url, agent_id, "healthy")
-    async with ReachClient(f"http://127.0.0.1:{free_port()}", direct_fallback=True,
+    async with ReachClient(refused_url(), direct_fallback=True,
                            registry_url=registry.url) as client:
         for _ in range(6):
             assert await client.call("geo.where", None, version="^4") == "geo-4"

@@ -23,7 +23,7 @@ from aiohttp import web
 from fastapi import FastAPI, Request
 
 from conftest import wait_for
-from sdk_support import counting_agent, free_port, loopback_socket, post_frame, run_uvicorn
+from sdk_support import counting_agent, free_port, loopback_socket, post_frame, refused_url, run_uvicorn
 
 
 def frame_bytes(capability: str, payload: Any, request_id: str) -> bytes:
@@ -166,7 +166,7 @@ async def test_direct_fallback_is_accepted_only_from_agents_that_declared_it(tok
     assert delta_ran == []
 
     # The real fallback: the router is down, the client finds gamma through the registry with a token.
-    router_down = f"http://127.0.0.1:{free_port()}"
+    router_down = refused_url()
     async with ReachClient(router_down, direct_fallback=True, registry_url=token_mesh.registry.url,
                            registry_token=gamma_token) as client:
         assert await client.call("gamma.echo", "fallback") == {"echo": "fallback"}

@@ -18,7 +18,7 @@ from agent_reach import (
     error_frame,
 )
 
-from sdk_support import free_port, wait_state
+from sdk_support import refused_url, wait_state
 
 
 async def answer_with(status, frame):
@@ -74,7 +74,7 @@ async def test_failed_calls_raise_reach_error_and_send_returns_the_frame(stand_i
 
 
 async def test_router_down_without_fallback_is_a_retryable_error():
-    async with ReachClient(f"http://127.0.0.1:{free_port()}") as client:
+    async with ReachClient(refused_url()) as client:
         with pytest.raises(ReachError) as caught:
             await client.call("any.thing", {})
     assert (caught.value.error_code, caught.value.can_retry) == ("CONNECT_TIMEOUT", True)
@@ -95,7 +95,7 @@ async def test_direct_fallback_reaches_the_agent_through_the_registry(registry, 
     await agent.start()
     await hidden.start()
     await wait_state(http, registry.url, "direct-1", "healthy")
-    router_down = f"http://127.0.0.1:{free_port()}"
+    router_down = refused_url()
     async with ReachClient(router_down, direct_fallback=True, registry_url=registry.url) as client:
         with caplog.at_level(logging.WARNING, logger="agentreach.sdk"):
             result = await client.call("direct.echo", {"a": 1}, context={"session_id": "s-1"})
@@ -121,7 +121,7 @@ async def test_direct_fallback_reaches_the_agent_through_the_registry(registry, 
 async def test_context_propagates_through_a_chain_of_two_agents(registry, make_agent, http):
     planner = make_agent("planner-1", registry.url, direct_fallback=True)
     worker = make_agent("worker-1", registry.url, direct_fallback=True)
-    client = ReachClient(f"http://127.0.0.1:{free_port()}", direct_fallback=True, registry_url=registry.url)
+    client = ReachClient(refused_url(), direct_fallback=True, registry_url=registry.url)
     seen = {}
 
     @planner.capability("chain.plan")
@@ -142,7 +142,7 @@ async def test_context_propagates_through_a_chain_of_two_agents(registry, make_a
     await worker.start()
     await wait_state(http, registry.url, "worker-1", "healthy")
     try:
-        async with ReachClient(f"http://127.0.0.1:{free_port()}", direct_fallback=True,
+        async with ReachClient(refused_url(), direct_fallback=True,
                                registry_url=registry.url) as caller:
             result = await caller.call("chain.plan", {}, timeout=5,
                                        context={"session_id": "s-7", "user_id": "u-1", "token_budget": 1000})

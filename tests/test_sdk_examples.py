@@ -13,7 +13,16 @@ from pathlib import Path
 
 from conftest import wait_for
 from doc_support import ROOT, DocMesh, doc_environment, doc_mesh, python_process, venv_commands
-from sdk_support import EXAMPLES, agent_view, free_port, post_frame, read_log_until, spawn_example, wait_state
+from sdk_support import (
+    EXAMPLES,
+    agent_view,
+    free_port,
+    post_frame,
+    read_log_until,
+    refused_url,
+    spawn_example,
+    wait_state,
+)
 
 README = ROOT / "README.md"
 
@@ -35,7 +44,7 @@ async def test_echo_agent_drains_and_deregisters_on_sigterm_and_caller_reaches_i
 
         # The caller script, with the router down, reaches the agent directly through the registry.
         caller = await spawn_example("caller.py", "demo.echo", '{"text": "hi"}', "--router",
-                                     f"http://127.0.0.1:{free_port()}", "--registry", registry.url)
+                                     refused_url(), "--registry", registry.url)
         out, _ = await asyncio.wait_for(caller.communicate(), 20)
         printed = json.loads(out)
         assert caller.returncode == 0 and printed["result"]["echo"] == {"text": "hi"}

@@ -11,7 +11,7 @@ from agent_reach.serving import listen
 from aiohttp import web
 from fastapi import FastAPI
 
-from sdk_support import EXAMPLES, agent_view, free_port, loopback_socket, run_uvicorn, wait_state
+from sdk_support import EXAMPLES, agent_view, free_port, loopback_socket, refused_url, run_uvicorn, wait_state
 
 
 def load_example(name: str):
@@ -112,7 +112,7 @@ async def test_aiohttp_route_registers_unchanged_next_to_native_capabilities(reg
         assert sdk.inflight.counters["calls"] == 1
 
         # Direct fallback speaks each capability's protocol: rest for the route, atp for the native one.
-        async with ReachClient(f"http://127.0.0.1:{free_port()}", direct_fallback=True,
+        async with ReachClient(refused_url(), direct_fallback=True,
                                registry_url=registry.url) as client:
             assert await client.call("math.add", {"a": 40, "b": 2}) == {"sum": 42}
             assert await client.call("math.neg", 5) == -5

@@ -14,7 +14,7 @@ import subprocess
 from cluster_support import DOWN_MEMBER, ClusterStandIn, Redirector, etcd_view
 from conftest import admin_key, call, registration, wait_for
 from recording_support import starting
-from sdk_support import free_port
+from sdk_support import refused_url
 from storage_support import AGENTREACH, ROOT
 
 # Short leases and polls: a node cut off from etcd goes stale, and the other takes the lead, in seconds.
@@ -28,9 +28,6 @@ async def status(*args: str, **env: str) -> subprocess.CompletedProcess:
                                    cwd=ROOT, env={**clean, **env}, timeout=60)
 
 
-def dead_url() -> str:
-    return f"http://127.0.0.1:{free_port()}"
-
 
 async def test_a_registry_is_shown_as_one_leading_node_from_the_first_url_that_answers(start_registry, http):
     registry = await start_registry(auth=True)
@@ -40,7 +37,7 @@ async def test_a_registry_is_shown_as_one_leading_node_from_the_first_url_that_a
                                     registration(name, "cap.x", service="svc"))
         assert status_code == 200
     _, view = await call(http, "GET", f"{registry.url}/cluster", key)
-    dead = dead_url()
+    dead = refused_url()
     result = await status("--registry", f"{dead},{registry.url}", "--admin-key", key)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
@@ -78,7 +75,7 @@ async def test_the_admin_key_is_required_by_an_auth_on_registry_but_not_by_an_au
 
 
 async def test_no_registry_answering_exits_1_naming_each():
-    first, second = dead_url(), dead_url()
+    first, second = refused_url(), refused_url()
     result = await status("--registry", f"{first},{second}", "--admin-key", "ara_x")
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.startswith("agentreach: no registry answered: ")

@@ -24,7 +24,7 @@ from router.shadow import Disagreement, RuleHits, ShadowStats
 from router.traffic_mirror import MirrorSample, MirrorStats
 from router.usage import OTHER, UsageLedger
 from router_support import capability
-from sdk_support import free_port
+from sdk_support import free_port, refused_url
 from test_workers import Caller, Supervised, register_echo, until_forwarding
 from test_workers_metrics import SCRAPES, fresh_get, own_calls
 
@@ -165,7 +165,7 @@ async def test_alerts_on_the_shared_port_are_judged_on_every_workers_calls(
         served: Served, registry: RegistryServer) -> None:
     """Failures split between the workers: neither alone reaches min_failures, the router does."""
     body = {"agent_id": "dead-1", "service": "dead",
-            "capabilities": [capability("dead", f"http://127.0.0.1:{free_port()}/call")]}
+            "capabilities": [capability("dead", f"{refused_url()}/call")]}
     async with aiohttp.ClientSession() as http:
         for path, payload in (("/register", body), ("/heartbeat", {"agent_id": "dead-1"})):
             async with http.post(f"{registry.url}{path}", json=payload) as response:
