@@ -17,11 +17,27 @@ import pytest
 from conftest import wait_for
 from registry.server import RegistryServer, RegistrySettings
 
+# Fresh ports for a cluster whose chosen ones another process bound first.
+PORT_ATTEMPTS = 3
+# One member's health answer at most: a poll that hangs on one member would never notice another's exit.
+HEALTH_TIMEOUT = aiohttp.ClientTimeout(total=2)
+
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return _free_ports(1)[0]
+
+
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports: each is held until all are chosen, so none is handed out twice."""
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+
+
+class PortTaken(Exception):
+    """A member exited because another process bound one of its ports between their choice and etcd's bind."""
 
 
 class EtcdCluster:
@@ -30,8 +46,8 @@ class EtcdCluster:
     def __init__(self, base: Path, size: int = 3):
         self.base = base
         self.names = [f"m{i}" for i in range(size)]
-        self.client_ports = [_free_port() for _ in self.names]
-        self.peer_ports = [_free_port() for _ in self.names]
+        ports = _free_ports(2 * size)
+        self.client_ports, self.peer_ports = ports[:size], ports[size:]
         self.processes: list[subprocess.Popen[bytes] | None] = [None] * size
         self.initial = ",".join(f"{name}=http://127.0.0.1:{port}"
                                 for name, port in zip(self.names, self.peer_ports, strict=True))
@@ -62,19 +78,27 @@ class EtcdCluster:
         self.processes[i] = None
 
     async def healthy(self, http: aiohttp.ClientSession) -> None:
-        """Wait until every running member reports health (a leader and quorum)."""
+        """Wait until every running member reports health (a leader and quorum); PortTaken at once when a
+        member could not bind its ports."""
         async def all_healthy() -> bool:
+            if self._lost_a_port():
+                raise PortTaken(f"an etcd member of {self.base} found its port taken (see its log)")
             for i, process in enumerate(self.processes):
                 if process is None:
                     continue
                 try:
-                    async with http.get(self.endpoints[i] + "/health") as response:
+                    async with http.get(self.endpoints[i] + "/health", timeout=HEALTH_TIMEOUT) as response:
                         if (await response.json(content_type=None)).get("health") != "true":
                             return False
-                except aiohttp.ClientError:
+                except (aiohttp.ClientError, TimeoutError, ValueError):  # whatever answers there is not etcd yet
                     return False
             return True
         await wait_for(all_healthy, timeout=30, interval=0.05, what="etcd members healthy")
+
+    def _lost_a_port(self) -> bool:
+        return any(process is not None and process.poll() is not None
+                   and b"address already in use" in (self.base / f"{name}.log").read_bytes()
+                   for process, name in zip(self.processes, self.names, strict=True))
 
     def stop(self) -> None:
         for i, process in enumerate(self.processes):
@@ -88,13 +112,23 @@ async def etcd_cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterato
     clusters: list[EtcdCluster] = []
 
     async def start() -> EtcdCluster:
-        cluster = EtcdCluster(tmp_path_factory.mktemp(f"etcd{time.monotonic_ns()}"))
-        clusters.append(cluster)
-        for i in range(len(cluster.names)):
-            cluster.start(i)
-        async with aiohttp.ClientSession() as http:
-            await cluster.healthy(http)
-        return cluster
+        """A healthy cluster; on new ports when another process took one of the chosen ones first."""
+        attempt = 1
+        while True:
+            cluster = EtcdCluster(tmp_path_factory.mktemp(f"etcd{time.monotonic_ns()}"))
+            clusters.append(cluster)
+            for i in range(len(cluster.names)):
+                cluster.start(i)
+            try:
+                async with aiohttp.ClientSession() as http:
+                    await cluster.healthy(http)
+            except PortTaken:
+                cluster.stop()
+                if attempt == PORT_ATTEMPTS:
+                    raise
+                attempt += 1
+            else:
+                return cluster
 
     yield start
     for cluster in clusters:
