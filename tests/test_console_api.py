@@ -19,6 +19,13 @@ async def echo_mesh(rig: Rig, start_agent, *names: str) -> list:
     return agents
 
 
+async def first_poll(rig: Rig) -> None:
+    """Until the console has polled the router once. The route decisions it finds at its first poll are the
+    baseline, not this hour's (the router may have counted them for days), so calls made before it are
+    never in the decision hours."""
+    await rig.until("/api/overview", lambda o: o["router"]["checked_at"], "the console's first poll of the router")
+
+
 async def test_the_dashboard_and_its_modules_are_served(rig: Rig):
     async with rig.http.get(f"{rig.url}/") as response:
         page = await response.text()
@@ -93,6 +100,7 @@ async def test_agent_traffic_from_traces(rig: Rig, start_agent):
 async def test_reach_and_routes_views(start_rig, start_agent):
     rig: Rig = await start_rig(routing=RouterSettings(period_seconds=0.3))
     agent = (await echo_mesh(rig, start_agent, "a1"))[0]
+    await first_poll(rig)
     for i in range(4):
         await rig.mesh.call(payload=i)
     agent.status = 500
@@ -113,6 +121,7 @@ async def test_reach_and_routes_views(start_rig, start_agent):
 async def test_hours_are_there_after_the_console_restarts(start_rig, start_console, start_agent, tmp_path):
     rig: Rig = await start_rig(data_dir=tmp_path / "kept", routing=RouterSettings(period_seconds=0.3))
     await echo_mesh(rig, start_agent, "a1")
+    await first_poll(rig)
     for i in range(3):
         await rig.mesh.call(payload=i)
     await rig.until("/api/reach", lambda v: v["hours"] and v["hours"][0]["total"] == 3, "the hour folded")
