@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -16,6 +15,7 @@ import pytest
 
 from conftest import wait_for
 from registry.server import RegistryServer, RegistrySettings
+from sdk_support import loopback_socket
 
 # Fresh ports for a cluster whose chosen ones another process bound first.
 PORT_ATTEMPTS = 3
@@ -30,9 +30,7 @@ def _free_port() -> int:
 def _free_ports(count: int) -> list[int]:
     """``count`` distinct free ports: each is held until all are chosen, so none is handed out twice."""
     with contextlib.ExitStack() as held:
-        sockets = [held.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
+        sockets = [held.enter_context(loopback_socket()) for _ in range(count)]
         return [int(sock.getsockname()[1]) for sock in sockets]
 
 
