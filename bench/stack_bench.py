@@ -4,9 +4,10 @@ Issue 18 asks to try serving and forwarding on a faster stack before porting the
 to adopt a stack only for a gain of at least 1.3x measured side by side. The router's own work (auth,
 planning, tracing) runs in Python whatever carries its bytes, so the question is first asked of the
 floor: the same bare pass-through proxy (read the body, POST it upstream over a keep-alive pool,
-answer with the upstream's body) on four server/client pairs, against one echo agent:
+answer with the upstream's body) on five server/client pairs, against one echo agent:
 
   aiohttp+aiohttp     the bare proxy of bench/router_bench.py: what the router runs on today
+  uvicorn+aiohttp     uvicorn's httptools protocol (llhttp, as a raw ASGI app) in front, aiohttp's client behind
   granian+aiohttp     Granian's Rust HTTP server (RSGI) in front, aiohttp's client behind
   aiohttp+pyreqwest   aiohttp's server, pyreqwest's Rust (reqwest/hyper) client behind
   granian+pyreqwest   Rust on both sides, Python only in between
@@ -46,7 +47,7 @@ from common import (
     wrk_max,
 )
 
-PAIRS = ("aiohttp+aiohttp", "granian+aiohttp", "aiohttp+pyreqwest", "granian+pyreqwest")
+PAIRS = ("aiohttp+aiohttp", "uvicorn+aiohttp", "granian+aiohttp", "aiohttp+pyreqwest", "granian+pyreqwest")
 BODY = b'{"text":"' + b"x" * (1024 - 11) + b'"}'  # 1 KB, as issue 18's bar is stated
 
 
@@ -113,23 +114,56 @@ def aiohttp_server(client: str, upstream: str, port: int) -> None:
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
 
 
-class RsgiProxy:
-    """The proxy as an RSGI application, for Granian (`granian --interface rsgi stack_bench:rsgi_app`)."""
+class ServedProxy:
+    """The proxy for a server that imports its application (Granian, uvicorn): the client named by the
+    environment, built on the server's loop at the first call."""
 
     def __init__(self) -> None:
         self._forward: Any = None
 
-    async def __rsgi__(self, scope: Any, protocol: Any) -> None:
-        if self._forward is None:  # built on Granian's loop, on the first call
+    async def forward(self, body: bytes) -> tuple[int, bytes]:
+        if self._forward is None:
             self._forward = FORWARDS[os.environ["STACK_CLIENT"]](os.environ["STACK_UPSTREAM"])
+        return await self._forward(body)
+
+
+class RsgiProxy(ServedProxy):
+    """As an RSGI application, for Granian (`granian --interface rsgi stack_bench:rsgi_app`)."""
+
+    async def __rsgi__(self, scope: Any, protocol: Any) -> None:
         if scope.method == "GET":
             protocol.response_bytes(200, [("content-type", "application/json")], b'{"ok":true}')
             return
-        status, body = await self._forward(await protocol())
+        status, body = await self.forward(await protocol())
         protocol.response_bytes(status, [("content-type", "application/json")], body)
 
 
+class AsgiProxy(ServedProxy):
+    """As a raw ASGI application (no framework), for uvicorn (`uvicorn --http httptools stack_bench:asgi_app`)."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["method"] == "GET":
+            status, body = 200, b'{"ok":true}'
+        else:
+            parts = []
+            while True:
+                message = await receive()
+                parts.append(message.get("body", b""))
+                if not message.get("more_body"):
+                    break
+            status, body = await self.forward(b"".join(parts))
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body})
+
+
 rsgi_app = RsgiProxy()
+asgi_app = AsgiProxy()
+# The servers that import their application: how each is started (its options, then the app).
+SERVED = {
+    "uvicorn": (["uvicorn", "--http", "httptools", "--lifespan", "off", "--no-access-log"], "stack_bench:asgi_app"),
+    "granian": (["granian", "--interface", "rsgi", "--workers", "1", "--no-ws"], "stack_bench:rsgi_app"),
+}
 
 
 def serve_command(pair: str, upstream: str, port: int, uvloop: bool) -> subprocess.Popen:
@@ -140,11 +174,10 @@ def serve_command(pair: str, upstream: str, port: int, uvloop: bool) -> subproce
             args.append("--uvloop")
         return spawn(*args)
     env_args = {"STACK_CLIENT": client, "STACK_UPSTREAM": upstream}
-    return subprocess.Popen(
-        [sys.executable, "-m", "granian", "--interface", "rsgi", "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "1", "--loop", "uvloop" if uvloop else "asyncio", "--no-ws", "--log-level", "warning",
-         "stack_bench:rsgi_app"],
-        cwd=Path(__file__).parent, stdout=subprocess.DEVNULL, env={**os.environ, **env_args})
+    options, app = SERVED[server]
+    return subprocess.Popen([sys.executable, "-m", *options, "--loop", "uvloop" if uvloop else "asyncio",
+                             "--log-level", "warning", "--host", "127.0.0.1", "--port", str(port), app],
+                            cwd=Path(__file__).parent, stdout=subprocess.DEVNULL, env={**os.environ, **env_args})
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
