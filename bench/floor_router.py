@@ -57,9 +57,8 @@ SESSION = web.AppKey("session", aiohttp.ClientSession)
 AUDIT = web.AppKey("audit", AuditLog)
 
 
-def floor_app(upstream: str, api_key: str, audit_path: Path | None) -> web.Application:
+def floor_app(upstream: str, api_key: str, signing_key: str, audit_path: Path | None) -> web.Application:
     callers = {api_key: "bench"}
-    signing_key = os.urandom(32).hex()
     path = URL(upstream).path
     app = web.Application()
 
@@ -114,8 +113,8 @@ def main() -> None:
     parser.add_argument("--api-key", required=True, help="the one caller's API key")
     parser.add_argument("--audit", type=Path, help="keep an audit trail in this SQLite file")
     args = parser.parse_args()
-    web.run_app(floor_app(args.upstream, args.api_key, args.audit), host="127.0.0.1", port=args.port,
-                access_log=None, print=None)
+    web.run_app(floor_app(args.upstream, args.api_key, os.urandom(32).hex(), args.audit), host="127.0.0.1",
+                port=args.port, access_log=None, print=None)
 
 
 if __name__ == "__main__":
