@@ -175,6 +175,23 @@ def best_rounds(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, 
             for target, results in rounds.items()}
 
 
+# --- raw ASGI, for the proxies served by uvicorn ---------------------------------------------------
+
+async def asgi_body(receive: Callable[[], Any]) -> bytes:
+    """A request's whole body, from the ASGI messages that carry it."""
+    parts = []
+    while True:
+        message = await receive()
+        parts.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(parts)
+
+
+async def asgi_json_answer(send: Callable[[dict[str, Any]], Any], status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body})
+
+
 # --- the echo agent ----------------------------------------------------------------------------
 
 def echo_app() -> web.Application:

@@ -20,8 +20,9 @@ connection (wrk -c 1, `--p99-rounds` alternating rounds, the median counting), w
 stalls would show. The audit trail's cost to p99 is the median of each round's difference between the
 default router and the one without audit (measured next to each other in every round, so a burst of
 load on this shared machine hits both alike). With
-`--uvloop`, three more ways: the bare proxy, the floor and the default router on uvloop's event loop. Ratios to
-the bare proxy come from the same run. Results: tables on stdout, JSON in bench/results/datapath_bench.json.
+`--uvloop`, four more ways: the bare proxy, the floor and the default router on uvloop's event loop, and the
+floor served by uvicorn's httptools protocol on uvloop (`floor+uvicorn`). Ratios to the bare proxy come from
+the same run. Results: tables on stdout, JSON in bench/results/datapath_bench.json.
 """
 
 from __future__ import annotations
@@ -63,8 +64,9 @@ from registry.access import read_admin_key
 AUTH_BENCH = str(Path(__file__).with_name("auth_bench.py"))
 FLOOR_ROUTER = str(Path(__file__).with_name("floor_router.py"))
 WAYS = ("nginx", "proxy", "floor", "default", "no_audit")
-# With --uvloop: the bare proxy, the floor and the default router on uvloop's event loop (the same code otherwise).
-UVLOOP_WAYS = ("proxy+uvloop", "floor+uvloop", "default+uvloop")
+# With --uvloop: the bare proxy, the floor and the default router on uvloop's event loop (the same code
+# otherwise), and the floor served by uvicorn's httptools protocol on uvloop.
+UVLOOP_WAYS = ("proxy+uvloop", "floor+uvloop", "floor+uvicorn", "default+uvloop")
 # `python -c UNDER_UVLOOP <script or -m module> args...`: that command line, run on uvloop.
 UNDER_UVLOOP = """
 import asyncio, os, runpy, sys, uvloop
@@ -149,9 +151,10 @@ def python_command(args: argparse.Namespace, way: str, port: int, echo: str, reg
     plain = way.removesuffix("+uvloop")
     if plain == "proxy":
         line: tuple[str, ...] = (ROUTER_BENCH, "proxy", "--port", str(port), "--upstream", f"{echo}/echo")
-    elif plain == "floor":
+    elif plain in ("floor", "floor+uvicorn"):  # uvicorn's floor is on uvloop of itself
         line = (FLOOR_ROUTER, "--port", str(port), "--upstream", f"{echo}/echo", "--api-key", api_key,
-                "--audit", str(Path(data_dir) / f"{way}.sqlite"))
+                "--audit", str(Path(data_dir) / f"{way}.sqlite"),
+                *(("--server", "uvicorn") if plain != "floor" else ()))
     else:
         line = ("-m", "agentreach.cli", "router", "--port", str(port), "--registry", registry, "--data-dir",
                 data_dir, "--log-level", "warning", *(("--no-audit",) if plain == "no_audit" else ()),

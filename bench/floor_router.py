@@ -1,6 +1,7 @@
-"""The contract's floor: the least a router on aiohttp does per call, none of the router's own code around it.
+"""The contract's floor: the least a router does per call, none of the router's own code around it.
 
-`python bench/floor_router.py --port P --upstream URL --api-key KEY [--audit PATH]`. Issue 18 asks the
+`python bench/floor_router.py --port P --upstream URL --api-key KEY [--audit PATH] [--server uvicorn]`.
+Issue 18 asks the
 default router (auth, audit trail, signed forwards) for 0.85x the bare pass-through proxy's calls/s. This
 server does, per call, only what that contract itself demands, each step one library call, with no
 routing (one upstream), no breakers, budgets, rules, metrics, traces or logs:
@@ -11,8 +12,10 @@ routing (one upstream), no breakers, budgets, rules, metrics, traces or logs:
   against a cap, the answer framed, and (with --audit) the call's audit row built by router.audit and
   recorded in the product's own AuditLog (its writer process, its SQLite file).
 
-bench/datapath_bench.py runs it beside the bare proxy and the default router: whatever the router's own
-code costs, a router cannot beat this floor on the same stack.
+Served by aiohttp (as the router is) or, with `--server uvicorn`, by uvicorn's httptools protocol on uvloop,
+the fastest Python server measured at the bare proxy (bench/stack_bench.py); the client is aiohttp's either
+way. bench/datapath_bench.py runs it beside the bare proxy and the default router: whatever the router's
+own code costs, a router cannot beat this floor on the same stack.
 """
 
 from __future__ import annotations
@@ -23,15 +26,17 @@ import hashlib
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import msgspec
 from agent_reach.atp import new_request_id
-from agent_reach.headers import REQUEST_ID_HEADER, SIGNATURE_HEADER, TRACEPARENT_HEADER
+from agent_reach.headers import API_KEY_HEADER, REQUEST_ID_HEADER, SIGNATURE_HEADER, TRACEPARENT_HEADER
 from agent_reach.signing import sign
 from aiohttp import web
 from yarl import URL
 
+from common import asgi_body, asgi_json_answer
 from router.audit import AuditLog, call_entry
 
 MAX_ANSWER_BYTES = 16 << 20
@@ -53,57 +58,105 @@ class Answer(msgspec.Struct):
 
 _frame_decoder = msgspec.json.Decoder(Frame)
 _answer_encoder = msgspec.json.Encoder()
-SESSION = web.AppKey("session", aiohttp.ClientSession)
-AUDIT = web.AppKey("audit", AuditLog)
+UNAUTHENTICATED = b'{"error_code":"UNAUTHENTICATED"}'
+ANSWER_TOO_LARGE = b'{"error_code":"ANSWER_TOO_LARGE"}'
+API_KEY_NAME = API_KEY_HEADER.lower().encode()  # as ASGI hands header names over
 
 
-def floor_app(upstream: str, api_key: str, signing_key: str, audit_path: Path | None) -> web.Application:
-    callers = {api_key: "bench"}
-    path = URL(upstream).path
-    app = web.Application()
+class Floor:
+    """The contract's work for one call, whichever server hands it the request."""
 
-    async def open_clients(app: web.Application) -> None:
-        app[SESSION] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30))
-        if audit_path is not None:
-            app[AUDIT] = AuditLog(audit_path, retention_days=30.0)
-            await app[AUDIT].start()
+    def __init__(self, upstream: str, api_key: str, signing_key: str, audit_path: Path | None):
+        self.upstream, self.path = upstream, URL(upstream).path
+        self.callers = {api_key: "bench"}
+        self.signing_key = signing_key
+        self.audit_path = audit_path
+        self.audit: AuditLog | None = None
+        self.session: aiohttp.ClientSession | None = None
 
-    async def close_clients(app: web.Application) -> None:
-        await app[SESSION].close()
-        if AUDIT in app:
-            await app[AUDIT].stop()
+    async def start(self) -> None:
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30))
+        if self.audit_path is not None:
+            self.audit = AuditLog(self.audit_path, retention_days=30.0)
+            await self.audit.start()
 
-    async def atp(request: web.Request) -> web.Response:
+    async def stop(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+        if self.audit is not None:
+            await self.audit.stop()
+
+    async def call(self, api_key: str | None, request: bytes) -> tuple[int, bytes]:
+        """The status and body to answer a POST /atp carrying ``api_key`` and ``request``."""
+        assert self.session is not None, "Floor.start() first"
         started, started_at = time.monotonic(), time.time()
-        caller = callers.get(request.headers.get("X-API-Key", ""))
+        caller = self.callers.get(api_key or "")
         if caller is None:
-            return web.json_response({"error_code": "UNAUTHENTICATED"}, status=401)
-        frame = _frame_decoder.decode(await request.read())
+            return 401, UNAUTHENTICATED
+        frame = _frame_decoder.decode(request)
         request_id = frame.request_id or new_request_id()
         trace_id = new_request_id()
         body = bytes(frame.payload)
         headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: request_id,
                    TRACEPARENT_HEADER: f"00-{trace_id}-{os.urandom(8).hex()}-01",
-                   SIGNATURE_HEADER: sign(signing_key, AGENT_ID, "POST", path, request_id, body)}
+                   SIGNATURE_HEADER: sign(self.signing_key, AGENT_ID, "POST", self.path, request_id, body)}
         async with asyncio.timeout(DEADLINE_S):
-            async with app[SESSION].post(upstream, data=body, headers=headers, allow_redirects=False) as answer:
+            async with self.session.post(self.upstream, data=body, headers=headers, allow_redirects=False) as answer:
                 if (answer.content_length or 0) > MAX_ANSWER_BYTES:
-                    return web.json_response({"error_code": "ANSWER_TOO_LARGE"}, status=502)
+                    return 502, ANSWER_TOO_LARGE
                 result = await answer.read()
-        if AUDIT in app:
-            app[AUDIT].record(call_entry(
+        if self.audit is not None:
+            self.audit.record(call_entry(
                 started_at=started_at, capability=frame.capability, request_id=request_id, outcome="success",
                 error_code=None, latency_ms=(time.monotonic() - started) * 1000, caller_id=caller,
                 caller_name=caller, auth_method="api_key", tried=[], trace_id=trace_id, parent_request_id=None,
                 payload_bytes=len(body), payload_sha256=hashlib.sha256(body).hexdigest(), rule=None, usage=None,
                 streamed=False, chunks=0, chunk_bytes=0))
-        return web.Response(body=_answer_encoder.encode(Answer(request_id, "success", msgspec.Raw(result))),
-                            content_type="application/json")
+        return 200, _answer_encoder.encode(Answer(request_id, "success", msgspec.Raw(result)))
 
-    app.on_startup.append(open_clients)
-    app.on_cleanup.append(close_clients)
+
+def floor_app(floor: Floor) -> web.Application:
+    """The floor served by aiohttp, as the router is."""
+    async def atp(request: web.Request) -> web.Response:
+        status, body = await floor.call(request.headers.get(API_KEY_HEADER), await request.read())
+        return web.Response(body=body, status=status, content_type="application/json")
+
+    async def start(app: web.Application) -> None:
+        await floor.start()
+
+    async def stop(app: web.Application) -> None:
+        await floor.stop()
+
+    app = web.Application()
+    app.on_startup.append(start)
+    app.on_cleanup.append(stop)
     app.router.add_post("/atp", atp)
     return app
+
+
+class AsgiFloor:
+    """The floor as a raw ASGI application, for uvicorn on its httptools protocol."""
+
+    def __init__(self, floor: Floor):
+        self.floor = floor
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        api_key = next((value.decode() for name, value in scope["headers"] if name == API_KEY_NAME), None)
+        await asgi_json_answer(send, *await self.floor.call(api_key, await asgi_body(receive)))
+
+    async def _lifespan(self, receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await self.floor.start()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.floor.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
 
 
 def main() -> None:
@@ -112,9 +165,16 @@ def main() -> None:
     parser.add_argument("--upstream", required=True, help="the echo agent's rest endpoint")
     parser.add_argument("--api-key", required=True, help="the one caller's API key")
     parser.add_argument("--audit", type=Path, help="keep an audit trail in this SQLite file")
+    parser.add_argument("--server", choices=("aiohttp", "uvicorn"), default="aiohttp",
+                        help="uvicorn: its httptools protocol on uvloop (needs the bench extra)")
     args = parser.parse_args()
-    web.run_app(floor_app(args.upstream, args.api_key, os.urandom(32).hex(), args.audit), host="127.0.0.1",
-                port=args.port, access_log=None, print=None)
+    floor = Floor(args.upstream, args.api_key, os.urandom(32).hex(), args.audit)
+    if args.server == "uvicorn":
+        import uvicorn
+        uvicorn.run(AsgiFloor(floor), host="127.0.0.1", port=args.port, http="httptools", loop="uvloop",
+                    lifespan="on", access_log=False, log_level="warning")
+    else:
+        web.run_app(floor_app(floor), host="127.0.0.1", port=args.port, access_log=None, print=None)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ answer with the upstream's body) on five server/client pairs, against one echo a
   aiohttp+pyreqwest   aiohttp's server, pyreqwest's Rust (reqwest/hyper) client behind
   granian+pyreqwest   Rust on both sides, Python only in between
 
-and with `--uvloop` each Python event loop on uvloop. wrk -c 64, rounds alternating the pairs (order
+and with `--uvloop` each Python event loop on uvloop (with `--uvloop-pair PAIR`, that pair also runs on uvloop
+beside the rest on asyncio's loop). wrk -c 64, rounds alternating the pairs (order
 reversed every other round), the best round counting; CPU per call over the serving process and its
 children. Ratios to aiohttp+aiohttp come from the same run. Needs the `bench` extra
 (`pip install -e '.[bench]'`): these stacks are measured, not dependencies of the mesh.
@@ -36,6 +37,8 @@ from common import (
     RESULTS,
     ROUTER_BENCH,
     alternating_rounds,
+    asgi_body,
+    asgi_json_answer,
     best_rounds,
     free_port,
     load_average,
@@ -48,6 +51,8 @@ from common import (
 )
 
 PAIRS = ("aiohttp+aiohttp", "uvicorn+aiohttp", "granian+aiohttp", "aiohttp+pyreqwest", "granian+pyreqwest")
+# A pair named with this suffix (--uvloop-pair) runs on uvloop beside the others on asyncio's own loop.
+ON_UVLOOP = "@uvloop"
 BODY = b'{"text":"' + b"x" * (1024 - 11) + b'"}'  # 1 KB, as issue 18's bar is stated
 
 
@@ -143,18 +148,9 @@ class AsgiProxy(ServedProxy):
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["method"] == "GET":
-            status, body = 200, b'{"ok":true}'
+            await asgi_json_answer(send, 200, b'{"ok":true}')
         else:
-            parts = []
-            while True:
-                message = await receive()
-                parts.append(message.get("body", b""))
-                if not message.get("more_body"):
-                    break
-            status, body = await self.forward(b"".join(parts))
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": body})
+            await asgi_json_answer(send, *await self.forward(await asgi_body(receive)))
 
 
 rsgi_app = RsgiProxy()
@@ -167,6 +163,9 @@ SERVED = {
 
 
 def serve_command(pair: str, upstream: str, port: int, uvloop: bool) -> subprocess.Popen:
+    """``pair`` is server+client, with `@uvloop` when that pair alone runs on uvloop."""
+    pair, on_uvloop = pair.removesuffix(ON_UVLOOP), pair.endswith(ON_UVLOOP)
+    uvloop = uvloop or on_uvloop
     server, client = pair.split("+")
     if server == "aiohttp":
         args = [__file__, "serve", "--client", client, "--upstream", upstream, "--port", str(port)]
@@ -182,18 +181,19 @@ def serve_command(pair: str, upstream: str, port: int, uvloop: bool) -> subproce
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     require("wrk")
-    ports = {name: free_port() for name in ("echo", *PAIRS)}
+    pairs = PAIRS + tuple(f"{pair}{ON_UVLOOP}" for pair in args.uvloop_pair)
+    ports = {name: free_port() for name in ("echo", *pairs)}
     echo = f"http://127.0.0.1:{ports['echo']}"
     processes = [spawn(ROUTER_BENCH, "echo", "--port", str(ports["echo"]))]
     try:
         await wait_http(f"{echo}/healthz")
-        servers = {pair: serve_command(pair, f"{echo}/echo", ports[pair], args.uvloop) for pair in PAIRS}
+        servers = {pair: serve_command(pair, f"{echo}/echo", ports[pair], args.uvloop) for pair in pairs}
         processes += servers.values()
-        for pair in PAIRS:
+        for pair in pairs:
             await wait_http(f"http://127.0.0.1:{ports[pair]}/healthz")
         load_before = load_average()
         targets = {pair: (lambda seconds, pair=pair: wrk_max(f"http://127.0.0.1:{ports[pair]}/echo", BODY, seconds,
-                                                           servers[pair].pid)) for pair in PAIRS}
+                                                           servers[pair].pid)) for pair in pairs}
         best = best_rounds(await alternating_rounds(targets, args.rounds, args.seconds))
     finally:
         stop_processes(processes)
@@ -225,6 +225,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=int, default=5)
     parser.add_argument("--uvloop", action="store_true", help="every Python event loop on uvloop")
+    parser.add_argument("--uvloop-pair", action="append", default=[], choices=PAIRS, metavar="PAIR",
+                        help="also this pair on uvloop, beside the pairs on asyncio's loop (repeatable)")
     args = parser.parse_args()
     if args.command == "serve":
         if args.uvloop:

@@ -18,7 +18,7 @@ from test_audit import rows_in
 from test_audit_writer import request_ids
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
-from floor_router import AGENT_ID, floor_app
+from floor_router import AGENT_ID, Floor, floor_app
 
 KEY = "a-signing-key"
 CALLS = 20
@@ -32,7 +32,7 @@ async def test_the_floor_checks_the_key_signs_the_forward_and_audits_every_call(
         tmp_path: Path, http: aiohttp.ClientSession) -> None:
     agent = await RecordingServer(echo).start()
     trail = tmp_path / "floor.sqlite"
-    runner, port = await listen(floor_app(f"{agent.url}/echo", "caller-key", KEY, trail), "127.0.0.1", 0)
+    runner, port = await listen(floor_app(Floor(f"{agent.url}/echo", "caller-key", KEY, trail)), "127.0.0.1", 0)
     try:
         url = f"http://127.0.0.1:{port}/atp"
         async with http.post(url, json={"capability": "echo", "payload": {"n": 0}},
