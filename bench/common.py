@@ -177,12 +177,16 @@ def best_rounds(rounds: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, 
 
 # --- raw ASGI, for the proxies served by uvicorn ---------------------------------------------------
 
-async def asgi_body(receive: Callable[[], Any]) -> bytes:
-    """A request's whole body, from the ASGI messages that carry it."""
-    parts = []
+async def asgi_body(receive: Callable[[], Any], limit: int) -> bytes | None:
+    """A request's whole body, from the ASGI messages that carry it; None as soon as it passes ``limit``."""
+    parts, size = [], 0
     while True:
         message = await receive()
-        parts.append(message.get("body", b""))
+        part = message.get("body", b"")
+        size += len(part)
+        if size > limit:
+            return None
+        parts.append(part)
         if not message.get("more_body"):
             return b"".join(parts)
 

@@ -54,6 +54,7 @@ PAIRS = ("aiohttp+aiohttp", "uvicorn+aiohttp", "granian+aiohttp", "aiohttp+pyreq
 # A pair named with this suffix (--uvloop-pair) runs on uvloop beside the others on asyncio's own loop.
 ON_UVLOOP = "@uvloop"
 BODY = b'{"text":"' + b"x" * (1024 - 11) + b'"}'  # 1 KB, as issue 18's bar is stated
+MAX_BODY = 1 << 20  # a request's body at most, aiohttp's default
 
 
 # --- the proxies: one way to forward, two ways to serve ----------------------------------------
@@ -149,8 +150,9 @@ class AsgiProxy(ServedProxy):
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["method"] == "GET":
             await asgi_json_answer(send, 200, b'{"ok":true}')
-        else:
-            await asgi_json_answer(send, *await self.forward(await asgi_body(receive)))
+            return
+        body = await asgi_body(receive, MAX_BODY)
+        await asgi_json_answer(send, *(await self.forward(body) if body is not None else (413, b'{"ok":false}')))
 
 
 rsgi_app = RsgiProxy()

@@ -4,6 +4,7 @@ agent can verify, the agent's answer framed, and every call's row in the audit t
 
 from __future__ import annotations
 
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -57,3 +58,37 @@ async def test_the_floor_checks_the_key_signs_the_forward_and_audits_every_call(
                       received.headers[REQUEST_ID_HEADER], received.body) is None
     assert rows_in(trail) == CALLS
     assert sorted(request_ids(trail)) == sorted(answer["request_id"] for answer in answers)
+
+
+async def failing(request: web.Request, received: Received) -> web.Response:
+    return web.Response(status=500, body=b"down")
+
+
+async def test_bad_frames_are_refused_before_anything_is_forwarded_and_a_failing_agent_is_an_error_frame(
+        tmp_path: Path, http: aiohttp.ClientSession) -> None:
+    agent = await RecordingServer(failing).start()
+    trail = tmp_path / "floor.sqlite"
+    runner, port = await listen(floor_app(Floor(f"{agent.url}/echo", "caller-key", KEY, trail)), "127.0.0.1", 0)
+    key = {"X-API-Key": "caller-key"}
+    try:
+        url = f"http://127.0.0.1:{port}/atp"
+        async with http.post(url, data=b"{not json", headers=key) as response:
+            assert response.status == 400
+            assert (await response.json())["error_code"] == "INVALID_FRAME"
+        async with http.post(url, json={"capability": "echo", "request_id": "a\r\nX-Injected: 1"},
+                             headers=key) as response:
+            assert response.status == 400
+            assert (await response.json())["field"] == "request_id"
+        assert agent.received == []
+        async with http.post(url, json={"capability": "echo", "payload": 1, "request_id": "r-1"},
+                             headers=key) as response:
+            assert response.status == 502
+            assert await response.json() == {"request_id": "r-1", "error_code": "AGENT_ERROR",
+                                             "error_message": "agent answered HTTP 500", "can_retry": True}
+    finally:
+        await runner.cleanup()
+        await agent.stop()
+    assert len(agent.at("/echo")) == 1
+    with sqlite3.connect(trail) as db:
+        assert db.execute("SELECT request_id, outcome, error_code FROM audit").fetchall() == \
+            [("r-1", "failed", "AGENT_ERROR")]
