@@ -22,8 +22,8 @@ from registry.server import RegistrySettings
 from router.audit import MAX_BUFFER
 from router.core import RouterSettings
 from router.forward import DEFAULT_MAX_ANSWER_BYTES
-from router.semantic.settings import SemanticSettings
 from router.server import RouterServerSettings
+from semantic.settings import SemanticSettings
 
 STORE_ENV = "AGENTREACH_STORE"
 WORKERS_ENV = "AGENTREACH_WORKERS"

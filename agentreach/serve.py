@@ -20,8 +20,8 @@ from auth.kek import SecretsKeyError
 from console.server import ConsoleServer
 from registry.access import admin_key_path
 from registry.server import RegistryServer
-from router.semantic.settings import SemanticUnavailable
 from router.server import RouterServer, RouterServerSettings
+from semantic.settings import SemanticUnavailable
 from wal import WalError
 
 

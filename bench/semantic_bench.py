@@ -43,8 +43,9 @@ from mesh.examples import LearnedExample, example_id, example_key
 from mesh.keyspace import KeySpace
 from mesh.records import InstanceRecord, instance_key
 from mesh.watch import Reset
+from router.intents import SemanticRouter
 from router.mirror import RegistryMirror
-from router.semantic.calibrate import (
+from semantic.calibrate import (
     EvalSet,
     LabelledIntent,
     Ranked,
@@ -54,13 +55,12 @@ from router.semantic.calibrate import (
     load_eval_set,
     rank,
 )
-from router.semantic.embedder import DEFAULT_MODEL, MODELS, AsyncEmbedder
-from router.semantic.index import CapabilityIndex, CapabilityText, capability_text
-from router.semantic.index import described_capabilities as described_capabilities_of
-from router.semantic.judge import ExampleJudge
-from router.semantic.matcher import MatchRule, routed_to
-from router.semantic.resolver import SemanticRouter
-from router.semantic.settings import SemanticSettings
+from semantic.embedder import DEFAULT_MODEL, MODELS, AsyncEmbedder
+from semantic.index import CapabilityIndex, CapabilityText, capability_text
+from semantic.index import described_capabilities as described_capabilities_of
+from semantic.judge import ExampleJudge
+from semantic.matcher import MatchRule, routed_to
+from semantic.settings import SemanticSettings
 
 EVAL = load_eval_set(ROOT / "tests" / "semantic_eval")
 # The distributions each model needs beyond the core install (their own dependencies are followed).

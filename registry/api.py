@@ -254,7 +254,7 @@ async def add_example(request: web.Request) -> web.Response:
 
 
 async def confirm_example(request: web.Request) -> web.Response:
-    """A router reports a caller's confirmed intent (router/semantic/confirmations.py)."""
+    """A router reports a caller's confirmed intent (semantic/confirmations.py)."""
     capability = path_capability(request)
     view = await examples(request).confirm(capability, await read_json(request, Confirmation))
     return json_response(view) if view is not None else web.Response(status=204)

@@ -1,7 +1,7 @@
 """Learned examples at the registry: routers report confirmations, operators review (mesh/examples.py).
 
 Acceptance is decided here, once, before the record is written, so every router indexes the same
-verdict. A judge (router/semantic/judge.py, when the embed extra is installed) checks that the new
+verdict. A judge (semantic/judge.py, when the embed extra is installed) checks that the new
 phrasing sends none of the mesh's labelled phrasings to a wrong capability; without one, acceptance
 is unchecked and says so in the log.
 """

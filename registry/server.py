@@ -25,7 +25,7 @@ from registry.watch import WatchHub
 from wal import ReplayReport
 
 if TYPE_CHECKING:
-    from router.semantic.judge import ExampleJudge
+    from semantic.judge import ExampleJudge
 
 log = logging.getLogger("agentreach.registry")
 
@@ -34,8 +34,8 @@ def example_judge(evaluation: Path | None) -> ExampleJudge | None:
     """The check learned examples pass at acceptance; None without the embed extra (accepted unchecked).
     ``evaluation``: an intents.json whose phrasings no example may send to a wrong capability."""
     try:
-        from router.semantic.calibrate import load_labelled_intents
-        from router.semantic.judge import ExampleJudge
+        from semantic.calibrate import load_labelled_intents
+        from semantic.judge import ExampleJudge
     except ImportError:
         log.warning("no embed extra: learned examples will be accepted without checking what they would misroute")
         return None

@@ -40,8 +40,6 @@ from router.rollback import Releases
 from router.rules import CallerFacts, CandidatesOf, Decision, decide, minute_of_week, ordered, serviceable
 from router.scoring import InstanceScore, Score, explain, reference_cost, scoring_of
 from router.selection import Candidate, RouteRefusal, choose_policy, plan_route, session_hash_key
-from router.semantic.confirmations import ANONYMOUS, ConfirmationQueue
-from router.semantic.outcome import IntentMatch, IntentRefusal
 from router.shadow import RuleBook
 from router.sticky import StickyTable, sticky_key
 from router.streaming import Relay
@@ -50,9 +48,11 @@ from router.tracecontext import CallSpan, ParentSpan, open_span
 from router.traces import AttemptTrace, CallTrace, TraceStore
 from router.traffic_mirror import TrafficMirror, mirrored, status_of
 from router.usage import UsageLedger
+from semantic.confirmations import ANONYMOUS, ConfirmationQueue
+from semantic.outcome import IntentMatch, IntentRefusal
 
 if TYPE_CHECKING:
-    from router.semantic.resolver import SemanticRouter
+    from router.intents import SemanticRouter
 
 log = logging.getLogger("agentreach.router")
 

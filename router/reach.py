@@ -105,7 +105,7 @@ class ReachView(msgspec.Struct, kw_only=True):
     periods: list[PeriodSummary]
     instance_health_rate: float | None
     route_decisions: dict[str, int]
-    semantic: Any = None  # the semantic router's stats (router/semantic/resolver.py), when it runs
+    semantic: Any = None  # the semantic router's stats (router/intents.py), when it runs
 
 
 class Alert(msgspec.Struct, kw_only=True):

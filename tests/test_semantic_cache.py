@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from router.semantic.cache import LruCache, intent_key
+from semantic.cache import LruCache, intent_key
 
 
 def test_evicts_least_recently_used_and_counts_hits() -> None:

@@ -18,11 +18,11 @@ from agent_reach.registration import Capability
 from mesh.records import InstanceRecord, instance_key
 from mesh.watch import Reset
 from router.mirror import RegistryMirror
-from router.semantic.calibrate import is_calibration, load_eval_set
-from router.semantic.embedder import DEFAULT_MODEL, MODELS, AsyncEmbedder
-from router.semantic.index import CapabilityIndex, CapabilityText
-from router.semantic.judge import ExampleJudge
-from router.semantic.matcher import MatchRule, routed_to
+from semantic.calibrate import is_calibration, load_eval_set
+from semantic.embedder import DEFAULT_MODEL, MODELS, AsyncEmbedder
+from semantic.index import CapabilityIndex, CapabilityText
+from semantic.judge import ExampleJudge
+from semantic.matcher import MatchRule, routed_to
 
 EVAL = load_eval_set(Path(__file__).parent / "semantic_eval")
 

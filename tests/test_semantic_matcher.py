@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from agent_reach.atp import ErrorCode, IntentCandidate
 
-from router.semantic.embedder import unit_rows
-from router.semantic.matcher import MatchRule, decide, verdict
-from router.semantic.outcome import IntentMatch, IntentRefusal
+from semantic.embedder import unit_rows
+from semantic.matcher import MatchRule, decide, verdict
+from semantic.outcome import IntentMatch, IntentRefusal
 
 RULE = MatchRule(threshold=0.6, margin=0.1, top_k=3)
 NAMES = ["order.query", "order.qps", "invoice.create", "weather.forecast"]

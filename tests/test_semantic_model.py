@@ -17,14 +17,14 @@ from agent_reach.registration import Capability
 
 from mesh.records import InstanceRecord, instance_key
 from mesh.watch import Delete, Put, Reset
+from router.intents import SemanticRouter
 from router.mirror import RegistryMirror
-from router.semantic.calibrate import accuracy, calibrate, is_calibration, load_eval_set, rank
-from router.semantic.embedder import DEFAULT_MODEL, MODELS, AsyncEmbedder, Embedder
-from router.semantic.index import CapabilityIndex, CapabilityText
-from router.semantic.matcher import MatchRule
-from router.semantic.outcome import IntentMatch, IntentRefusal
-from router.semantic.resolver import SemanticRouter
-from router.semantic.settings import SemanticSettings
+from semantic.calibrate import accuracy, calibrate, is_calibration, load_eval_set, rank
+from semantic.embedder import DEFAULT_MODEL, MODELS, AsyncEmbedder, Embedder
+from semantic.index import CapabilityIndex, CapabilityText
+from semantic.matcher import MatchRule
+from semantic.outcome import IntentMatch, IntentRefusal
+from semantic.settings import SemanticSettings
 
 EVAL = load_eval_set(Path(__file__).parent / "semantic_eval")
 

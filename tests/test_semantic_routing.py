@@ -6,9 +6,9 @@ import pytest
 
 from conftest import wait_for
 from router.core import RouterSettings
-from router.semantic.settings import SemanticSettings
 from router.server import RouterServer, RouterServerSettings
 from router_support import Mesh, capability
+from semantic.settings import SemanticSettings
 
 CAPABILITIES = {
     "order.query": ("Look up where a customer's order is and its delivery status",

@@ -23,10 +23,10 @@ import numpy as np
 
 from mesh.examples import HeardRule, phrasing
 from mesh.keyspace import KeySpace
-from router.semantic.cache import LruCache, intent_key
-from router.semantic.embedder import AsyncEmbedder
-from router.semantic.index import CapabilityIndex, CapabilityText, capability_text, described_capabilities
-from router.semantic.matcher import MatchRule, routed_to
+from semantic.cache import LruCache, intent_key
+from semantic.embedder import AsyncEmbedder
+from semantic.index import CapabilityIndex, CapabilityText, capability_text, described_capabilities
+from semantic.matcher import MatchRule, routed_to
 
 # (text, the capability that should serve it, or None for none).
 Labelled = tuple[str, str | None]

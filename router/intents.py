@@ -13,12 +13,12 @@ import numpy as np
 from agent_reach.atp import ErrorCode
 
 from router.mirror import RegistryMirror
-from router.semantic.cache import LruCache, intent_key
-from router.semantic.embedder import AsyncEmbedder
-from router.semantic.index import CapabilityIndex, described_capabilities
-from router.semantic.matcher import MatchRule, decide
-from router.semantic.outcome import IntentMatch, IntentRefusal
-from router.semantic.settings import SemanticSettings
+from semantic.cache import LruCache, intent_key
+from semantic.embedder import AsyncEmbedder
+from semantic.index import CapabilityIndex, described_capabilities
+from semantic.matcher import MatchRule, decide
+from semantic.outcome import IntentMatch, IntentRefusal
+from semantic.settings import SemanticSettings
 
 
 class SemanticStats(msgspec.Struct, kw_only=True):

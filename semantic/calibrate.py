@@ -13,9 +13,9 @@ from pathlib import Path
 
 import msgspec
 
-from router.semantic.embedder import AsyncEmbedder
-from router.semantic.index import CapabilityIndex, CapabilityText, capability_text
-from router.semantic.matcher import MatchRule, top_candidates, verdict
+from semantic.embedder import AsyncEmbedder
+from semantic.index import CapabilityIndex, CapabilityText, capability_text
+from semantic.matcher import MatchRule, top_candidates, verdict
 
 THRESHOLDS = [round(0.01 * step, 2) for step in range(101)]
 MARGINS = [round(0.005 * step, 3) for step in range(61)]

@@ -17,7 +17,7 @@ import numpy as np
 from agent_reach.registration import Capability
 
 from mesh.keyspace import KeySpace
-from router.semantic.embedder import AsyncEmbedder, unit_rows
+from semantic.embedder import AsyncEmbedder, unit_rows
 
 
 class CapabilityText(msgspec.Struct, frozen=True):

@@ -14,7 +14,7 @@ import msgspec
 import numpy as np
 from agent_reach.atp import ErrorCode, IntentCandidate
 
-from router.semantic.outcome import IntentMatch, IntentRefusal
+from semantic.outcome import IntentMatch, IntentRefusal
 
 
 class MatchRule(msgspec.Struct, kw_only=True, frozen=True):

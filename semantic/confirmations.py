@@ -23,7 +23,7 @@ from agent_reach.headers import API_KEY_HEADER
 from mesh.examples import Confirmation
 
 if TYPE_CHECKING:
-    from router.semantic.matcher import MatchRule
+    from semantic.matcher import MatchRule
 
 log = logging.getLogger("agentreach.router.confirmations")
 
