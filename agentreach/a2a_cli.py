@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 import msgspec
+from agent_reach import peer_json
 from agent_reach.headers import API_KEY_HEADER
 from agent_reach.registration import Capability, RegisterRequest
 
@@ -101,7 +102,7 @@ async def _add(args: argparse.Namespace, credentials: dict[str, str]) -> dict[st
     if status >= 400:
         raise CommandFailed(refusal(status, body))
     try:
-        registered = json.loads(body)
+        registered = peer_json.decode(body)
     except ValueError:
         raise CommandFailed(f"the registry at {args.registry} answered something that is not JSON") from None
     return {"agent_id": request.agent_id, "service": request.service, "capability": request.capabilities[0].name,

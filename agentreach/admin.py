@@ -17,6 +17,7 @@ from urllib.parse import quote
 
 import aiohttp
 import msgspec
+from agent_reach import peer_json
 from agent_reach.headers import API_KEY_HEADER
 from agent_reach.registration import TrustLevel
 
@@ -146,7 +147,7 @@ def call_for(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Call:
 def refusal(status: int, body: bytes) -> str:
     """The registry's error body as one line: status, code, message and the field at fault."""
     try:
-        error = json.loads(body)
+        error = peer_json.decode(body)
     except ValueError:
         error = None
     if not isinstance(error, dict) or "message" not in error:
@@ -178,7 +179,7 @@ async def send(registry: str, key: str, call: Call) -> Any:
     if status >= 400:
         raise CommandFailed(refusal(status, body))
     try:
-        return json.loads(body)
+        return peer_json.decode(body)
     except ValueError:
         raise CommandFailed(f"the registry at {registry} answered something that is not JSON") from None
 

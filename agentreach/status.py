@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 import msgspec
+from agent_reach import peer_json
 from agent_reach.transport import url_list
 
 from agentreach.admin import Call, CommandFailed, NoAnswer, add_key_flags, exchange, refusal
@@ -30,7 +31,7 @@ NO_KEY_HINT = (" (no admin key was sent: pass --admin-key, set AGENTREACH_ADMIN_
 EXIT_UNANSWERED = 1
 EXIT_NO_LEADER = 3
 EXIT_STALE = 4
-_view = msgspec.json.Decoder(ClusterView)
+_view = peer_json.Decoder(ClusterView)
 
 
 class Problem(msgspec.Struct, frozen=True):

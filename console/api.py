@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import quote
 
 import msgspec
+from agent_reach import peer_json
 from agent_reach.headers import API_KEY_HEADER, REQUEST_ID_HEADER, ROUTE_HEADERS
 from aiohttp import web
 from multidict import CIMultiDict
@@ -54,7 +55,7 @@ class NamedCapability(msgspec.Struct):
     capability: str | None = None
 
 
-_named = msgspec.json.Decoder(NamedCapability)
+_named = peer_json.Decoder(NamedCapability)
 console_errors = errors_as_json("console", log)
 
 
@@ -157,7 +158,7 @@ class ConsoleApi:
         now = time.time()
         heartbeats, traffic = self.collector.heartbeats, self.collector.traffic
         return json_response(AgentDetail(
-            agent=msgspec.json.decode(reply.body, type=AgentView), heartbeats=heartbeats.beats(agent_id),
+            agent=peer_json.decode(reply.body, type=AgentView), heartbeats=heartbeats.beats(agent_id),
             transitions=heartbeats.transitions(agent_id),
             traffic=traffic.by_agent(now).get(agent_id) or TrafficStat(),
             capabilities=traffic.by_capability(agent_id, now),

@@ -14,6 +14,7 @@ from collections import OrderedDict, deque
 from typing import Any, TypeVar
 
 import msgspec
+from agent_reach import peer_json
 
 from console.heartbeats import HeartbeatLog
 from console.hub import Hub
@@ -70,7 +71,7 @@ def decoded(reply: Reply, kind: type[T], status: UpstreamStatus, now: float) -> 
         status.ok, status.error = False, reply.error()
         return None
     try:
-        value = msgspec.json.decode(reply.body, type=kind)
+        value = peer_json.decode(reply.body, type=kind)
     except msgspec.MsgspecError as exc:
         status.ok, status.error = False, f"unexpected answer: {exc}"
         return None

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 import msgspec
+from agent_reach import peer_json
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
@@ -43,7 +44,7 @@ class SignIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     admin_key: str
 
 
-_decoder = msgspec.json.Decoder(SignIn)
+_decoder = peer_json.Decoder(SignIn)
 
 
 class Sessions:

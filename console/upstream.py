@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 import msgspec
+from agent_reach import peer_json
 from agent_reach.connections import error_body
 from agent_reach.headers import API_KEY_HEADER
 from agent_reach.transport import Failover
@@ -22,7 +23,7 @@ from yarl import URL
 from console.admin_key import AdminKey
 
 TIMEOUT = aiohttp.ClientTimeout(total=10, connect=2)
-_decoder = msgspec.json.Decoder()
+_decoder = peer_json.Decoder()
 
 
 class Reply(msgspec.Struct, kw_only=True):

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterable
 from typing import Any, Protocol
 
 import msgspec
+from agent_reach import peer_json
 
 from mesh.records import RECORD_TYPES
 
@@ -114,6 +115,7 @@ def encode_event(event: WatchEvent) -> bytes:
 
 def decode_event(line: bytes) -> WatchEvent:
     """One line of `GET /watch` back into the event the hub published."""
+    peer_json.check(line)
     event = _wire_decoder.decode(line)
     if isinstance(event, _WireReset):
         records = {key: _json_value(key, raw) for key, raw in event.records.items()}

@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 import msgspec
+from agent_reach import peer_json
 from agent_reach.exhaustion import Throttle
 
 from auth.kek import SECRETS_KEY_FILE, SecretsKeyError
@@ -226,7 +227,7 @@ class EtcdMembership:
                 leader = (unb64(kv.value), kv.create_revision)
             elif key.startswith(self._prefix + "nodes/"):
                 try:
-                    entry = msgspec.json.decode(base64.b64decode(kv.value), type=NodeEntry)
+                    entry = peer_json.decode(base64.b64decode(kv.value), type=NodeEntry)
                 except (msgspec.DecodeError, ValueError):
                     # One unreadable entry (written by hand, or by another version) must not stop this node
                     # from seeing the others, and itself, every half second.
@@ -295,7 +296,7 @@ class EtcdMembership:
         started = time.monotonic()
         try:
             async with self._etcd.session.get(f"{url}/health", timeout=_HEALTH_TIMEOUT) as response:
-                health = msgspec.json.decode(await response.read(), type=_Health)
+                health = peer_json.decode(await response.read(), type=_Health)
         except TimeoutError:
             return EtcdEndpoint(url=url, healthy=False, error=f"no answer within {_HEALTH_TIMEOUT.total}s")
         except (aiohttp.ClientError, msgspec.DecodeError) as exc:

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 import msgspec
+from agent_reach import peer_json
 
 from wal import WalHealth, WalUnavailable
 
@@ -58,7 +59,7 @@ class Txn(msgspec.Struct):
 
 def decode(data: bytes, kind: type[T]) -> T:
     """The gateway writes int64 fields as JSON strings; strict=False reads them as ints."""
-    return msgspec.json.decode(data, type=kind, strict=False)
+    return peer_json.decode(data, type=kind, strict=False)
 
 
 def b64(text: str) -> str:

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from collections.abc import Mapping
 from typing import Any, cast
 
 import msgspec
-from agent_reach import logs
+from agent_reach import logs, peer_json
 from agent_reach.atp import (
     BUDGET_LABELS,
     MAX_CAPABILITY_CHARS,
@@ -67,14 +66,10 @@ DEFAULT_MAX_BODY = 16 * 1024 * 1024
 # Embedding tokenises in Python: a bounded intent keeps one caller from holding the model's thread.
 MAX_INTENT_CHARS = 1024
 MAX_TRACES_LISTED = 1000
-# Deeper JSON than any real frame needs is refused before decoding: recursion is the decoder's cost.
-MAX_JSON_DEPTH = 32
 # All header lines together: past it, a JSON 431 before anything else is looked at.
 MAX_HEADER_BYTES = 8192
 # aiohttp's own per-line limit, the backstop: past it aiohttp answers a plain-text 400 by itself.
 MAX_HEADER_LINE = 32768
-_NOT_BRACKETS = bytes(range(256)).translate(None, b"[]{}")
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
 _frame_decoder = msgspec.json.Decoder(RequestFrame)
@@ -109,23 +104,6 @@ def invalid_frame(request_id: str, message: str, field: str | None = None) -> Ca
     route = RouteFacts()
     frame = error_frame(request_id, ErrorCode.INVALID_FRAME, message, field)
     return CallResult(frame=frame, route=route)
-
-
-def json_depth(raw: bytes) -> int:
-    """How deeply a JSON text nests arrays and objects, brackets inside strings not counted."""
-    depth = deepest = 0
-    for bracket in _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS):
-        if bracket in b"[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        else:
-            depth -= 1
-    return deepest
-
-
-def too_deep(raw: bytes) -> bool:
-    """Cheap for ordinary bodies: fewer opening brackets than the limit cannot nest past it."""
-    return raw.count(b"{") + raw.count(b"[") > MAX_JSON_DEPTH and json_depth(raw) > MAX_JSON_DEPTH
 
 
 def to_frame(body: Any) -> RequestFrame | CallResult:
@@ -245,10 +223,11 @@ class Atp:
             too_large = error_frame(RequestFrame().request_id, ErrorCode.PAYLOAD_TOO_LARGE,
                                     f"Request body exceeds the router's limit of {self.max_body} bytes")
             return json_response(too_large, 413, {REQUEST_ID_HEADER: too_large.request_id})
-        if too_deep(raw):
+        # Deeper JSON than any real frame needs is refused before decoding: recursion is the decoder's cost.
+        if peer_json.depth_exceeds(raw, peer_json.MAX_CALLER_DEPTH):
+            limit = peer_json.MAX_CALLER_DEPTH
             return refused_frame(invalid_frame(RequestFrame().request_id,
-                                               f"JSON nesting exceeds the router's limit of {MAX_JSON_DEPTH} levels"),
-                                 400)
+                                               f"JSON nesting exceeds the router's limit of {limit} levels"), 400)
         if b'"jsonrpc"' not in raw:
             # The common case, decoded and validated in one pass; anything odd takes the general path.
             try:
@@ -338,7 +317,7 @@ class Atp:
 async def completions(request: web.Request) -> web.Response:
     """POST /completions: an agent's late completion (open: all it does is log a line)."""
     try:
-        note = msgspec.json.decode(await request.read(), type=Completion)
+        note = peer_json.decode(await request.read(), type=Completion)
     except msgspec.MsgspecError as exc:
         raise ApiError(400, "invalid_completion", str(exc)) from None
     with logs.bind(request_id=note.request_id):
@@ -541,7 +520,7 @@ def create_app(router: Router, *, max_body: int = DEFAULT_MAX_BODY, auth: Authen
     app[ROUTER_KEY] = router
     app[METRICS_KEY] = router_metrics(router)
     open_routes = [("POST", "/atp", Atp(router, auth, max_body).handle), *OPEN,
-                   *A2AEndpoint(router, auth, checked, too_deep).routes()]
+                   *A2AEndpoint(router, auth, checked).routes()]
     admin_routes = list(ADMIN_ONLY)
     if router.audit is not None:
         app[AUDIT_KEY] = router.audit

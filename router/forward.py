@@ -18,7 +18,15 @@ from typing import Any, Literal
 
 import aiohttp
 import msgspec
-from agent_reach.atp import BusinessError, ErrorCode, RequestFrame, agent_business_error, agent_status_code
+from agent_reach import peer_json
+from agent_reach.atp import (
+    BUSINESS_ERROR_SHAPE,
+    BusinessError,
+    ErrorCode,
+    RequestFrame,
+    agent_business_error,
+    agent_status_code,
+)
 from agent_reach.exhaustion import local_exhaustion
 from agent_reach.headers import (
     COMPLETION_URL_HEADER,
@@ -80,13 +88,13 @@ class _AgentReply(msgspec.Struct, kw_only=True):
     status: Literal["success", "error", "busy"] | None = None
     result: Any = None
     context_update: dict[str, Any] | None = None
-    business_error: BusinessError | None = None
+    business_error: Any = None  # read by agent_business_error: a numeric code is a business error too
     error_code: str | None = None
     error_message: str = ""
     usage: Any = None  # read by usage_from: a garbled report is dropped, never a failed call
 
 
-_reply_decoder = msgspec.json.Decoder(_AgentReply)
+_reply_decoder = peer_json.Decoder(_AgentReply, limit=peer_json.MAX_PASSED_DEPTH)
 
 
 def _atp_request(frame: RequestFrame, timeout_hint_ms: int) -> tuple[bytes, dict[str, str]]:
@@ -124,19 +132,22 @@ def _malformed(what: str) -> AgentAnswer:
 def _classify_atp(status: int, body: bytes) -> AgentAnswer:
     try:
         reply = _reply_decoder.decode(body)
-    except (msgspec.MsgspecError, RecursionError) as exc:  # an answer nested past any need is malformed too
+    except msgspec.MsgspecError as exc:  # an answer nested past any need (peer_json.TooDeep) too
         return _malformed(f"not a frame ({exc})") if 200 <= status < 300 else _failed_status(status)
     if reply.error_code is None and reply.status is None:
         return _malformed("a frame needs status or error_code")
+    business = agent_business_error(reply.business_error) if reply.business_error is not None else None
+    if business is None and reply.business_error is not None:
+        return _malformed(BUSINESS_ERROR_SHAPE)
     if reply.error_code in _AGENT_REFUSALS:
         return AgentAnswer(error_code=ErrorCode.AGENT_ERROR,
                            message=f"agent refused the router's call ({reply.error_code}): {reply.error_message}")
     if reply.error_code is not None:
         return AgentAnswer(error_code=_AGENT_CODES.get(reply.error_code, ErrorCode.AGENT_ERROR),
-                           message=reply.error_message or reply.error_code, business_error=reply.business_error)
-    if reply.business_error is not None:
-        return AgentAnswer(error_code=ErrorCode.BUSINESS_ERROR, message=reply.business_error.message,
-                           business_error=reply.business_error, result=reply.result)
+                           message=reply.error_message or reply.error_code, business_error=business)
+    if business is not None:
+        return AgentAnswer(error_code=ErrorCode.BUSINESS_ERROR, message=business.message or business.code,
+                           business_error=business, result=reply.result)
     if reply.status == "busy":
         return AgentAnswer(error_code=ErrorCode.BUSY, message="agent answered busy")
     if reply.status == "error" or not 200 <= status < 300:
@@ -172,6 +183,7 @@ def _classify_rest(status: int, body: bytes) -> AgentAnswer:
     if not 200 <= status < 300:
         return _failed_status(status)
     try:
+        peer_json.check(body, peer_json.MAX_PASSED_DEPTH)  # once: both decodes below then stay within it
         if b'"business_error"' not in body:
             # Checked as JSON (syntax, and UTF-8, which Raw does not check), then passed through as bytes:
             # the router has no reason to rebuild it.
@@ -179,14 +191,14 @@ def _classify_rest(status: int, body: bytes) -> AgentAnswer:
                 body.decode()
             return AgentAnswer(result=_raw_decoder.decode(body) if body else None, usage=_rest_usage(body))
         result = _business_decoder.decode(body)
-    except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError) as exc:
+    except (msgspec.MsgspecError, UnicodeDecodeError) as exc:
         return _malformed(f"the body is not JSON ({exc})")
     raw = result.get("business_error") if isinstance(result, dict) else None
     if raw is None:
         return AgentAnswer(result=result, usage=usage_from(result.get("usage")) if isinstance(result, dict) else None)
     business = agent_business_error(raw)
     if business is None:
-        return _malformed("business_error must be a string or an object with a string code")
+        return _malformed(BUSINESS_ERROR_SHAPE)
     return AgentAnswer(error_code=ErrorCode.BUSINESS_ERROR, message=business.message or business.code,
                        business_error=business, result=result)
 
@@ -219,6 +231,7 @@ def _chunk_data(protocol: Protocol, data: bytes) -> msgspec.Raw:
     a raw line end can only be whitespace between JSON tokens, so a space stands for it."""
     if not data.isascii():
         data.decode()
+    peer_json.check(data, peer_json.MAX_PASSED_DEPTH)
     text = bytes(_chunk_decoder.decode(data).data if protocol == "atp" else _raw_decoder.decode(data))
     return msgspec.Raw(text.replace(b"\n", b" ").replace(b"\r", b" "))
 
@@ -290,7 +303,7 @@ async def _relay_stream(response: aiohttp.ClientResponse, protocol: Protocol, re
                 continue  # an event of another kind (a keep-alive, say): nothing for the caller
             try:
                 batch.append(_chunk_data(protocol, event.data))
-            except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError) as exc:
+            except (msgspec.MsgspecError, UnicodeDecodeError) as exc:
                 ended = _malformed(f"a chunk is not JSON ({exc})")
                 break
         if batch:

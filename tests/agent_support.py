@@ -213,3 +213,12 @@ async def start_scripted() -> AsyncIterator[Callable[..., Awaitable[ScriptedAgen
     """``await start_scripted(name, protocol="rest")``: a running ScriptedAgent, stopped at teardown."""
     async with starting(ScriptedAgent) as start:
         yield start
+
+
+async def answered(mesh: Any, start_scripted: Callable[..., Awaitable[ScriptedAgent]], capability: str, body: bytes,
+                   protocol: str = "rest") -> Any:
+    """What a caller gets from one call through ``mesh`` to a ScriptedAgent answering ``body``."""
+    agent = await start_scripted(f"{capability}-1", protocol=protocol)
+    agent.body = body
+    await mesh.add(agent, capability)
+    return await mesh.call(capability, {"q": 1})

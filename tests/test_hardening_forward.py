@@ -169,11 +169,13 @@ def frame_answer(**members: Any) -> bytes:
 
 
 MALFORMED_REST = [
-    (200, b'{"business_error": {"code": 5}}', "AGENT_ERROR"),
+    (200, b'{"business_error": {"code": 5}}', "BUSINESS_ERROR"),  # a numeric code, kept as "5"
+    (200, b'{"business_error": {"code": true}}', "AGENT_ERROR"),
     (200, b'{"business_error": {"code": "late", "message": 7}}', "AGENT_ERROR"),
     (200, b'{"business_error": {"message": "no code"}}', "AGENT_ERROR"),
     (200, b'{"business_error": [1, 2]}', "AGENT_ERROR"),
-    (200, b'{"business_error": 5}', "AGENT_ERROR"),
+    (200, b'{"business_error": 5}', "BUSINESS_ERROR"),
+    (200, b'{"business_error": false}', "AGENT_ERROR"),
     (200, b'{"business_error": "out_of_stock"}', "BUSINESS_ERROR"),
     (200, b'{"business_error": {"code": "out_of_stock", "details": [1]}}', "BUSINESS_ERROR"),
     (200, b'{"business_error": null, "ok": true}', None),
@@ -200,7 +202,8 @@ MALFORMED_ATP = [
     (200, frame_answer(status="maybe"), "AGENT_ERROR"),
     (200, frame_answer(), "AGENT_ERROR"),
     (200, frame_answer(status=5), "AGENT_ERROR"),
-    (200, frame_answer(status="success", business_error={"code": 5}), "AGENT_ERROR"),
+    (200, frame_answer(status="success", business_error={"code": 5}), "BUSINESS_ERROR"),
+    (200, frame_answer(status="success", business_error={"code": None}), "AGENT_ERROR"),
     (200, frame_answer(status="success", context_update=[1]), "AGENT_ERROR"),
     (200, frame_answer(error_code=5), "AGENT_ERROR"),
     (200, frame_answer(error_code="NOT_A_CODE", error_message="?"), "AGENT_ERROR"),
@@ -248,7 +251,7 @@ async def test_every_answer_however_malformed_is_a_documented_outcome(mesh: Mesh
 async def test_a_json_rpc_batch_with_a_malformed_answer_is_answered_item_by_item(mesh: Mesh, start_agent,
                                                                                  start_scripted):
     odd = await start_scripted("odd")
-    odd.body = b'{"business_error": {"code": 5}}'
+    odd.body = b'{"business_error": {"code": true}}'
     await mesh.add(odd, "odd")
     await mesh.add(await start_agent("plain"))
     batch = [{"jsonrpc": "2.0", "method": "atp.call", "id": 1, "params": {"capability": "odd", "payload": 1}},

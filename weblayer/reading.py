@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 import msgspec
+from agent_reach import peer_json
 from aiohttp import web
 
 from weblayer.errors import ApiError, from_decode_error
@@ -25,9 +26,11 @@ def _decoder(kind: type[T]) -> msgspec.json.Decoder[T]:
 
 
 async def read_json(request: web.Request, kind: type[T]) -> T:
-    """The body as a ``kind``; anything else is a 400 saying which field is wrong."""
+    """The body as a ``kind``; anything else is a 400 saying which field is wrong. The registry passes what it
+    reads on (a policy's floor answer, in the watch feed), so its nesting is held to MAX_PASSED_DEPTH."""
     body = await request.read()
     try:
+        peer_json.check(body, peer_json.MAX_PASSED_DEPTH)
         return _decoder(kind).decode(body)
     except msgspec.MsgspecError as exc:
         raise from_decode_error(exc) from None

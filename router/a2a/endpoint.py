@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
-from agent_reach import logs
+from agent_reach import logs, peer_json
 from agent_reach.atp import ErrorCode, ErrorFrame, RequestFrame
 from agent_reach.headers import REQUEST_ID_HEADER, TRACEPARENT_HEADER, TRACESTATE_HEADER
 from agent_reach.sse import EventWriter, on_disconnect
@@ -70,7 +70,6 @@ _encoder = msgspec.json.Encoder()
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="agentreach"'}
 # The API's own checks (router/api.py), handed in: what /atp refuses, A2A refuses alike.
 FrameCheck = Callable[[RequestFrame], "RequestFrame | CallResult"]
-DepthCheck = Callable[[bytes], bool]
 Identity = Caller | Unauthenticated | None
 
 
@@ -126,11 +125,10 @@ class TaskStream:
 
 
 class A2AEndpoint:
-    def __init__(self, router: Router, auth: Authenticator | None, check: FrameCheck, too_deep: DepthCheck):
+    def __init__(self, router: Router, auth: Authenticator | None, check: FrameCheck):
         self.router = router
         self.auth = auth
         self.check = check
-        self.too_deep = too_deep
         self.tasks = TaskBook()
         self._background: set[asyncio.Future[Any]] = set()
 
@@ -209,7 +207,7 @@ class A2AEndpoint:
         except web.HTTPRequestEntityTooLarge:
             raise RpcError(ATP_ERROR, "Request body exceeds the router's size limit",
                            ErrorCode.PAYLOAD_TOO_LARGE.value) from None
-        if self.too_deep(raw):
+        if peer_json.depth_exceeds(raw, peer_json.MAX_CALLER_DEPTH):
             raise RpcError(INVALID_REQUEST, "JSON nests deeper than the router accepts")
         try:
             envelope = msgspec.json.decode(raw, type=Envelope)

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import aiohttp
 import msgspec
+from agent_reach import peer_json
 from agent_reach.atp import ErrorCode, RequestFrame
 from yarl import URL
 
@@ -78,7 +79,7 @@ class AgentCardView(msgspec.Struct, kw_only=True, rename="camel"):
 
 def read_card(body: bytes) -> AgentCardView:
     try:
-        card = msgspec.json.decode(body, type=AgentCardView)
+        card = peer_json.decode(body, type=AgentCardView)
     except msgspec.MsgspecError as exc:
         raise CardError(f"the agent's card is not an A2A card: {exc}") from None
     jsonrpc_url(card)
@@ -217,7 +218,7 @@ class _Reply(msgspec.Struct, kw_only=True):
     error: _RpcError | None = None
 
 
-_reply_decoder = msgspec.json.Decoder(_Reply)
+_reply_decoder = peer_json.Decoder(_Reply, limit=peer_json.MAX_PASSED_DEPTH)
 _V03_KINDS = {"task": "task", "message": "message", "status-update": "statusUpdate",
               "artifact-update": "artifactUpdate"}
 # A task that ended other than completed, as ATP: (code, business error code when it is the caller's to act on).
@@ -297,7 +298,7 @@ def verdict_of(body: bytes) -> Verdict:
         if reply.error is not None:
             return _rpc_error(reply.error)
         result = _result(reply.result)
-    except (msgspec.MsgspecError, RecursionError) as exc:  # an answer nested past any need is malformed too
+    except msgspec.MsgspecError as exc:  # an answer nested past any need (peer_json.TooDeep) too
         return _malformed(str(exc))
     if result.message is not None:
         return Verdict(result=_joined(result.message.parts))
@@ -324,7 +325,7 @@ def stream_step(name: str, data: bytes, last: msgspec.Raw) -> StreamStep:
         if reply.error is not None:
             return StreamStep([], _rpc_error(reply.error))
         result = _result(reply.result)
-    except (msgspec.MsgspecError, RecursionError) as exc:
+    except msgspec.MsgspecError as exc:
         return StreamStep([], _malformed(f"an event is not A2A ({exc})"))
     if name == "error":
         return StreamStep([], _malformed("an error event without a JSON-RPC error"))

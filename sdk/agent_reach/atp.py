@@ -256,15 +256,34 @@ def agent_status_code(status: int) -> ErrorCode:
     return ErrorCode.BUSY if status == 429 else _REQUEST_REFUSED.get(status, ErrorCode.AGENT_ERROR)
 
 
+class _SentBusinessError(msgspec.Struct, kw_only=True):
+    """A ``business_error`` object as agents send it: the code a string or a number, the message maybe null."""
+
+    code: str | int | float
+    message: str | None = None
+    details: Any = None
+
+
+# What an agent's business_error may be; anything else is a malformed answer (AGENT_ERROR) saying so.
+BUSINESS_ERROR_SHAPE = "business_error must be a code (a string or a number) or an object with such a code"
+
+
 def agent_business_error(raw: object) -> BusinessError | None:
-    """An agent's ``business_error``: a string (its code) or an object with a string ``code``; None when
-    neither (a malformed answer, the agent's failure)."""
-    if isinstance(raw, str):
-        return BusinessError(code=raw)
+    """An agent's ``business_error``: a code, or an object with a ``code`` (and ``message``, ``details``).
+    A numeric code (``{"code": 5}``, common in agents) is kept as its JSON text (``"5"``), so the code is
+    a string everywhere past the router. None when it is neither (a malformed answer, the agent's failure):
+    a boolean or null code, a missing one, a message that is not a string."""
+    if isinstance(raw, str | int | float) and not isinstance(raw, bool):
+        return BusinessError(code=_code_text(raw))
     try:
-        return msgspec.convert(raw, BusinessError)
+        sent = msgspec.convert(raw, _SentBusinessError)
     except msgspec.ValidationError:
         return None
+    return BusinessError(code=_code_text(sent.code), message=sent.message or "", details=sent.details)
+
+
+def _code_text(code: str | int | float) -> str:
+    return code if isinstance(code, str) else msgspec.json.encode(code).decode()
 
 
 def error_frame(request_id: str, code: ErrorCode, message: str, field: str | None = None) -> ErrorFrame:

@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from agent_reach import peer_json
 from agent_reach.atp import new_request_id
 from agent_reach.headers import CONTEXT_HEADER, TIMEOUT_HEADER, TRACEPARENT_HEADER
 from agent_reach.usage import MAX_TOKENS, Usage, is_token_count
@@ -190,7 +191,7 @@ def rest_deadline(headers: Mapping[str, str]) -> float | None:
 def rest_context(headers: Mapping[str, str]) -> dict[str, Any]:
     """The context a router sends a REST endpoint in ``X-Reach-Context``; empty if absent or bad."""
     try:
-        context = msgspec.json.decode(headers.get(CONTEXT_HEADER, "{}"))
+        context = peer_json.decode(headers.get(CONTEXT_HEADER, "{}"))
     except (msgspec.DecodeError, UnicodeEncodeError):  # aiohttp passes undecodable bytes as surrogates
         context = {}
     return incoming_context(context if isinstance(context, dict) else {}, headers)

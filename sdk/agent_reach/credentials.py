@@ -8,6 +8,8 @@ import time
 import aiohttp
 import msgspec
 
+from agent_reach import peer_json
+
 # Refresh this long before the token expires, so a call never leaves with a token about to lapse.
 EXPIRY_MARGIN = 30.0
 
@@ -47,6 +49,6 @@ class ClientCredentials:
         if response.status != 200:
             raise TokenRefused(f"{self.token_url} answered {response.status}: {body[:200]!r}")
         try:
-            return msgspec.json.decode(body, type=TokenAnswer)
+            return peer_json.decode(body, type=TokenAnswer)
         except msgspec.DecodeError as exc:
             raise TokenRefused(f"{self.token_url} answered without a token: {exc}") from exc

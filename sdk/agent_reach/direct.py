@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from agent_reach import peer_json
 from agent_reach.atp import ErrorCode, RequestFrame, RouteFacts, error_frame, valid_routing_hint
 from agent_reach.headers import DIRECT_HEADER
 from agent_reach.hint import matches_hint, unsatisfied_hint
@@ -69,7 +70,7 @@ class DirectRoute:
                 self._known.pop(capability, None)
                 return None
             if response.status == 200:
-                self._known[capability] = msgspec.json.decode(body, type=QueryAnswer).instances
+                self._known[capability] = peer_json.decode(body, type=QueryAnswer).instances
             elif response.status in (401, 403):
                 raise QueryRefused(f"the registry refused the query (HTTP {response.status}): "
                                    f"{body[:200].decode(errors='replace')}; pass registry_token=")

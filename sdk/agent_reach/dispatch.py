@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from agent_reach import logs
+from agent_reach import logs, peer_json
 from agent_reach.atp import BusinessError, ErrorCode, RequestFrame, ResponseFrame, error_frame
 from agent_reach.context import CallContext, incoming_context, serving
 from agent_reach.guard import CallGuard
@@ -39,7 +39,7 @@ log = logging.getLogger("agentreach.sdk")
 Handler = Callable[[Any, CallContext], Awaitable[Any] | AsyncIterator[Any]]
 
 _encoder = msgspec.json.Encoder()
-_frames = msgspec.json.Decoder(RequestFrame)
+_frames = peer_json.Decoder(RequestFrame)
 
 
 class BusinessFailure(Exception):

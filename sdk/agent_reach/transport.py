@@ -17,7 +17,9 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from agent_reach import peer_json
 from agent_reach.atp import (
+    BUSINESS_ERROR_SHAPE,
     ErrorCode,
     ErrorFrame,
     RequestFrame,
@@ -35,9 +37,9 @@ Answer = ResponseFrame | ErrorFrame
 Streamed = ChunkFrame | Answer
 
 _encoder = msgspec.json.Encoder()
-_response = msgspec.json.Decoder(ResponseFrame)
-_error = msgspec.json.Decoder(ErrorFrame)
-_chunk = msgspec.json.Decoder(ChunkFrame)
+_response = peer_json.Decoder(ResponseFrame)
+_error = peer_json.Decoder(ErrorFrame)
+_chunk = peer_json.Decoder(ChunkFrame)
 _STATUS_CODES = {
     400: ErrorCode.INVALID_FRAME, 413: ErrorCode.PAYLOAD_TOO_LARGE, 429: ErrorCode.BUSY,
     504: ErrorCode.TOTAL_TIMEOUT,
@@ -133,7 +135,7 @@ def decode_rest(request_id: str, status: int, body: bytes) -> Answer:
     if not 200 <= status < 300:
         return error_frame(request_id, agent_status_code(status), _status_message(status, body))
     try:
-        result = msgspec.json.decode(body) if body else None
+        result = peer_json.decode(body) if body else None
     except msgspec.DecodeError as exc:
         return error_frame(request_id, ErrorCode.AGENT_ERROR, f"answer is not usable JSON: {exc}")
     raw = result.get("business_error") if isinstance(result, dict) else None
@@ -141,8 +143,7 @@ def decode_rest(request_id: str, status: int, body: bytes) -> Answer:
         return ResponseFrame(request_id=request_id, status="success", result=result)
     failure = agent_business_error(raw)
     if failure is None:
-        return error_frame(request_id, ErrorCode.AGENT_ERROR,
-                           "answer is not usable: business_error must be a string or an object with a string code")
+        return error_frame(request_id, ErrorCode.AGENT_ERROR, f"answer is not usable: {BUSINESS_ERROR_SHAPE}")
     return ResponseFrame(request_id=request_id, status="error", business_error=failure)
 
 
