@@ -15,6 +15,7 @@ from aiohttp import web
 from console.admin_key import AdminKey
 from console.api import ConsoleApi
 from console.collector import Collector
+from console.headers import security_headers
 from console.hub import Hub
 from console.models import ConsoleConfig
 from console.signin import Gatekeeper, Sessions
@@ -76,7 +77,9 @@ class ConsoleServer:
         sessions = Sessions(admin) if settings.auth == "on" and admin is not None else None
         api = ConsoleApi(config, self.collector, self.store, self.hub, registry, router,
                          Gatekeeper(sessions, registry))
-        self._runner, self.port = await listen(api.app(), settings.host, settings.port)
+        app = api.app()
+        app.on_response_prepare.append(security_headers)
+        self._runner, self.port = await listen(app, settings.host, settings.port)
         log.info("console listening", extra={"url": self.url, "registry": config.registry_url,
                                             "router": config.router_url, "auth": settings.auth,
                                             "store": str(self.store.path)})

@@ -11,11 +11,13 @@ from aiohttp import web
 from weblayer.errors import ApiError
 
 _encoder = msgspec.json.Encoder()
+# A browser never guesses another type for an answer (an agent's text served back as a page).
+NOSNIFF = {"X-Content-Type-Options": "nosniff"}
 
 
 def json_response(body: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
     return web.Response(body=_encoder.encode(body), status=status, content_type="application/json",
-                        headers=headers)
+                        headers={**NOSNIFF, **headers} if headers else NOSNIFF)
 
 
 def error_response(error: ApiError) -> web.Response:

@@ -1,4 +1,6 @@
 // Building DOM from data without innerHTML: every value lands as text, never as markup.
+// Styles are set through the CSSOM ({ style: { width: "40%", "--depth": 2 } }): the console's
+// Content-Security-Policy refuses style attributes (console/headers.py).
 
 export function h(tag, attrs = {}, ...children) {
   const el = document.createElement(tag);
@@ -8,6 +10,7 @@ export function h(tag, attrs = {}, ...children) {
     else if (name === "text") el.textContent = value;
     else if (name.startsWith("on")) el.addEventListener(name.slice(2), value);
     else if (name === "dataset") Object.assign(el.dataset, value);
+    else if (name === "style") for (const [property, setting] of Object.entries(value)) el.style.setProperty(property, setting);
     else el.setAttribute(name, value === true ? "" : value);
   }
   append(el, children);

@@ -40,7 +40,7 @@ function bars(decisions) {
   return h("ul", { class: "bars", "aria-label": "Route decisions since the router started" }, rows.map(([key, n]) =>
     h("li", { dataset: { decision: key } },
       h("span", { class: "bar-label", text: label(key) }),
-      h("span", { class: "bar-track", "aria-hidden": "true" }, h("span", { class: `bar-fill ${colour(key)}`, style: `width: ${(100 * n) / max}%` })),
+      h("span", { class: "bar-track", "aria-hidden": "true" }, h("span", { class: `bar-fill ${colour(key)}`, style: { width: `${(100 * n) / max}%` } })),
       h("span", { class: "bar-value num", text: fmt.count(n) }))));
 }
 

@@ -49,15 +49,15 @@ function waterfall(rows) {
   const offset = (c) => (c.started_at - origin) * 1000;
   const span = Math.max(1, ...rows.map((r) => offset(r.call) + r.call.total_ms));
   const bar = (start, width, className, label) => h("span", { class: "wf-track" },
-    h("span", { class: `wf-bar ${className}`, style: `left:${(100 * start) / span}%;width:${Math.max(0.4, (100 * width) / span)}%`, title: label }));
+    h("span", { class: `wf-bar ${className}`, style: { left: `${(100 * start) / span}%`, width: `${Math.max(0.4, (100 * width) / span)}%` }, title: label }));
   const items = [];
   for (const { call: c, depth } of rows) {
-    items.push(h("li", { class: "wf-row wf-call", style: `--depth:${depth}` },
+    items.push(h("li", { class: "wf-row wf-call", style: { "--depth": depth } },
       h("span", { class: "wf-name" }, h("a", { href: `#/traces/${encodeURIComponent(c.request_id)}`, class: "mono", title: c.request_id, text: c.request_id.slice(0, 12) }), " ", h("code", { text: c.capability })),
       bar(offset(c), c.total_ms, `outcome-${c.outcome}`, `${c.capability}: ${fmt.ms(c.total_ms)}`),
       h("span", { class: "wf-time num", text: `${fmt.ms(offset(c))} + ${fmt.ms(c.total_ms)}` })));
     c.attempts.forEach((a, i) => {
-      items.push(h("li", { class: "wf-row wf-attempt", style: `--depth:${depth + 1}` },
+      items.push(h("li", { class: "wf-row wf-attempt", style: { "--depth": depth + 1 } },
         h("span", { class: "wf-name" }, `attempt ${i + 1} → `, h("a", { href: `#/agents/${encodeURIComponent(a.instance)}`, text: a.instance }),
           a.error_code ? h("span", { class: "bad-text", text: ` ${a.error_code}` }) : null),
         bar(offset(c) + a.started_ms, a.elapsed_ms, a.error_code ? "attempt-failed" : "attempt-ok", `${a.instance}: ${fmt.ms(a.elapsed_ms)}`),
