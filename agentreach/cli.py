@@ -14,6 +14,7 @@ from agentreach import a2a_cli, admin, demo, status
 from agentreach.knobs import (
     NoAdminKey,
     add_admin_key,
+    add_agent_networks,
     add_auth_switch,
     add_registry_knobs,
     add_router_knobs,
@@ -72,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_auth_switch(router, "authenticate callers (API keys, OAuth2 client credentials)")
     add_admin_key(router)
     add_router_knobs(router)
+    add_agent_networks(router)  # `up` and `registry` have it among the registry's knobs: one rule for both
 
     console = commands.add_parser("console", help="run the operators' console",
                                   description="Serve the dashboard and its JSON API, watching a registry and a router.")

@@ -16,6 +16,7 @@ from agent_reach.registration import RoutingPolicy
 
 from agentreach.credentials import AUTH_ENV, admin_key, default_auth
 from console.server import ConsoleSettings
+from mesh.egress import NETWORKS_ENV, parse_networks
 from registry.access import admin_key_path
 from registry.lifecycle import LifecycleConfig
 from registry.server import RegistrySettings
@@ -58,6 +59,23 @@ def required_admin_key(args: argparse.Namespace) -> str | None:
     return key
 
 
+def _agent_networks(text: str) -> tuple[str, ...]:
+    try:
+        return parse_networks(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_agent_networks(parser: argparse.ArgumentParser) -> None:
+    """The egress rule (mesh/egress.py): the registry checks registrations against it, the router its connections."""
+    parser.add_argument("--agent-networks", type=_agent_networks, default=os.environ.get(NETWORKS_ENV, ""),
+                        metavar="CIDR[,CIDR...]",
+                        help="the only networks agents' URLs may point into, checked at registration and at "
+                             "every connection (default: any address but link-local ones, 169.254.0.0/16 and "
+                             "fe80::/10, and cloud metadata addresses, which only a network listed inside them "
+                             f"opens; or ${NETWORKS_ENV})")
+
+
 def add_registry_knobs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", type=Path, default=Path(".agentreach"),
                         help="where the WAL and snapshots live (default: ./.agentreach)")
@@ -91,6 +109,7 @@ def add_registry_knobs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--example-evaluation", type=Path, default=None, metavar="INTENTS_JSON",
                         help="labelled intents (tests/semantic_eval/intents.json's layout) no learned example may "
                              "send to a wrong capability: checked at acceptance, with the embed extra")
+    add_agent_networks(parser)
 
 
 def _etcd_endpoints(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
@@ -142,7 +161,8 @@ def registry_settings(args: argparse.Namespace, port: int, parser: argparse.Argu
                             group_commit=args.group_commit, auth=args.auth == "on", store=args.store,
                             etcd_endpoints=_etcd_endpoints(args, parser), etcd_prefix=args.etcd_prefix,
                             advertise_url=args.advertise_url and args.advertise_url.rstrip("/"),
-                            node_ttl=args.node_ttl, example_evaluation=args.example_evaluation)
+                            node_ttl=args.node_ttl, example_evaluation=args.example_evaluation,
+                            agent_networks=args.agent_networks)
 
 
 def add_router_knobs(parser: argparse.ArgumentParser) -> None:
@@ -206,7 +226,7 @@ def router_settings(args: argparse.Namespace, port: int, registry_url: str | Non
                                 auth=args.auth == "on", keys_dir=args.data_dir / "keys",
                                 audit_path=args.data_dir / "audit.db" if args.audit else None,
                                 audit_retention_days=args.audit_retention_days,
-                                audit_batch_rows=args.audit_batch_rows)
+                                audit_batch_rows=args.audit_batch_rows, agent_networks=args.agent_networks)
 
 
 def console_settings(args: argparse.Namespace, port: int, registry_url: str, router_url: str) -> ConsoleSettings:

@@ -12,6 +12,8 @@ import msgspec
 from agent_reach.serving import cancel, close, listen
 from aiohttp import web
 
+from mesh.egress import Egress
+from mesh.egress_client import agents_session
 from registry.api import DEFAULT_MAX_BODY, create_app
 from registry.cluster import SoleNode, new_node_id
 from registry.etcd_cluster import EtcdMembership
@@ -68,6 +70,8 @@ class RegistrySettings(msgspec.Struct, kw_only=True):
     gossip_interval: float = 0.5
     # An intents.json (tests/semantic_eval's layout) that learned examples are checked against at acceptance.
     example_evaluation: Path | None = None
+    # Networks agents' URLs may point into (mesh/egress.py); empty: any but link-local and metadata addresses.
+    agent_networks: tuple[str, ...] = ()
 
 
 class RegistryServer:
@@ -112,7 +116,8 @@ class RegistryServer:
             raise
 
     async def _start_parts(self) -> None:
-        self.registry = Registry(self.store, self.settings.lifecycle)
+        egress = Egress(self.settings.agent_networks)
+        self.registry = Registry(self.store, self.settings.lifecycle, egress=egress)
         self.registry.access.ensure_secrets(self.settings.data_dir)
         self.registry.examples.judge = self._judge = example_judge(self.settings.example_evaluation)
         if isinstance(self.store, WalStore):
@@ -123,7 +128,8 @@ class RegistryServer:
                                                                              shared=self.settings.store == "etcd")
         else:
             log.warning("authentication is OFF: anyone can register agents and change policies (development only)")
-        self._session = aiohttp.ClientSession()
+        # The health checker's, to agents only: held to the same rule as their registrations.
+        self._session = agents_session(egress)
         self.hub = WatchHub(self.registry, node_id=new_node_id())
         self.membership = self._membership(self.registry, self.hub)
         checker = HealthChecker(self.registry, self._session, self.membership)

@@ -16,6 +16,7 @@ from agent_reach.registration import HeartbeatRequest, RegisterRequest
 
 from auth.records import TokenRecord, TokenView
 from mesh.alerts import AlertConfig
+from mesh.egress import Egress
 from mesh.policy import Policy, PolicyError, validate_policy
 from mesh.policy_writes import check_write
 from mesh.records import (
@@ -32,6 +33,7 @@ from mesh.records import (
 from registry.access import Access
 from registry.bindings import bindings_to_forget
 from registry.budgets import Budgets
+from registry.egress import check_destinations
 from registry.examples import Examples
 from registry.lifecycle import QUERY_ORDER, LifecycleConfig, Liveness, Status, record_heartbeat, status_of
 from registry.quality import Quality
@@ -54,9 +56,11 @@ class Counters(msgspec.Struct):
 
 class Registry:
     def __init__(self, store: Store, config: LifecycleConfig, *, clock: Callable[[], float] = time.monotonic,
-                 wall_clock: Callable[[], float] = time.time):
+                 wall_clock: Callable[[], float] = time.time, egress: Egress | None = None):
         self.store = store
         self.config = config
+        # Where agents' URLs may point (the operator's --agent-networks): checked before a registration is stored.
+        self.egress = egress if egress is not None else Egress()
         self.clock = clock
         self._wall_clock = wall_clock
         self.state = RegistryState(clock)
@@ -112,6 +116,7 @@ class Registry:
                                f"not {request.service!r}", "service")
             request = msgspec.structs.replace(request, service=token.service)
         record = build_record(request, self._wall_clock(), token.token_id if token is not None else None)
+        await check_destinations(record, self.egress)
         # Memory is checked at one revision and the write is refused if ownership may have changed since
         # (another registry on the same etcd): check again at the newer revision and retry.
         while True:

@@ -16,6 +16,8 @@ from agent_reach.transport import Failover
 from aiohttp import web
 
 from auth.records import PublishedKey
+from mesh.egress import Egress
+from mesh.egress_client import agents_session
 from mesh.watch import WatchFeed
 from router.api import DEFAULT_MAX_BODY, MAX_HEADER_LINE, create_app
 from router.audit import AuditLog
@@ -73,6 +75,8 @@ class RouterServerSettings(msgspec.Struct, kw_only=True):
     reuse_port: bool = False
     # One of `--workers N`: its siblings' private sockets, to answer /metrics, /reach and /traces for them all.
     views: WorkerViews | None = None
+    # Networks agents may be reached in (mesh/egress.py); empty: any but link-local and metadata addresses.
+    agent_networks: tuple[str, ...] = ()
 
 
 class RouterServer:
@@ -99,6 +103,7 @@ class RouterServer:
         self.mirror = RegistryMirror()
         self.router: Router | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._agents: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = False
@@ -121,9 +126,10 @@ class RouterServer:
             raise
 
     async def _start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
-        self._session = aiohttp.ClientSession(connector=connector)
-        forwarder = Forwarder(self._session)
+        # The registry's and the agents' connections apart: only agents are held to the egress rule.
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30))
+        self._agents = agents_session(Egress(self.settings.agent_networks), limit=0, keepalive_timeout=30)
+        forwarder = Forwarder(self._agents)
         if self.settings.semantic.enabled:
             # Imported only when asked for: it needs the `embed` extra (numpy and the model's wheel).
             try:
@@ -262,6 +268,7 @@ class RouterServer:
             # Every call has ended: what this router holds of clients' budgets and did not spend goes back.
             await self.router.budgets.report(release=True)
         await close(None, self._session)
+        await close(None, self._agents)
         if self.audit is not None:
             # After the server closed: calls still in progress while it closed have their rows.
             await self.audit.stop()

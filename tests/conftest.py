@@ -64,9 +64,10 @@ async def start_registry(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitabl
         snapshot_every = knobs.pop("snapshot_every", 50_000)
         max_body = knobs.pop("max_body", 1024 * 1024)
         auth = knobs.pop("auth", False)
+        agent_networks = knobs.pop("agent_networks", ())
         settings = RegistrySettings(data_dir=data_dir or tmp_path / "data", port=0,
                                     lifecycle=LifecycleConfig(**knobs), snapshot_every=snapshot_every,
-                                    max_body=max_body, auth=auth)
+                                    max_body=max_body, auth=auth, agent_networks=agent_networks)
         server = RegistryServer(settings)
         await server.start()
         servers.append(server)

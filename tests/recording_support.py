@@ -22,13 +22,15 @@ from multidict import CIMultiDict
 
 
 class Loopback:
-    """Something listening on 127.0.0.1:``port``."""
+    """Something listening on ``host``:``port``: 127.0.0.1, or another loopback address (all of
+    127.0.0.0/8 is loopback on Linux) when a test needs two addresses."""
 
+    host = "127.0.0.1"
     port = 0
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
 
 class Received(msgspec.Struct):
@@ -66,7 +68,7 @@ class RecordingServer(Loopback):
         app = web.Application()
         app.router.add_get("/healthz", self._healthz)
         app.router.add_route("*", "/{path:.*}", self._record)
-        self._runner, self.port = await listen(app, "127.0.0.1", port, shutdown_timeout=0.5)
+        self._runner, self.port = await listen(app, self.host, port, shutdown_timeout=0.5)
         return self
 
     async def stop(self) -> None:
