@@ -17,7 +17,7 @@ from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from agent_reach.atp import ErrorCode, ErrorFrame, RequestFrame, ResponseFrame, RouteFacts, error_frame
+from agent_reach.atp import BudgetRoute, ErrorCode, ErrorFrame, RequestFrame, ResponseFrame, RouteFacts, error_frame
 from agent_reach.exhaustion import Throttle
 from agent_reach.registration import Capability, RoutingPolicy
 from agent_reach.usage import priced
@@ -114,6 +114,7 @@ class _Attempts(msgspec.Struct, kw_only=True):
     version: str | None = None  # the capability version of the instance last tried
     rule: str | None = None  # the policy rule that decided where the call went
     score: Score | None = None  # the scored policy's score of the instance last tried
+    budget: BudgetRoute | None = None  # what the call's budget label did to the pool
     # The capability of the instance last tried when it declares prices (None: it declares none): they price the call.
     served: Capability | None = None
 
@@ -318,10 +319,10 @@ class Router:
                 routing_hint=frame.context.get("routing_hint"), policy=route.policy,
                 plan=result.plan if result is not None else [], degraded=route.degraded, reason=route.reason,
                 rule=route.rule, version=route.version, score=route.score, score_parts=route.score_parts,
-                explored=route.explored, attempts=flight.tried, outcome=outcome, error_code=error_code,
-                total_ms=total_ms, overhead_ms=route.overhead_ms or 0.0, usage=usage, span_id=flight.span.span_id,
-                parent_span_id=flight.span.parent_span_id, streamed=relay.streaming, chunks=relay.chunks,
-                chunk_bytes=relay.bytes))
+                explored=route.explored, budget=route.budget, attempts=flight.tried, outcome=outcome,
+                error_code=error_code, total_ms=total_ms, overhead_ms=route.overhead_ms or 0.0, usage=usage,
+                span_id=flight.span.span_id, parent_span_id=flight.span.parent_span_id, streamed=relay.streaming,
+                chunks=relay.chunks, chunk_bytes=relay.bytes))
         if self.audit is not None:
             known = caller if isinstance(caller, Caller) else None
             self.audit.record(call_entry(
@@ -515,6 +516,7 @@ class Router:
         policy_name = choose_policy(policy.policy, [o.record.metadata.get("routing_policy") for o in offers],
                                     self.settings.default_policy)
         sticky = sticky_key(capability, frame.context, policy.affinity.key) if policy.affinity.enabled else None
+        budget = frame.context.get("budget")
         plan = plan_route(candidates, policy_name=policy_name,
                           hash_key=session_hash_key(frame.context, frame.request_id),
                           # The hint is an object or None (checked at the edge); a rule's zone narrows it.
@@ -523,8 +525,8 @@ class Router:
                           rng=self._rng, panic_threshold=self.settings.panic_threshold,
                           versions=narrowed.versions if narrowed else (),
                           allow_degraded=policy.degradation_config.level != "L0",
-                          scoring=scoring_of(policy, frame.context.get("budget")) if policy_name == "scored" else None,
-                          quality_floor=policy.min_quality)
+                          scoring=scoring_of(policy, budget) if policy_name == "scored" else None,
+                          quality_floor=policy.min_quality, budget=budget)
         if isinstance(plan, RouteRefusal):
             return _Attempts(refusal=plan, policy=policy_name)
         sla_ms = by_id[plan.order[0].agent_id].capability.timeout_sla_ms
@@ -534,7 +536,7 @@ class Router:
         idempotent = by_id[plan.order[0].agent_id].capability.idempotent
         tries_allowed = policy.retry.max_attempts if policy.retry.enabled and idempotent else 1
         state = _Attempts(policy=policy_name, degraded=plan.degraded, reason=plan.reason,
-                          plan=[candidate.agent_id for candidate in plan.order])
+                          plan=[candidate.agent_id for candidate in plan.order], budget=plan.budget)
         self.decisions[policy_name] += 1
         if plan.reason is not None:
             self.decisions[plan.reason] += 1
@@ -588,7 +590,7 @@ class Router:
         if state.answer is None:
             refusal = RouteRefusal(code=ErrorCode.CIRCUIT_OPEN, reason="every instance's circuit is open") if broken \
                 else RouteRefusal(code=ErrorCode.BUSY, reason="every instance is at its max_qps")
-            return _Attempts(refusal=refusal, policy=policy_name, plan=state.plan)
+            return _Attempts(refusal=refusal, policy=policy_name, plan=state.plan, budget=plan.budget)
         return state
 
     def scores(self, capability: str) -> tuple[RoutingPolicy, list[InstanceScore]] | None:
@@ -672,7 +674,7 @@ class Router:
         route = RouteFacts(instance=attempts.instance, policy=attempts.policy, attempts=attempts.attempts,
                            degraded=attempts.degraded, timeout_sla_ms=sla_ms, capability=capability,
                            overhead_ms=round(max(0.0, elapsed_ms - attempts.agent_ms), 3), reason=attempts.reason,
-                           rule=attempts.rule, version=attempts.version)
+                           rule=attempts.rule, version=attempts.version, budget=attempts.budget)
         if attempts.score is not None:
             route.score, route.score_parts, route.explored = \
                 attempts.score.total, attempts.score.parts, attempts.score.explored

@@ -19,16 +19,16 @@ is better. An instance never measured has latency and errors 0, an optimistic pr
 The order: ascending score; but with probability n x ``explore_share`` (n instances in the pool; at most
 ``MAX_EXPLORATION``) the first choice is instead an instance drawn uniformly (the rest keep their order), so
 each instance gets at least explore_share of the calls (0.5 / n when n x explore_share is over 0.5: half the
-calls always go by score) and its figures stay fresh. Budget labels (``context.budget``): "standard" is the policy's
-weights; "premium" the same without cost; "economy" the cheapest instance meeting its SLA (EWMA latency within
-timeout_sla_ms, or not measured yet), ties and the rest by score, and never an exploration pick.
+calls always go by score) and its figures stay fresh. Budget labels (``context.budget``): "premium" weighs cost 0;
+"economy" narrows the pool to the cheapest band before any policy orders it (router/selection.py), so an
+economy call's exploration pick is one of the cheapest too.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import msgspec
 from agent_reach.atp import ScoreParts
@@ -40,7 +40,6 @@ from mesh.policy import DEFAULT_EXPLORE_SHARE, DEFAULT_WEIGHTS, Policy, ScoreWei
 if TYPE_CHECKING:
     from router.selection import Candidate
 
-Budget = Literal["economy", "standard", "premium"]
 LOAD_BOUND = 10.0
 MAX_EXPLORATION = 0.5
 REFERENCE_USAGE = Usage(input_tokens=1000, output_tokens=1000)
@@ -59,20 +58,18 @@ class Scoring(msgspec.Struct, kw_only=True, frozen=True):
 
     weights: ScoreWeights = DEFAULT_WEIGHTS
     explore_share: float = DEFAULT_EXPLORE_SHARE
-    budget: Budget = "standard"
 
 
 DEFAULT_SCORING = Scoring()
 
 
 def scoring_of(policy: Policy, budget: object) -> Scoring:
-    """The policy's weights (``cost_sensitivity`` applied) for a call with ``budget`` (anything but a
-    label, as an in-process caller may send: "standard")."""
+    """The policy's weights (``cost_sensitivity`` applied) for a call with ``budget``: "premium" weighs cost 0
+    (economy's narrowing is the selection's, under every policy; anything else: the policy's weights)."""
     weights = policy.score_weights
-    label: Budget = budget if budget == "economy" or budget == "premium" else "standard"
-    if label == "premium":
+    if budget == "premium":
         weights = msgspec.structs.replace(weights, cost=0.0)
-    return Scoring(weights=weights, explore_share=policy.exploration, budget=label)
+    return Scoring(weights=weights, explore_share=policy.exploration)
 
 
 def reference_cost(capability: Capability) -> float | None:
@@ -129,10 +126,6 @@ def by_score(pool: list[Candidate], candidates: list[Candidate], hash_key: str, 
     """The scored policy's order (see the module): ``pool`` scored, best first, maybe an exploration pick first."""
     scoring = scoring or DEFAULT_SCORING
     score(candidates, pool, scoring.weights)
-    if scoring.budget == "economy":
-        within = sorted((candidate for candidate in pool if meets_sla(candidate)),
-                        key=lambda candidate: (candidate.cost or 0.0, _total(candidate)))
-        return within + sorted((candidate for candidate in pool if not meets_sla(candidate)), key=_total)
     order = sorted(pool, key=_total)
     if len(order) > 1 and rng.random() < min(MAX_EXPLORATION, scoring.explore_share * len(order)):
         pick = order.pop(rng.randrange(len(order)))

@@ -2,7 +2,8 @@
 
 hint filter, then version constraints (both hard; never route elsewhere) -> state tier (healthy, else
 pending and demoted, degraded) -> availability (breakers, ejections; ignored in panic) -> capacity
-(max_qps; none left is BUSY) -> quality floor (unless none would be left) -> policy order -> sticky instance first.
+(max_qps; none left is BUSY) -> quality floor (unless none would be left) -> budget label (economy: the
+cheapest band first) -> policy order within the band -> sticky instance first -> the rest, cheapest first.
 """
 
 from __future__ import annotations
@@ -14,17 +15,20 @@ from functools import lru_cache
 from typing import Any
 
 import msgspec
-from agent_reach.atp import ErrorCode
+from agent_reach.atp import BudgetRoute, ErrorCode
 from agent_reach.hint import matches_hint, unsatisfied_hint
 from agent_reach.registration import Protocol, RoutingPolicy
 from agent_reach.versions import parse_constraint, parse_version, satisfies
 
 from router.hashring import HashRing
 from router.measurements import Measured
-from router.scoring import Score, Scoring, by_score
+from router.scoring import Score, Scoring, by_score, meets_sla
 
 HEALTHY = "healthy"
 DEGRADED_STATES = frozenset({"pending", "demoted"})
+# Economy's tolerance: reference prices within this share above the cheapest count as the cheapest, so
+# instances priced alike but for rounding share the calls rather than the lowest taking them all.
+ECONOMY_PRICE_BAND = 0.05
 
 
 class Candidate(msgspec.Struct, kw_only=True):
@@ -58,7 +62,8 @@ class RoutePlan(msgspec.Struct, kw_only=True):
 
     ``panic``: too few instances were available, so availability was ignored; the caller must
     not filter the order by breakers again. ``reason``: why a degraded plan is degraded, the state
-    of its first choice ("pending" or "demoted"); None when healthy instances serve.
+    of its first choice ("pending" or "demoted"); None when healthy instances serve. ``budget``: what
+    the call's budget label did (None: no label, or "standard").
     """
 
     order: list[Candidate]
@@ -66,6 +71,17 @@ class RoutePlan(msgspec.Struct, kw_only=True):
     degraded: bool
     panic: bool
     reason: str | None = None
+    budget: BudgetRoute | None = None
+
+
+class EconomySplit(msgspec.Struct, kw_only=True):
+    """An economy call's pool split: ``band`` the cheapest instances meeting their SLA, which the policy orders;
+    ``rest`` the others, cheapest first (those meeting their SLA first), the failover order after the band;
+    ``price`` the band's reference price (None: no instance of the pool declares one)."""
+
+    band: list[Candidate]
+    rest: list[Candidate]
+    price: float | None
 
 
 class RouteRefusal(msgspec.Struct, kw_only=True):
@@ -106,12 +122,14 @@ def plan_route(
     allow_degraded: bool = True,
     scoring: Scoring | None = None,
     quality_floor: float | None = None,
+    budget: object = None,
 ) -> RoutePlan | RouteRefusal:
     """Order the candidates to try for one call, or say why none may be tried. ``versions``: constraints
     (already validated) every candidate's version must satisfy: the frame's, a rule's, a canary's.
     ``allow_degraded`` False (an L0 capability): pending and demoted instances are never used.
-    ``scoring``: the scored policy's weights and label. ``quality_floor``: instances whose posted quality is
-    below it are left out, under any policy, unless none would be left."""
+    ``scoring``: the scored policy's weights. ``quality_floor``: instances whose posted quality is
+    below it are left out, under any policy, unless none would be left. ``budget``: the call's
+    ``context.budget`` (validated at the edge; anything but "economy" or "premium" is no label)."""
     if not candidates:
         return RouteRefusal(code=ErrorCode.NO_ROUTABLE_INSTANCE, reason="the capability has no registered instance")
     matching = candidates
@@ -143,11 +161,42 @@ def plan_route(
     if quality_floor is not None:
         pool = [candidate for candidate in pool if candidate.quality is None or candidate.quality >= quality_floor] \
             or pool
+    labelled: BudgetRoute | None = None
+    rest: list[Candidate] = []
+    if budget == "economy":
+        split = economy_split(pool)
+        labelled = BudgetRoute(label="economy", reference_price=split.price, instances=len(split.band), of=len(pool))
+        pool, rest = split.band, split.rest
+    elif budget == "premium":  # price ignored: the whole pool (the scored policy weighs cost 0, see scoring_of)
+        labelled = BudgetRoute(label="premium", reference_price=None, instances=len(pool), of=len(pool))
     order = _ORDERS[policy_name](pool, candidates, hash_key, rng, p2c_above, scoring)
     if sticky_agent is not None:
         order.sort(key=lambda candidate: candidate.agent_id != sticky_agent)
+    if rest:
+        order += rest
     return RoutePlan(order=order, policy=policy_name, degraded=degraded, panic=panic,
-                     reason=order[0].state if degraded else None)
+                     reason=order[0].state if degraded else None, budget=labelled)
+
+
+def economy_split(pool: list[Candidate]) -> EconomySplit:
+    """The band: among the instances meeting their SLA (EWMA latency within timeout_sla_ms, or not measured
+    yet; none does: all of them), those whose reference price is within ECONOMY_PRICE_BAND above the cheapest.
+    An instance declaring no price counts as free, so with no price anywhere the band is the whole pool."""
+    meeting = [meets_sla(candidate) for candidate in pool]
+    judged = meeting if any(meeting) else [True] * len(pool)
+    cheapest = min(_price(candidate) for candidate, kept in zip(pool, judged, strict=True) if kept)
+    ceiling = cheapest * (1 + ECONOMY_PRICE_BAND)
+    band: list[Candidate] = []
+    rest: list[Candidate] = []
+    for candidate, kept in zip(pool, judged, strict=True):
+        (band if kept and _price(candidate) <= ceiling else rest).append(candidate)
+    rest.sort(key=lambda candidate: (not meets_sla(candidate), _price(candidate)))
+    declared = any(candidate.cost is not None for candidate in pool)
+    return EconomySplit(band=band, rest=rest, price=cheapest if declared else None)
+
+
+def _price(candidate: Candidate) -> float:
+    return candidate.cost or 0.0
 
 
 def versions_filter(candidates: list[Candidate], versions: tuple[str, ...]) -> list[Candidate]:

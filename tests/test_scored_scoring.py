@@ -113,11 +113,19 @@ def test_economy_takes_the_cheapest_meeting_its_sla_and_premium_ignores_price():
     dear, cheap, cheapest = candidate("dear", 5, cost=10.0), candidate("cheap", 20, cost=2.0), \
         candidate("cheapest", 900, cost=1.0, sla_ms=500)
     policy = Policy(weights=ScoreWeights(cost=100.0), explore_share=0)
-    assert ranked([dear, cheap, cheapest], scoring_of(policy, "economy")) == ["cheap", "dear", "cheapest"]
+    assert economy([dear, cheap, cheapest], policy) == ["cheap", "dear", "cheapest"]
     assert ranked([dear, cheap], scoring_of(policy, "standard")) == ["cheap", "dear"]
     assert ranked([dear, cheap], scoring_of(policy, "premium")) == ["dear", "cheap"]
     # Not measured yet: assumed within its SLA.
-    assert ranked([dear, candidate("new", cost=1.0)], scoring_of(policy, "economy"))[0] == "new"
+    assert economy([dear, candidate("new", cost=1.0)], policy)[0] == "new"
+
+
+def economy(pool: list[Candidate], policy: Policy) -> list[str]:
+    """The scored order of an economy call: the label narrows the pool first, as under every policy."""
+    plan = plan_route(pool, policy_name="scored", hash_key="k", routing_hint=None, sticky_agent=None,
+                      rng=random.Random(1), scoring=scoring_of(policy, "economy"), budget="economy")
+    assert isinstance(plan, RoutePlan)
+    return [each.agent_id for each in plan.order]
 
 
 @pytest.mark.parametrize(("share", "instances", "least"), [(0.05, 3, 0.05), (0.2, 5, MAX_EXPLORATION / 5)])

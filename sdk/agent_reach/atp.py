@@ -117,6 +117,17 @@ class ScoreParts(msgspec.Struct, kw_only=True, frozen=True):
 RoutedBy = RoutingPolicy | Literal["direct"]
 
 
+class BudgetRoute(msgspec.Struct, kw_only=True):
+    """What the call's ``context.budget`` label did to the pool (docs/atp.md "Budget labels"): ``instances`` of
+    the ``of`` eligible ones kept first; ``reference_price``, economy's, is the kept band's price for a reference
+    call (None: no eligible instance declares a price, so the label kept them all)."""
+
+    label: Literal["economy", "premium"]
+    reference_price: float | None
+    instances: int
+    of: int
+
+
 class RouteFacts(msgspec.Struct, kw_only=True, omit_defaults=True):
     """How the mesh routed a call, so callers can calibrate their timeouts."""
 
@@ -138,6 +149,8 @@ class RouteFacts(msgspec.Struct, kw_only=True, omit_defaults=True):
     score: float | None = None
     score_parts: ScoreParts | None = None
     explored: bool = False
+    # With a budget label: what it did to the pool before the policy chose.
+    budget: BudgetRoute | None = None
 
 
 class ResponseFrame(msgspec.Struct, kw_only=True, omit_defaults=True):
