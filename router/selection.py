@@ -8,6 +8,7 @@ cheapest band first) -> policy order within the band -> sticky instance first ->
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 from collections.abc import Callable
@@ -182,21 +183,33 @@ def economy_split(pool: list[Candidate]) -> EconomySplit:
     """The band: among the instances meeting their SLA (EWMA latency within timeout_sla_ms, or not measured
     yet; none does: all of them), those whose reference price is within ECONOMY_PRICE_BAND above the cheapest.
     An instance declaring no price counts as free, so with no price anywhere the band is the whole pool."""
-    meeting = [meets_sla(candidate) for candidate in pool]
-    judged = meeting if any(meeting) else [True] * len(pool)
-    cheapest = min(_price(candidate) for candidate, kept in zip(pool, judged, strict=True) if kept)
+    # One pass for the figures (loops, not generators: this runs on every economy call): (misses its SLA, price).
+    keyed = []
+    cheapest = math.inf  # among those meeting their SLA
+    declared = False
+    for candidate in pool:
+        price, misses = candidate.cost or 0.0, not meets_sla(candidate)
+        declared = declared or candidate.cost is not None
+        if not misses and price < cheapest:
+            cheapest = price
+        keyed.append((misses, price, candidate))
+    judge_all = cheapest == math.inf  # none meets its SLA: price alone decides
+    if judge_all:
+        cheapest = min(price for _misses, price, _candidate in keyed)
     ceiling = cheapest * (1 + ECONOMY_PRICE_BAND)
     band: list[Candidate] = []
-    rest: list[Candidate] = []
-    for candidate, kept in zip(pool, judged, strict=True):
-        (band if kept and _price(candidate) <= ceiling else rest).append(candidate)
-    rest.sort(key=lambda candidate: (not meets_sla(candidate), _price(candidate)))
-    declared = any(candidate.cost is not None for candidate in pool)
-    return EconomySplit(band=band, rest=rest, price=cheapest if declared else None)
+    rest: list[tuple[bool, float, Candidate]] = []
+    for entry in keyed:
+        if (judge_all or not entry[0]) and entry[1] <= ceiling:
+            band.append(entry[2])
+        else:
+            rest.append(entry)
+    rest.sort(key=_sla_then_price)
+    return EconomySplit(band=band, rest=[entry[2] for entry in rest], price=cheapest if declared else None)
 
 
-def _price(candidate: Candidate) -> float:
-    return candidate.cost or 0.0
+def _sla_then_price(entry: tuple[bool, float, Candidate]) -> tuple[bool, float]:
+    return entry[0], entry[1]
 
 
 def versions_filter(candidates: list[Candidate], versions: tuple[str, ...]) -> list[Candidate]:

@@ -14,6 +14,8 @@ from collections import Counter
 import pytest
 
 from agent_support import Agent
+from router.forward import AgentAnswer
+from router.measurements import Measurements
 from router.selection import ECONOMY_PRICE_BAND, Candidate, RoutePlan, plan_route
 from router_support import Answer, Mesh
 
@@ -113,9 +115,13 @@ async def test_a_label_the_router_does_not_know_is_refused_under_the_default_pol
     assert answer.body["field"] == "context.budget" and agent.calls == 0
 
 
-def candidate(agent_id: str, cost: float | None, *, inflight: int = 0) -> Candidate:
+def candidate(agent_id: str, cost: float | None, *, inflight: int = 0, latency_ms: float | None = None) -> Candidate:
+    """An instance at ``cost``; with ``latency_ms``, measured at that latency against a 100 ms SLA."""
+    measurements = Measurements()
+    if latency_ms is not None:
+        measurements.observe("echo", agent_id, AgentAnswer(result={}, elapsed_ms=latency_ms))
     return Candidate(agent_id=agent_id, endpoint="http://127.0.0.1:9/call", protocol="rest", state="healthy",
-                     cost=cost, inflight=inflight)
+                     cost=cost, inflight=inflight, measured=measurements.get("echo", agent_id), sla_ms=100)
 
 
 def plan(pool: list[Candidate], budget: str | None, *, sticky: str | None = None) -> RoutePlan:
@@ -145,3 +151,14 @@ def test_the_band_keeps_near_equal_prices_and_the_rest_fail_over_cheapest_first(
     assert ids(plan(pool, None))[-1] == "cheap" and plan(pool, None).budget is None
     premium = plan(pool, "premium")
     assert premium.budget is not None and (premium.budget.instances, premium.budget.of) == (5, 5)
+
+
+def test_the_sla_comes_before_price_and_price_alone_decides_when_no_instance_meets_it():
+    slow_cheap, fast_mid, fast_dear = candidate("slow-cheap", 1.0, latency_ms=500), \
+        candidate("fast-mid", 2.0, latency_ms=5), candidate("fast-dear", 9.0, latency_ms=5)
+    planned = plan([fast_dear, slow_cheap, fast_mid], "economy")
+    # Past its SLA the cheapest is the last resort: after every instance meeting its SLA, whatever their price.
+    assert ids(planned) == ["fast-mid", "fast-dear", "slow-cheap"]
+    assert planned.budget is not None and planned.budget.reference_price == 2.0
+    every_slow = [candidate("slow-dear", 9.0, latency_ms=500), slow_cheap]
+    assert ids(plan(every_slow, "economy")) == ["slow-cheap", "slow-dear"]
