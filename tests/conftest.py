@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -55,9 +56,10 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-@pytest.fixture
-async def start_registry(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[RegistryServer]]]:
-    """Start real registries on an ephemeral port; each stops at teardown."""
+@contextlib.asynccontextmanager
+async def registries(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[RegistryServer]]]:
+    """Start real registries on an ephemeral port, their data under ``tmp_path``; each stops when the block ends
+    (the ``start_registry`` fixture, and benches that run outside pytest)."""
     servers: list[RegistryServer] = []
 
     async def start(data_dir: Path | None = None, **knobs: Any) -> RegistryServer:
@@ -73,9 +75,18 @@ async def start_registry(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitabl
         servers.append(server)
         return server
 
-    yield start
-    for server in servers:
-        await server.stop()
+    try:
+        yield start
+    finally:
+        for server in servers:
+            await server.stop()
+
+
+@pytest.fixture
+async def start_registry(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[RegistryServer]]]:
+    """Start real registries on an ephemeral port; each stops at teardown."""
+    async with registries(tmp_path) as start:
+        yield start
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ wait for conditions with a deadline (``wait_for``), never for a fixed time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections import Counter
@@ -205,13 +206,14 @@ StartMesh = Callable[..., Awaitable[Mesh]]
 QUIET_LIFECYCLE = {"silence_timeout": 30.0, "health_interval": 30.0, "evict_after": 3}
 
 
-@pytest.fixture
-async def start_mesh(start_registry: Callable[..., Awaitable[RegistryServer]],
-                     http: aiohttp.ClientSession) -> AsyncIterator[StartMesh]:
+@contextlib.asynccontextmanager
+async def meshes(start_registry: Callable[..., Awaitable[RegistryServer]],
+                 http: aiohttp.ClientSession) -> AsyncIterator[StartMesh]:
     """Start a registry and a router following it: ``follow="hub"`` (in process, as `agentreach up`)
     or ``follow="http"`` (over `GET /watch`, as `agentreach router --registry URL`). Authentication is
-    off unless ``auth=True`` (registry and router both); ``router_settings`` sets other router fields."""
-    meshes: list[Mesh] = []
+    off unless ``auth=True`` (registry and router both); ``router_settings`` sets other router fields.
+    Every router stops when the block ends (the ``start_mesh`` fixture, and benches outside pytest)."""
+    started: list[Mesh] = []
 
     async def start(follow: str = "hub", routing: RouterSettings = RouterSettings(),
                     registry: RegistryServer | None = None, max_body: int = DEFAULT_MAX_BODY, auth: bool = False,
@@ -225,13 +227,23 @@ async def start_mesh(start_registry: Callable[..., Awaitable[RegistryServer]],
         router = RouterServer(settings, hub=registry.hub if follow == "hub" else None)
         await router.start()
         mesh = Mesh(registry, router, http, admin_key)
-        meshes.append(mesh)
+        started.append(mesh)
         await wait_for(lambda: router.mirror.synced, timeout=5, what="the router to load the registry")
         return mesh
 
-    yield start
-    for mesh in meshes:
-        await mesh.close()
+    try:
+        yield start
+    finally:
+        for mesh in started:
+            await mesh.close()
+
+
+@pytest.fixture
+async def start_mesh(start_registry: Callable[..., Awaitable[RegistryServer]],
+                     http: aiohttp.ClientSession) -> AsyncIterator[StartMesh]:
+    """``meshes`` for a test: every router stops at teardown."""
+    async with meshes(start_registry, http) as start:
+        yield start
 
 
 @pytest.fixture
