@@ -21,6 +21,7 @@ from registry.access import admin_key_path
 from registry.lifecycle import LifecycleConfig
 from registry.server import RegistrySettings
 from router.audit import MAX_BUFFER
+from router.budgets import UNBOUNDED_CALLS
 from router.core import RouterSettings
 from router.forward import DEFAULT_MAX_ANSWER_BYTES
 from router.server import RouterServerSettings
@@ -29,6 +30,8 @@ from semantic.settings import SemanticSettings
 STORE_ENV = "AGENTREACH_STORE"
 WORKERS_ENV = "AGENTREACH_WORKERS"
 MAX_WORKERS = 64
+# More than this many undeclared calls at once per client would make the bound they give no bound.
+MAX_UNBOUNDED_CALLS = 1000
 ETCD_ENDPOINTS_ENV = "AGENTREACH_ETCD_ENDPOINTS"
 ADVERTISE_URL_ENV = "AGENTREACH_ADVERTISE_URL"
 
@@ -193,6 +196,10 @@ def add_router_knobs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-answer-bytes", type=int, default=DEFAULT_MAX_ANSWER_BYTES, metavar="BYTES",
                         help="an agent's answer past this many bytes is cut off while read and answered "
                              f"ANSWER_TOO_LARGE (default: {DEFAULT_MAX_ANSWER_BYTES}, 16 MiB)")
+    parser.add_argument("--budget-unbounded-calls", type=int, default=UNBOUNDED_CALLS, metavar="N",
+                        help="a budgeted client's calls that declare no context.max_tokens / max_cost run N at a "
+                             "time per router (the others wait their turn): its budget is passed by at most N "
+                             f"calls per router (default: {UNBOUNDED_CALLS})")
     parser.add_argument("--workers", type=int, default=os.environ.get(WORKERS_ENV, "1"), metavar="N",
                         help="N router processes sharing the port (SO_REUSEPORT), restarted when one dies; each "
                              f"is a router of its own (default: 1, or ${WORKERS_ENV})")
@@ -206,6 +213,8 @@ def check_router_knobs(args: argparse.Namespace, parser: argparse.ArgumentParser
     if args.traced_successes_per_second < 0:
         parser.error("--traced-successes-per-second must be 0 (trace every call) or more")
     _positive(args.max_answer_bytes, "--max-answer-bytes", parser)
+    if not 1 <= args.budget_unbounded_calls <= MAX_UNBOUNDED_CALLS:
+        parser.error(f"--budget-unbounded-calls must be from 1 to {MAX_UNBOUNDED_CALLS}")
     if not 1 <= args.workers <= MAX_WORKERS:
         parser.error(f"--workers must be from 1 to {MAX_WORKERS}")
     port = args.router_port if args.command == "up" else args.port
@@ -221,7 +230,8 @@ def router_settings(args: argparse.Namespace, port: int, registry_url: str | Non
     return RouterServerSettings(host=args.host, port=port, registry_url=registry_url, registry_key=registry_key,
                                 routing=RouterSettings(default_policy=args.default_policy,
                                                        traced_successes_per_second=args.traced_successes_per_second,
-                                                       max_answer_bytes=args.max_answer_bytes),
+                                                       max_answer_bytes=args.max_answer_bytes,
+                                                       budget_unbounded_calls=args.budget_unbounded_calls),
                                 semantic=semantic,
                                 auth=args.auth == "on", keys_dir=args.data_dir / "keys",
                                 audit_path=args.data_dir / "audit.db" if args.audit else None,

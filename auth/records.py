@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 import msgspec
 from agent_reach.registration import Name, TrustLevel
+from agent_reach.usage import MAX_COST
 
 CLIENT_PREFIX = "clients/"
 TOKEN_PREFIX = "tokens/"
@@ -25,8 +26,6 @@ Label = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 # A client's budget: tokens and/or cost (the routers' unit-free prices) per calendar period, UTC.
 BudgetPeriod = Literal["hour", "day", "month"]
 BudgetTokens = Annotated[int, msgspec.Meta(ge=1, le=2**53 - 1)]
-# Finite (1e999 reads as infinity): an infinite budget or spend would leave an account no arithmetic can use.
-MAX_COST = 1e15
 BudgetCost = Annotated[float, msgspec.Meta(gt=0, le=MAX_COST)]
 
 

@@ -18,8 +18,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
 import msgspec
+from agent_reach.usage import MAX_COST
 
-from auth.records import MAX_COST, BudgetPeriod, ClientRecord
+from auth.records import BudgetPeriod, ClientRecord
 
 BUDGET_PREFIX = "budgets/"
 # What one ask gets at least: this share of the budget. Small enough that routers which stop asking

@@ -23,6 +23,7 @@ from agent_reach.atp import (
     ErrorFrame,
     RequestFrame,
     RouteFacts,
+    call_bound_problem,
     error_frame,
     valid_budget,
     valid_capability,
@@ -151,6 +152,9 @@ def checked(frame: RequestFrame) -> RequestFrame | CallResult:
     if not valid_token_budget(frame.context):
         return invalid_frame(frame.request_id, f"context.token_budget must be a whole number of tokens (at most "
                                                f"{MAX_TOKENS} either side of 0)", "context.token_budget")
+    if (bound := call_bound_problem(frame.context)) is not None:
+        return invalid_frame(frame.request_id, f"{bound} must be what the call may use at most: a whole number of "
+                                               f"tokens from 1 (max_tokens), a cost above 0 (max_cost)", bound)
     if frame.context and len(context := _encoder.encode(frame.context)) > MAX_CONTEXT_BYTES:
         return invalid_frame(frame.request_id, f"context is {len(context)} bytes as JSON; the mesh carries at most "
                                                f"{MAX_CONTEXT_BYTES} (it travels in a header to rest agents): send "

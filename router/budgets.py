@@ -1,21 +1,25 @@
 """Budgets at one router: a client's spending from its lease of the shared account, a session's token cap.
 
 A client with a budget (its record's ``budget_*``) spends, at each router, from a lease the registry
-hands out (mesh/budgets.py). Admission reserves the call's estimate (the largest usage among the client's
-last ESTIMATE_WINDOW calls through this router that reported usage) and needs the lease to cover it; when
+hands out (mesh/budgets.py). Admission reserves what the call may use and needs the lease to cover it; when
 it does not, the router asks the registry for more (one ask at a time per client, its spend so far with
 it) and refuses the call with BUDGET_EXHAUSTED, its reset time and Retry-After, once the account has
-nothing left. A call's usage is known only when it ends, so the budget can be overshot by what calls in
-flight use beyond their estimates: at most, per router, the sum over the client's calls in flight at once
-of (the call's usage - the estimate it reserved), summed over the routers; never more than routers x
-calls in flight x the largest call's usage.
+nothing left. What a call may use is known only when it ends, so admission holds the budget by what it
+can know (docs/atp.md "Worst-case overshoot"):
+- a call that declares its bound (``context.max_tokens``, ``context.max_cost``) reserves it, and as many such
+  calls run at once as the lease covers: they pass the budget only by what they use beyond what they declared;
+- a call that declares none reserves an estimate (the largest usage among the client's last ESTIMATE_WINDOW
+  calls through this router that reported usage), which its caller can make as small as it likes: so at most
+  ``unbounded_calls`` of them (1 unless the operator says more) are in flight at once per client at a router,
+  the others waiting their turn. The budget is passed by at most that many calls per router, however many
+  calls the client fires at once.
 
 A registry that cannot be reached fails closed past the lease held: the router spends what it was
 granted and then refuses (Retry-After a few seconds) until the registry answers again.
 
 A session's cap is the largest ``context.token_budget`` its calls (``context.session_id``, per client)
-carried; a call is admitted while what the session's calls through this router used, plus the estimates its calls
-in flight reserved, leaves room for one more estimate (the client's, as above) within it.
+carried; a call is admitted while what the session's calls through this router used, plus what its calls in
+flight reserved, leaves room for its own reservation (its declared bound, or the client's estimate) within it.
 Kept per router, in bounded memory: a session whose calls go through several routers is capped at
 each of them separately.
 """
@@ -37,9 +41,9 @@ import msgspec
 from agent_reach.atp import ErrorCode
 from agent_reach.exhaustion import Throttle
 from agent_reach.headers import API_KEY_HEADER
-from agent_reach.usage import MAX_TOKENS, Usage
+from agent_reach.usage import MAX_COST, MAX_TOKENS, Usage
 
-from auth.records import MAX_COST, ClientRecord
+from auth.records import ClientRecord
 from mesh.budgets import LeaseGrant, LeaseRequest, Limits, cost_amount, limits_of
 from router.auth import Refusal
 
@@ -60,6 +64,11 @@ MAX_FRUITLESS_ASKS = 3
 REPORT_CONCURRENCY = 8
 # A call reserves the largest usage among its client's last this many calls that reported usage at this router.
 ESTIMATE_WINDOW = 20
+# Calls declaring no bound in flight at once per client at a router, unless the operator says otherwise: each may
+# pass the budget by its whole usage.
+UNBOUNDED_CALLS = 1
+# How long at most a call declaring no bound waits for its client's turn when it names no timeout_hint.
+UNBOUNDED_WAIT_SECONDS = 30.0
 # Sessions whose usage is remembered; past this the least recently seen is forgotten (its count starts over).
 MAX_SESSIONS = 100_000
 # The lease ask latency histogram's buckets (an ask times out after 3 s).
@@ -97,9 +106,32 @@ class Ticket(msgspec.Struct, frozen=True, gc=False):
     cost: float = 0.0
     session: SessionKey | None = None
     session_tokens: int = 0
+    # It declared no bound on what it spends: it holds one of its client's turns for such calls.
+    turn: bool = False
+    # The bound it declared, kept to count the calls that used more (None: it declared none for that dimension).
+    max_tokens: int | None = None
+    max_cost: float | None = None
 
 
 NO_TICKET = Ticket()
+
+
+class Bound(msgspec.Struct, frozen=True, gc=False):
+    """What a call declared it may use at most (``context.max_tokens``, ``context.max_cost``); None: no bound."""
+
+    tokens: int | None = None
+    cost: float | None = None
+
+
+def bound_of(context: dict[str, Any]) -> Bound:
+    """The call's declared bound; the frame was checked before (agent_reach.atp.call_bound_problem)."""
+    tokens, cost = context.get("max_tokens"), context.get("max_cost")
+    return Bound(tokens=tokens, cost=None if cost is None else float(cost))
+
+
+def unbounded(limits: Limits, bound: Bound) -> bool:
+    """Whether the budget limits a dimension the call declares no bound in: what it may use there is a guess."""
+    return (limits.tokens is not None and bound.tokens is None) or (limits.cost is not None and bound.cost is None)
 
 
 class _Estimate:
@@ -146,19 +178,19 @@ class _Lease:
         self.retry_at = 0.0
         self.asking: asyncio.Task[bool] | None = None
 
-    def shortfall(self) -> tuple[int, float]:
-        """What the lease lacks to cover one more call's estimate, per limited dimension (0: it covers it).
-        Even a client whose calls have used nothing yet needs some of the lease left. A lease granted under a
-        larger budget is spent only as far as the budget now leaves beside the other routers' part."""
+    def shortfall(self, tokens_needed: int, cost_needed: float) -> tuple[int, float]:
+        """What the lease lacks to cover a call reserving ``tokens_needed`` and ``cost_needed``, per limited
+        dimension (0: it covers it). Even a call reserving nothing needs some of the lease left. A lease granted
+        under a larger budget is spent only as far as the budget now leaves beside the other routers' part."""
         tokens, cost = 0, 0.0
         if self.limits.tokens is not None:
             usable = min(self.granted_tokens, self.limits.tokens - self.others_tokens)
             left = usable - self.spent_tokens - self.reserved_tokens
-            tokens = max(0, max(self.estimate.tokens, 1) - left)
+            tokens = max(0, max(tokens_needed, 1) - left)
         if self.limits.cost is not None:
             usable_cost = min(self.granted_cost, self.limits.cost - self.others_cost)
             left_cost = usable_cost - self.spent_cost - self.reserved_cost
-            cost = max(0.0, cost_amount(max(self.estimate.cost, 1e-9) - left_cost))
+            cost = max(0.0, cost_amount(max(cost_needed, 1e-9) - left_cost))
         return tokens, cost
 
     def take(self, grant: LeaseGrant) -> None:
@@ -224,7 +256,8 @@ def _budget_words(limits: Limits) -> str:
 
 class Budgets:
     def __init__(self, router_id: str, clients: Callable[[str], ClientRecord | None], *,
-                 report_every: float = REPORT_SECONDS, wall_clock: Callable[[], float] = time.time):
+                 report_every: float = REPORT_SECONDS, unbounded_calls: int = UNBOUNDED_CALLS,
+                 wall_clock: Callable[[], float] = time.time):
         self.router_id = router_id
         self._clients = clients
         self._wall_clock = wall_clock
@@ -234,6 +267,9 @@ class Budgets:
         # Per client ("" when calls name none): what its next call reserves, of its lease and of its session's cap.
         self._estimates: dict[str, _Estimate] = {}
         self._sessions: OrderedDict[SessionKey, _Session] = OrderedDict()
+        # Per client with a budget: its turns for calls declaring no bound (``unbounded_calls`` at once).
+        self.unbounded_calls = unbounded_calls
+        self._turns: dict[str, asyncio.Semaphore] = {}
         self._unreachable = Throttle()
         self.report_every = report_every
         self.dry_recheck = DRY_RECHECK_SECONDS
@@ -242,6 +278,8 @@ class Budgets:
         self.asks: Counter[str] = Counter()
         self.ask_buckets = [0] * (len(ASK_BOUNDS_MS) + 1)
         self.ask_seconds = 0.0
+        # Calls that used more than the bound they declared (the budget is passed by the excess).
+        self.bounds_exceeded = 0
 
     def applies(self, client_id: str | None, context: dict[str, Any]) -> bool:
         """Whether a call takes from a budget: its client has one, or it names a session and a cap. Most calls
@@ -249,9 +287,11 @@ class Budgets:
         return _session_cap(context) is not None or \
             (client_id is not None and limits_of(self._clients(client_id)) is not None)
 
-    async def admit(self, client_id: str | None, context: dict[str, Any]) -> Ticket | Refusal:
-        """The call's reservation, or why it may not go on: its session's cap, or its client's budget spent."""
-        admitted = await self._admission(client_id, context)
+    async def admit(self, client_id: str | None, context: dict[str, Any],
+                    wait: float = UNBOUNDED_WAIT_SECONDS) -> Ticket | Refusal:
+        """The call's reservation, or why it may not go on: its session's cap, or its client's budget spent, or
+        (a call declaring no bound) no turn of its client's came within ``wait`` seconds."""
+        admitted = await self._admission(client_id, context, wait)
         if isinstance(admitted, Refusal):
             self.refusals[admitted.decision] += 1
         return admitted
@@ -263,31 +303,59 @@ class Budgets:
         return (sum(max(0, lease.granted_tokens - lease.spent_tokens) for lease in current),
                 sum(max(0.0, lease.granted_cost - lease.spent_cost) for lease in current))
 
-    async def _admission(self, client_id: str | None, context: dict[str, Any]) -> Ticket | Refusal:
-        session = self._session(client_id or "", context)
+    async def _admission(self, client_id: str | None, context: dict[str, Any], wait: float) -> Ticket | Refusal:
+        bound = bound_of(context)
+        session = self._session(client_id or "", context, bound)
         if isinstance(session, Refusal):
             return session
         try:
-            admitted = await self._client_admission(client_id, session)
-        except asyncio.CancelledError:  # the caller went away while the registry was asked for a lease
+            admitted = await self._client_admission(client_id, session, bound, wait)
+        except asyncio.CancelledError:  # the caller went away while waiting its turn or for a lease
             self._unreserve(session)
             raise
         if isinstance(admitted, Refusal):
             self._unreserve(session)
         return admitted
 
-    async def _client_admission(self, client_id: str | None, session: Ticket) -> Ticket | Refusal:
+    async def _client_admission(self, client_id: str | None, session: Ticket, bound: Bound,
+                                wait: float) -> Ticket | Refusal:
         """``session`` (the call's reservation in its session's cap) with the call's reservation in its client's
-        lease, or why its client's budget refuses it."""
+        lease, or why its client's budget refuses it. A call declaring no bound first takes one of its client's
+        turns, held until it ends (``settle``) or released here when it is refused."""
         limits = limits_of(self._clients(client_id)) if client_id is not None else None
         if limits is None:
             return session
         assert client_id is not None
+        turn = unbounded(limits, bound)
+        if turn:
+            turns = self._turns.setdefault(client_id, asyncio.Semaphore(self.unbounded_calls))
+            try:
+                await asyncio.wait_for(turns.acquire(), wait)
+            except TimeoutError:
+                return self._no_turn(client_id, wait)
+        try:
+            admitted = await self._reserved(client_id, limits, session, bound)
+        except BaseException:
+            if turn:
+                self._turns[client_id].release()
+            raise
+        if isinstance(admitted, Refusal):
+            if turn:
+                self._turns[client_id].release()
+            return admitted
+        return msgspec.structs.replace(admitted, turn=turn)
+
+    async def _reserved(self, client_id: str, limits: Limits, session: Ticket, bound: Bound) -> Ticket | Refusal:
+        """The call's reservation in its client's lease (asking the registry for more while it lacks), or why it is
+        refused: the account has nothing left, or the registry cannot be asked."""
         now = self._wall_clock()
         lease = self._lease(client_id, limits, now)
+        need_tokens = (bound.tokens if bound.tokens is not None else lease.estimate.tokens) \
+            if limits.tokens is not None else 0
+        need_cost = (bound.cost if bound.cost is not None else lease.estimate.cost) if limits.cost is not None else 0.0
         fruitless = 0
         while True:
-            tokens, cost = lease.shortfall()
+            tokens, cost = lease.shortfall(need_tokens, need_cost)
             if not tokens and not cost:
                 break
             if lease.dry and now <= lease.dry_until:
@@ -301,12 +369,11 @@ class Budgets:
             if fruitless > MAX_FRUITLESS_ASKS:
                 lease.retry_at = now + UNREACHABLE_RETRY_SECONDS
                 return self._unreachable_refusal(client_id, lease)
-        estimate_tokens = lease.estimate.tokens if limits.tokens is not None else 0
-        estimate_cost = lease.estimate.cost if limits.cost is not None else 0.0
-        lease.reserved_tokens += estimate_tokens
-        lease.reserved_cost += estimate_cost
+        lease.reserved_tokens += need_tokens
+        lease.reserved_cost += need_cost
         return msgspec.structs.replace(session, client_id=client_id, period_start=lease.period_start,
-                                       tokens=estimate_tokens, cost=estimate_cost)
+                                       tokens=need_tokens, cost=need_cost, max_tokens=bound.tokens,
+                                       max_cost=bound.cost)
 
     def used_fraction(self, client_id: str) -> float | None:
         """How much of the client's budget this period is used as this router knows it (the larger of tokens and
@@ -324,13 +391,17 @@ class Budgets:
         return max(used) if used else None
 
     def settle(self, ticket: Ticket, usage: Usage | None) -> None:
-        """A call ended: its reservation released, what it used spent (nothing known: nothing spent)."""
+        """A call ended: its reservation released, what it used spent (nothing known: nothing spent), its turn
+        (a call declaring no bound) given to the next call waiting for it."""
         tokens = usage.input_tokens + usage.output_tokens if usage is not None else 0
         cost = (usage.cost or 0.0) if usage is not None else 0.0
         client = ticket.client_id if ticket.client_id is not None else ticket.session[0] if ticket.session else None
         estimate = self._estimates.get(client) if client is not None else None
         if estimate is not None and usage is not None:
             estimate.add(tokens, cost)  # a call that reported nothing says nothing of how large the client's calls are
+        if (ticket.max_tokens is not None and tokens > ticket.max_tokens) or \
+                (ticket.max_cost is not None and cost_amount(cost - ticket.max_cost) > 0):
+            self.bounds_exceeded += 1
         lease = self._leases.get(ticket.client_id) if ticket.client_id is not None else None
         if lease is not None and lease.period_start == ticket.period_start:
             lease.reserved_tokens -= ticket.tokens
@@ -338,6 +409,8 @@ class Budgets:
             # Capped at what the registry counts (more than any budget): a spend it refused would never reach it.
             lease.spent_tokens = min(MAX_TOKENS, lease.spent_tokens + tokens)
             lease.spent_cost = min(MAX_COST, lease.spent_cost + cost)
+        if ticket.turn and ticket.client_id is not None:
+            self._turns[ticket.client_id].release()
         session = self._unreserve(ticket)
         if session is not None:
             session.used += tokens
@@ -423,16 +496,22 @@ class Budgets:
                        message=f"Client {client_id} has used its budget ({_budget_words(lease.limits)}); it resets "
                                f"at {reset_time(lease.reset_at)}")
 
+    def _no_turn(self, client_id: str, wait: float) -> Refusal:
+        return Refusal(code=ErrorCode.BUSY, decision="budget_turn_timeout", retry_after=1,
+                       message=f"Client {client_id} has a budget: its calls that declare no context.max_tokens (or "
+                               f"max_cost) go {self.unbounded_calls} at a time through a router, and none ended "
+                               f"within {wait:g} s; declare a bound to run calls at once")
+
     def _unreachable_refusal(self, client_id: str, lease: _Lease) -> Refusal:
         return Refusal(code=ErrorCode.BUDGET_EXHAUSTED, decision="budget_unconfirmed",
                        retry_after=UNREACHABLE_RETRY_SECONDS,
                        message=f"Client {client_id} has used this router's lease of its budget and the registry "
                                "cannot be asked for more now; retry shortly")
 
-    def _session(self, client_id: str, context: dict[str, Any]) -> Ticket | Refusal:
+    def _session(self, client_id: str, context: dict[str, Any], bound: Bound) -> Ticket | Refusal:
         """The call's reservation in the cap of the session it counts toward (NO_TICKET: it names no session and
-        cap), or why it is refused. It reserves its client's estimate, as of its lease: calls of one session in
-        flight at once pass the cap only by what they use beyond it."""
+        cap), or why it is refused. It reserves its declared ``max_tokens``, or else its client's estimate: calls
+        of one session in flight at once pass the cap only by what they use beyond it."""
         capped = _session_cap(context)
         if capped is None:
             return NO_TICKET
@@ -447,7 +526,7 @@ class Budgets:
             self._sessions.move_to_end(key)
             # The session's own budget: nested calls carry what their caller has left, which must not lower it.
             session.cap = max(session.cap, cap)
-        estimate = self._estimates.setdefault(client_id, _Estimate()).tokens
+        estimate = self._estimates.setdefault(client_id, _Estimate()).tokens if bound.tokens is None else bound.tokens
         if session.used + session.reserved + max(estimate, 1) > session.cap:
             return Refusal(code=ErrorCode.BUDGET_EXHAUSTED, decision="session_budget_exhausted",
                            message=f"Session {session_id!r} has used its token_budget ({session.used} of "

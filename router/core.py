@@ -26,7 +26,7 @@ from mesh.alerts import AlertConfig
 from mesh.policy import DEFAULT_POLICY, Policy, SplitShare
 from router.audit import AuditLog, call_entry
 from router.auth import Caller, Refusal, Unauthenticated, authorize
-from router.budgets import NO_TICKET, REPORT_SECONDS, Budgets, Ticket
+from router.budgets import NO_TICKET, REPORT_SECONDS, UNBOUNDED_CALLS, UNBOUNDED_WAIT_SECONDS, Budgets, Ticket
 from router.canary import assign, share_point
 from router.degradation import DegradationAlerts
 from router.forward import DEFAULT_MAX_ANSWER_BYTES, AgentAnswer, Forwarder
@@ -82,6 +82,9 @@ class RouterSettings(msgspec.Struct, kw_only=True, frozen=True):
     max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
     # Seconds between this router's reports of clients' budget spend to the registry (router/budgets.py).
     budget_report_seconds: float = REPORT_SECONDS
+    # A budgeted client's calls declaring no bound (context.max_tokens / max_cost) in flight at once here: the
+    # budget is passed by at most this many calls' usage per router (router/budgets.py).
+    budget_unbounded_calls: int = UNBOUNDED_CALLS
 
 
 class CallResult(msgspec.Struct, kw_only=True):
@@ -154,7 +157,8 @@ class Router:
         self.client_limits = ClientLimits(self.limit_share)
         # Client budgets spent from leases of the registry's account, and sessions' token caps.
         self.budgets = Budgets(mirror.router_id, lambda client_id: self.mirror.auth.clients.get(client_id),
-                               report_every=settings.budget_report_seconds)
+                               report_every=settings.budget_report_seconds,
+                               unbounded_calls=settings.budget_unbounded_calls)
         self._timed_out: OrderedDict[str, tuple[str, str, str]] = OrderedDict()
         # Out of descriptors, every call fails alike: one log line per interval, not one per call.
         self._short_of_resources = Throttle()
@@ -220,7 +224,8 @@ class Router:
         # Once the caller may make the call: a refused one must not take from its budget's lease.
         client_id = caller.client_id if isinstance(caller, Caller) else None
         if self.budgets.applies(client_id, frame.context):  # most calls: no budget, no coroutine
-            admitted = await self.budgets.admit(client_id, frame.context)
+            wait = frame.timeout_hint / 1000 if frame.timeout_hint is not None else UNBOUNDED_WAIT_SECONDS
+            admitted = await self.budgets.admit(client_id, frame.context, wait)
             if isinstance(admitted, Refusal):
                 return self._refuse(frame, admitted, caller, started)
             flight.budget = admitted

@@ -45,6 +45,9 @@ def budget_metrics(budgets: Budgets) -> Iterator[Metric]:
                                     "Budget lease asks' latency, answered or not")
     latency.add_metric([], cumulative(ASK_BOUNDS_MS, budgets.ask_buckets), budgets.ask_seconds)
     yield latency
+    yield CounterMetricFamily("agentreach_router_budget_bounds_exceeded",
+                              "Budgeted calls that used more than the context.max_tokens or max_cost they declared",
+                              value=budgets.bounds_exceeded)
     tokens, cost = budgets.unspent()
     yield GaugeMetricFamily("agentreach_router_budget_leased_unspent_tokens",
                             "Budget tokens this router was granted this period and has not spent", value=tokens)

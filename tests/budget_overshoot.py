@@ -74,8 +74,10 @@ async def cold_start(mesh_of: list[Mesh], key: str, *, budget: int, workers: int
     answers: list[Answer] = []
     extra = {"context": context} if context else {}
 
+    before = {id(mesh): mesh.router.decisions["budget_exhausted"] for mesh in mesh_of}
+
     def refused_at(mesh: Mesh) -> bool:
-        return mesh.router.decisions["budget_exhausted"] >= 3
+        return mesh.router.decisions["budget_exhausted"] - before[id(mesh)] >= 3
 
     def load(mesh: Mesh) -> Awaitable[list[tuple[float, Answer]]]:
         async def one() -> Answer:

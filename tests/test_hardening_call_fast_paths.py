@@ -18,9 +18,9 @@ async def test_a_call_without_budget_or_session_cap_is_admitted_without_the_budg
     asked: list[dict[str, Any]] = []
     admit = mesh.router.budgets.admit
 
-    async def counted(client_id: str | None, context: dict[str, Any]) -> Any:
+    async def counted(client_id: str | None, context: dict[str, Any], *wait: float) -> Any:
         asked.append(context)
-        return await admit(client_id, context)
+        return await admit(client_id, context, *wait)
     monkeypatch.setattr(mesh.router.budgets, "admit", counted)
     assert (await mesh.call("echo", {"n": 1}, context={"session_id": "s-1"})).status == 200
     assert asked == []

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import msgspec
 
 from agent_reach.registration import RoutingPolicy
-from agent_reach.usage import MAX_TOKENS, Usage
+from agent_reach.usage import MAX_COST, MAX_TOKENS, Usage
 
 # A request id and a capability name travel in HTTP headers (X-Request-Id, X-Reach-Capability), so
 # both are bounded and plain: visible ASCII, nothing a header could be split on. Checked by the
@@ -60,6 +60,18 @@ def valid_token_budget(context: dict[str, Any]) -> bool:
     more than it had): a cap of another shape is refused, not ignored, which would leave the session uncapped."""
     budget = context.get("token_budget")
     return budget is None or (type(budget) is int and -MAX_TOKENS <= budget <= MAX_TOKENS)
+
+
+def call_bound_problem(context: dict[str, Any]) -> str | None:
+    """The field of ``context.max_tokens`` / ``context.max_cost`` (what a call declares it may use at most, which a
+    budget reserves) that is not a whole number of tokens from 1 / a cost above 0; None when both are fine."""
+    tokens = context.get("max_tokens")
+    if tokens is not None and not (type(tokens) is int and 1 <= tokens <= MAX_TOKENS):
+        return "context.max_tokens"
+    cost = context.get("max_cost")
+    if cost is not None and not (type(cost) in (int, float) and 0 < cost <= MAX_COST and cost == cost):
+        return "context.max_cost"
+    return None
 
 
 def valid_capability(name: str) -> bool:

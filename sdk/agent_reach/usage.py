@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 
 # Token counts past this are taken for garbage (and would lose exactness once summed as floats).
 MAX_TOKENS = 2**53 - 1
+# The largest cost a budget, a spend or a call's bound may be. Finite (1e999 reads as infinity): an infinite
+# budget or spend would leave an account no arithmetic can use.
+MAX_COST = 1e15
 # The names an agent may use for each direction, its own first: OpenAI's are accepted too, as agents
 # backed by a model often pass its usage through untouched.
 _INPUT_NAMES = ("input_tokens", "prompt_tokens")
