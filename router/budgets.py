@@ -67,7 +67,8 @@ ESTIMATE_WINDOW = 20
 # Calls declaring no bound in flight at once per client at a router, unless the operator says otherwise: each may
 # pass the budget by its whole usage.
 UNBOUNDED_CALLS = 1
-# How long at most a call declaring no bound waits for its client's turn when it names no timeout_hint.
+# How long at most a call declaring no bound waits for its client's turn (less when its timeout_hint is shorter):
+# a caller holding many waiting calls holds them no longer than this.
 UNBOUNDED_WAIT_SECONDS = 30.0
 # Sessions whose usage is remembered; past this the least recently seen is forgotten (its count starts over).
 MAX_SESSIONS = 100_000

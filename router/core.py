@@ -224,7 +224,8 @@ class Router:
         # Once the caller may make the call: a refused one must not take from its budget's lease.
         client_id = caller.client_id if isinstance(caller, Caller) else None
         if self.budgets.applies(client_id, frame.context):  # most calls: no budget, no coroutine
-            wait = frame.timeout_hint / 1000 if frame.timeout_hint is not None else UNBOUNDED_WAIT_SECONDS
+            wait = min(frame.timeout_hint / 1000, UNBOUNDED_WAIT_SECONDS) if frame.timeout_hint is not None \
+                else UNBOUNDED_WAIT_SECONDS
             admitted = await self.budgets.admit(client_id, frame.context, wait)
             if isinstance(admitted, Refusal):
                 return self._refuse(frame, admitted, caller, started)

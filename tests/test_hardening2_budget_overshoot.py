@@ -140,3 +140,21 @@ async def test_a_call_using_more_than_it_declared_is_counted_on_metrics(start_me
     await wait_for(lambda: mesh.router.budgets.bounds_exceeded == 1, timeout=5, what="the excess to be counted")
     samples = await scraped(http, mesh.url)
     assert samples[("agentreach_router_budget_bounds_exceeded_total", ())] == 1
+
+
+async def test_an_undeclared_call_waits_at_most_its_timeout_hint_for_its_turn(start_mesh, start_agent):
+    mesh = await start_mesh(follow="http", auth=True)
+    agent = await start_agent("a")
+    agent.gate = asyncio.Event()  # the first call is held by the agent until the test lets it go
+    await mesh.add(agent, "llm.chat")
+    key = await budgeted([mesh], budget_tokens=BUDGET, budget_period="day")
+    first = asyncio.ensure_future(spend(mesh, key, {}))
+    await wait_for(lambda: agent.inflight == 1, timeout=5, what="the first call to reach the agent")
+    second = await spend(mesh, key, {}, timeout_hint=200)
+    assert second.status == 429 and second.body["error_code"] == "BUSY", second.body
+    assert second.headers["Retry-After"] == "1" and "context.max_tokens" in second.body["error_message"]
+    declared = asyncio.ensure_future(spend(mesh, key, {}, context={"max_tokens": 10}))
+    await wait_for(lambda: agent.inflight == 2, timeout=5, what="a declared call to run beside the held one")
+    agent.gate.set()
+    assert (await first).status == 200 and (await declared).status == 200
+    assert mesh.router.budgets.refusals == {"budget_turn_timeout": 1}
