@@ -23,8 +23,8 @@ from registry.server import RegistrySettings
 from router.audit import MAX_BUFFER
 from router.budgets import UNBOUNDED_CALLS
 from router.core import RouterSettings
-from router.forward import DEFAULT_MAX_ANSWER_BYTES
 from router.server import RouterServerSettings
+from router.transports.base import DEFAULT_MAX_ANSWER_BYTES
 from semantic.settings import SemanticSettings
 
 STORE_ENV = "AGENTREACH_STORE"

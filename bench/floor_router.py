@@ -8,7 +8,7 @@ library call, with no routing (one upstream), no breakers, budgets, rules, metri
   the frame decoded (its payload left as raw JSON) and its request id checked, the caller's API key looked
   up in a dict (the router's cache hit), a request id and a trace id made, the payload sent upstream with
   the request id, a traceparent and an HMAC signature (agent_reach.signing) under a deadline, the answer
-  read within the router's cap (router.forward's reader) and framed, failures answered as ATP error frames,
+  read within the router's cap (router.transports.http's reader) and framed, failures answered as ATP error frames,
   and (with --audit) the call's audit row built by router.audit and recorded in the product's own AuditLog
   (its writer process, its SQLite file).
 
@@ -39,7 +39,8 @@ from yarl import URL
 from common import asgi_body, asgi_json_answer
 from router.api import DEFAULT_MAX_BODY
 from router.audit import AuditLog, call_entry
-from router.forward import DEFAULT_MAX_ANSWER_BYTES, _read_capped
+from router.transports.base import DEFAULT_MAX_ANSWER_BYTES
+from router.transports.http import read_capped
 
 DEADLINE_S = 5.0
 AGENT_ID = "echo-1"
@@ -121,7 +122,7 @@ class Floor:
         return 200, _encoder.encode(Answer(request_id, "success", msgspec.Raw(answer)))
 
     async def _forward(self, request_id: str, trace_id: str, body: bytes) -> bytes | ErrorFrame:
-        """The agent's answer, read within the router's answer cap (router.forward's reader), or why not."""
+        """The agent's answer, read within the router's answer cap (router.transports.http's reader), or why not."""
         assert self.session is not None, "Floor.start() first"
         headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: request_id,
                    TRACEPARENT_HEADER: f"00-{trace_id}-{os.urandom(8).hex()}-01",
@@ -130,7 +131,7 @@ class Floor:
             async with asyncio.timeout(DEADLINE_S):
                 async with self.session.post(self.upstream, data=body, headers=headers,
                                              allow_redirects=False) as answer:
-                    result = await _read_capped(answer, DEFAULT_MAX_ANSWER_BYTES)
+                    result = await read_capped(answer, DEFAULT_MAX_ANSWER_BYTES)
                     status = answer.status
         except TimeoutError:
             return error_frame(request_id, ErrorCode.TOTAL_TIMEOUT, f"no answer within {DEADLINE_S:g} s")

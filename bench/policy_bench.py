@@ -53,8 +53,9 @@ from mesh.policy import Policy
 from mesh.records import InstanceRecord, instance_key, policy_key
 from mesh.watch import InstanceState, Reset
 from router.core import Router, RouterSettings
-from router.forward import AgentAnswer, Forwarder
+from router.forward import Forwarder
 from router.mirror import RegistryMirror
+from router.transports.answer import AgentAnswer
 from router_bench import run_load
 
 TARGETS = ("plain", "rules", "shadow", "canary", "scored")

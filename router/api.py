@@ -47,13 +47,13 @@ from router.audit import AuditLog
 from router.audit_query import FilterError, parse_filters
 from router.auth import Authenticator, Caller, Unauthenticated
 from router.core import CallResult, Router
-from router.forward import MAX_CONTEXT_BYTES
 from router.merged import AlertsAnswer, RuleStats, Scores, TraceAnswer
 from router.metrics import RouterCollector
 from router.oauth import OAuthRefusal
 from router.reach import ReachView, health_rate
 from router.streaming import CallerStream, Relay
 from router.tracecontext import ParentSpan, parent_span
+from router.transports.rest import MAX_CONTEXT_BYTES
 from router.usage import PERIOD_SECONDS, Period, PeriodUsage
 from weblayer.errors import ApiError, from_decode_error
 from weblayer.guard import admin_only

@@ -29,7 +29,7 @@ from router.auth import Caller, Refusal, Unauthenticated, authorize
 from router.budgets import NO_TICKET, REPORT_SECONDS, UNBOUNDED_CALLS, UNBOUNDED_WAIT_SECONDS, Budgets, Ticket
 from router.canary import assign, share_point
 from router.degradation import DegradationAlerts
-from router.forward import DEFAULT_MAX_ANSWER_BYTES, AgentAnswer, Forwarder
+from router.forward import Forwarder
 from router.instances import InstanceBook
 from router.measurements import Measurements
 from router.mirror import Offer, RegistryMirror
@@ -47,6 +47,8 @@ from router.timeouts import ResolvedTimeouts, resolve_timeouts
 from router.tracecontext import CallSpan, ParentSpan, open_span
 from router.traces import AttemptTrace, CallTrace, TraceStore
 from router.traffic_mirror import TrafficMirror, mirrored, status_of
+from router.transports.answer import AgentAnswer
+from router.transports.base import DEFAULT_MAX_ANSWER_BYTES
 from router.usage import UsageLedger
 from semantic.confirmations import ANONYMOUS, ConfirmationQueue
 from semantic.outcome import IntentMatch, IntentRefusal

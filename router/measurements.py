@@ -23,8 +23,8 @@ from collections import deque
 
 from agent_reach.atp import ErrorCode
 
-from router.forward import AgentAnswer
 from router.outcome import verdict
+from router.transports.answer import AgentAnswer
 
 LATENCY_ALPHA = 0.3
 ERROR_WINDOW = 20

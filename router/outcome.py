@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING
 from agent_reach.atp import ErrorCode
 
 from router.breaker import CircuitBreaker
-from router.forward import AgentAnswer
 from router.instances import InstanceBook
 from router.timeouts import ResolvedTimeouts
+from router.transports.answer import AgentAnswer
 
 if TYPE_CHECKING:
     from router.measurements import Measurements

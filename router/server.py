@@ -267,6 +267,7 @@ class RouterServer:
         if self.router is not None:
             # Every call has ended: what this router holds of clients' budgets and did not spend goes back.
             await self.router.budgets.report(release=True)
+            await self.router.forwarder.close()
         await close(None, self._session)
         await close(None, self._agents)
         if self.audit is not None:

@@ -21,9 +21,9 @@ from agent_reach.versions import parse_constraint, parse_version, satisfies
 
 from mesh.policy import MirrorConfig
 from router.canary import share_point
-from router.forward import AgentAnswer
 from router.mirror import Offer
 from router.selection import HEALTHY
+from router.transports.answer import AgentAnswer
 
 log = logging.getLogger("agentreach.router")
 MAX_IN_FLIGHT = 64
