@@ -35,7 +35,7 @@ from console.upstream import Reply, Upstream
 from mesh.policy import DEFAULT_POLICY, Policy
 from mesh.policy_writes import policy_etag
 from registry.views import AgentView
-from router.api import MAX_TRACES_LISTED
+from router.inspection import MAX_TRACES_LISTED
 from weblayer.errors import ApiError
 from weblayer.middleware import errors_as_json
 from weblayer.reading import bounded_int

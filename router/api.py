@@ -1,17 +1,18 @@
-"""The router's HTTP API: POST /atp (a frame, or JSON-RPC 2.0), reach, alerts, metrics, completions,
-and with authentication on, the OAuth2 token endpoint, its JWKS and key rotation.
+"""The router's HTTP API: the hot path, POST /atp (a frame, or JSON-RPC 2.0), the open endpoints beside it
+(completions, healthz, metrics) and the route table of every endpoint. The admin-only inspection endpoints
+are router/inspection.py's, the OAuth2 ones router/oauth_api.py's.
 
 POST /atp is an `Atp` object: the hot path reads the router from an attribute. Every other handler is a
-function reading the router's parts from the app (typed AppKeys). The route tables sit above `create_app`.
+function reading the router's parts from the app (typed AppKeys, router/app_keys.py). The route tables sit
+above `create_app`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 from agent_reach import logs, peer_json
@@ -37,28 +38,22 @@ from agent_reach.usage import MAX_TOKENS
 from agent_reach.versions import check_constraint
 from aiohttp import web
 from aiohttp.typedefs import Handler
-from multidict import MultiMapping
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from mesh.policy import DEFAULT_POLICY
 from router import jsonrpc
 from router.a2a.endpoint import A2AEndpoint
-from router.audit import AuditLog
-from router.audit_query import FilterError, parse_filters
+from router.app_keys import AUDIT_KEY, AUTH_KEY, METRICS_KEY, ROUTER_KEY
 from router.auth import Authenticator, Caller, Unauthenticated
 from router.core import CallResult, Router
-from router.merged import AlertsAnswer, RuleStats, Scores, TraceAnswer
+from router.inspection import alerts, audit_entries, reach, rule_stats, scores, trace, traces, usage
 from router.metrics import RouterCollector
-from router.oauth import OAuthRefusal
-from router.reach import ReachView, health_rate
+from router.oauth_api import admin_refusal, jwks, rotate_keys, token
 from router.streaming import CallerStream, Relay
 from router.tracecontext import ParentSpan, parent_span
 from router.transports.rest import MAX_CONTEXT_BYTES
-from router.usage import PERIOD_SECONDS, Period, PeriodUsage
 from weblayer.errors import ApiError, from_decode_error
 from weblayer.guard import admin_only
 from weblayer.middleware import failure_response
-from weblayer.reading import bounded_int
 from weblayer.responses import error_response, json_response
 
 log = logging.getLogger("agentreach.router.api")
@@ -66,7 +61,6 @@ log = logging.getLogger("agentreach.router.api")
 DEFAULT_MAX_BODY = 16 * 1024 * 1024
 # Embedding tokenises in Python: a bounded intent keeps one caller from holding the model's thread.
 MAX_INTENT_CHARS = 1024
-MAX_TRACES_LISTED = 1000
 # All header lines together: past it, a JSON 431 before anything else is looked at.
 MAX_HEADER_BYTES = 8192
 # aiohttp's own per-line limit, the backstop: past it aiohttp answers a plain-text 400 by itself.
@@ -75,11 +69,6 @@ _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder()
 _frame_decoder = msgspec.json.Decoder(RequestFrame)
 
-ROUTER_KEY = web.AppKey("router", Router)
-METRICS_KEY = web.AppKey("metrics", CollectorRegistry)
-# Set only with authentication on / an audit trail kept.
-AUTH_KEY = web.AppKey("auth", Authenticator)
-AUDIT_KEY = web.AppKey("audit", AuditLog)
 
 
 class Completion(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -342,145 +331,6 @@ async def metrics(request: web.Request) -> web.Response:
     return response
 
 
-def reach_view(router: Router, capability: str | None) -> ReachView:
-    states = [state.state for state in router.mirror.states.values()]
-    return ReachView(period_seconds=router.ledger.period_seconds,
-                     periods=router.ledger.periods(capability, now=time.time()),
-                     instance_health_rate=health_rate(states.count("healthy"), len(router.mirror.instances)),
-                     route_decisions=dict(router.decisions),
-                     semantic=router.semantic.stats() if router.semantic is not None else None)
-
-
-async def reach(request: web.Request) -> web.Response:
-    return json_response(reach_view(request.app[ROUTER_KEY], request.query.get("capability")))
-
-
-async def scores(request: web.Request) -> web.Response:
-    """GET /scores/{capability}: every instance's score under the scored policy, its parts and the figures
-    behind them, as this router measured them (each router learns from its own calls)."""
-    return json_response(scores_of(request.app[ROUTER_KEY], request.match_info["capability"]))
-
-
-def scores_of(router: Router, capability: str) -> Scores:
-    found = router.scores(capability)
-    if found is None:
-        raise ApiError(404, "unknown_capability", f"No instance offers capability {capability!r}", "capability")
-    policy_name, instances = found
-    policy = router.mirror.policy(capability) or DEFAULT_POLICY
-    return Scores(capability=capability, policy=policy_name, weights=policy.score_weights,
-                  explore_share=policy.exploration, quality_floor=policy.min_quality, instances=instances)
-
-
-async def usage(request: web.Request) -> web.Response:
-    """GET /usage?period=hour|day[&client=ID][&capability=NAME]: calls, tokens and cost this router metered,
-    per period kept (oldest first), in all and per client, capability and instance (router/usage.py)."""
-    period = usage_period(request)
-    return json_response({"period": period, "periods": usage_periods(request.app[ROUTER_KEY], request, period)})
-
-
-def usage_period(request: web.Request) -> Period:
-    period = request.query.get("period", "hour")
-    if period not in PERIOD_SECONDS:
-        raise ApiError(400, "invalid_field", f"period must be one of {', '.join(PERIOD_SECONDS)}", "period")
-    return period
-
-
-def usage_periods(router: Router, request: web.Request, period: Period) -> list[PeriodUsage]:
-    return router.usage.periods(period, request.query.get("client"), request.query.get("capability"))
-
-
-async def rule_stats(request: web.Request) -> web.Response:
-    """Calls each live rule decided and each shadow rule's agreement with the live decisions, on this router."""
-    return json_response(rule_stats_of(request.app[ROUTER_KEY], request.query.get("capability")))
-
-
-def rule_stats_of(router: Router, capability: str | None) -> RuleStats:
-    book = router.rules
-    return RuleStats(hits=book.hits(capability), shadow=book.shadows(capability),
-                     mirror=router.traffic_mirror.stats(capability))
-
-
-async def alerts(request: web.Request) -> web.Response:
-    return json_response(alerts_of(request.app[ROUTER_KEY]))
-
-
-def alerts_of(router: Router) -> AlertsAnswer:
-    return AlertsAnswer(alerts=router.ledger.alerts(time.time()), config=router.ledger.alert_config,
-                        rollbacks=list(router.releases.rollbacks), degraded=router.degradations.alerts())
-
-
-async def traces(request: web.Request) -> web.Response:
-    limit = bounded_int(request, "limit", 50, 1, MAX_TRACES_LISTED)
-    return json_response({"traces": request.app[ROUTER_KEY].traces.recent(limit, request.query.get("capability"))})
-
-
-def found_trace(router: Router, request_id: str) -> TraceAnswer | None:
-    kept = router.traces
-    call = kept.get(request_id)
-    return TraceAnswer(call=call, tree=kept.tree(request_id)) if call is not None else None
-
-
-def trace_not_found(router: Router, request_id: str) -> ApiError:
-    return ApiError(404, "trace_not_found", f"No recent call {request_id!r} (the router keeps the last "
-                                            f"{router.traces.max_calls})", "request_id")
-
-
-async def trace(request: web.Request) -> web.Response:
-    router, request_id = request.app[ROUTER_KEY], request.match_info["request_id"]
-    found = found_trace(router, request_id)
-    if found is None:
-        raise trace_not_found(router, request_id)
-    return json_response(found)
-
-
-async def audit_entries(request: web.Request) -> web.Response:
-    """GET /audit. It flushes first, so a call answered a moment ago is already there: an operator
-    chasing an incident must not miss the last half second (admin-only, so nobody else can force
-    the extra write, at most one batch)."""
-    try:
-        filters = parse_filters(request.query)
-    except FilterError as exc:
-        raise ApiError(400, "invalid_field", exc.message, exc.field) from None
-    audit = request.app[AUDIT_KEY]
-    await audit.flush()
-    return json_response({"entries": await audit.query(filters)})
-
-
-async def token(request: web.Request) -> web.Response:
-    """POST /oauth/token (RFC 6749 §4.4): client credentials in, a signed access token out."""
-    if request.content_type != "application/x-www-form-urlencoded":
-        answer: Any = OAuthRefusal(error="invalid_request", field="Content-Type",
-                                   error_description="Send the token request as application/x-www-form-urlencoded")
-    else:
-        # A urlencoded form holds text only (files come in multipart bodies, refused above).
-        form = cast("MultiMapping[str]", await request.post())
-        answer = request.app[AUTH_KEY].issuer.grant(form, request.headers.get("Authorization"),
-                                                    request.app[ROUTER_KEY].mirror.auth)
-    headers = {"Cache-Control": "no-store", "Pragma": "no-cache"}
-    if isinstance(answer, OAuthRefusal):
-        if answer.basic:
-            headers["WWW-Authenticate"] = 'Basic realm="agentreach"'
-        log.warning("token refused", extra={"error": answer.error, "reason": answer.error_description})
-        return json_response(answer.body(), answer.status, headers)
-    return json_response(answer, 200, headers)
-
-
-async def jwks(request: web.Request) -> web.Response:
-    return json_response(request.app[AUTH_KEY].issuer.jwks())
-
-
-async def rotate_keys(request: web.Request) -> web.Response:
-    issuer = request.app[AUTH_KEY].issuer
-    key = issuer.keys.rotate()
-    return json_response({"kid": key.kid, "jwks": issuer.jwks()})
-
-
-async def admin_refusal(request: web.Request) -> ApiError | None:
-    """The router's check for the admin-only guard: the admin key, as X-API-Key or Authorization: Bearer."""
-    refusal = request.app[AUTH_KEY].admin_refusal(request.headers)
-    return None if refusal is None else ApiError(refusal.status, refusal.error, refusal.message, "Authorization")
-
-
 async def unrouted(request: web.Request) -> web.Response:
     """A path or method the router does not serve: JSON like every other error, 405 with Allow."""
     catch_all = request.match_info.route.resource
@@ -508,6 +358,7 @@ AUDIT: tuple[str, str, Handler] = ("GET", "/audit", audit_entries)
 OAUTH_OPEN: list[tuple[str, str, Handler]] = [
     ("POST", "/oauth/token", token), ("GET", "/.well-known/jwks.json", jwks)]
 OAUTH_ADMIN_ONLY: list[tuple[str, str, Handler]] = [("POST", "/oauth/keys/rotate", rotate_keys)]
+
 
 
 def router_metrics(router: Router) -> CollectorRegistry:

@@ -30,19 +30,19 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from yarl import URL
 
-from router.api import (
+from router.api import router_metrics
+from router.core import Router
+from router.inspection import (
     MAX_TRACES_LISTED,
     alerts_of,
     found_trace,
     reach_view,
-    router_metrics,
     rule_stats_of,
     scores_of,
     trace_not_found,
     usage_period,
     usage_periods,
 )
-from router.core import Router
 from router.merged import (
     AlertsAnswer,
     Family,
