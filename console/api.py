@@ -18,6 +18,7 @@ from urllib.parse import quote
 
 import msgspec
 from agent_reach import peer_json
+from agent_reach.connections import Gate
 from agent_reach.headers import API_KEY_HEADER, REQUEST_ID_HEADER, ROUTE_HEADERS
 from aiohttp import web
 from multidict import CIMultiDict
@@ -105,6 +106,7 @@ class ConsoleApi:
     hub: Hub
     registry: Upstream
     router: Upstream
+    connections: Gate
     gatekeeper: Gatekeeper
     debug_callers: DebugCallers = dataclasses.field(init=False)
 
@@ -123,7 +125,8 @@ class ConsoleApi:
 
     async def metrics(self, request: web.Request) -> web.Response:
         sessions = self.gatekeeper.sessions
-        body = render(self.collector, self.hub, sessions.count if sessions is not None else lambda: 0)
+        body = render(self.collector, self.hub, sessions.count if sessions is not None else lambda: 0,
+                      self.connections)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def get_config(self, request: web.Request) -> web.Response:

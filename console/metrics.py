@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+from agent_reach.connections import Gate
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from console.collector import Collector as Poller
 from console.hub import Hub
+from weblayer.connection_metrics import ConnectionCollector
 
 
 class ConsoleCollector(Collector):
@@ -32,7 +34,8 @@ class ConsoleCollector(Collector):
         yield GaugeMetricFamily("agentreach_console_sessions", "Signed-in browser sessions", value=self._sessions())
 
 
-def render(poller: Poller, hub: Hub, sessions: Callable[[], int]) -> bytes:
+def render(poller: Poller, hub: Hub, sessions: Callable[[], int], connections: Gate) -> bytes:
     prometheus = CollectorRegistry(auto_describe=False)
     prometheus.register(ConsoleCollector(poller, hub, sessions))
+    prometheus.register(ConnectionCollector("console", connections))
     return generate_latest(prometheus)

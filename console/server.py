@@ -9,6 +9,7 @@ from typing import Literal
 
 import aiohttp
 import msgspec
+from agent_reach.connections import Gate, Limits
 from agent_reach.serving import cancel, close, listen
 from aiohttp import web
 
@@ -39,6 +40,8 @@ class ConsoleSettings(msgspec.Struct, kw_only=True):
     # rotation the console reads DATA_DIR/admin.key again (console/admin_key.py).
     admin_key: str | None = None
     poll_interval: float = 1.0
+    # What the listener holds its connections to: deadlines, the cap (agent_reach.connections).
+    connections: Limits = msgspec.field(default_factory=Limits)
 
 
 class ConsoleServer:
@@ -54,6 +57,8 @@ class ConsoleServer:
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
         self.port = settings.port
+        # The listener's connections, counted for /metrics.
+        self.connections = Gate(settings.connections)
 
     @property
     def url(self) -> str:
@@ -75,11 +80,11 @@ class ConsoleServer:
                                router_url=",".join(router.urls.urls),
                                poll_interval=settings.poll_interval)
         sessions = Sessions(admin) if settings.auth == "on" and admin is not None else None
-        api = ConsoleApi(config, self.collector, self.store, self.hub, registry, router,
+        api = ConsoleApi(config, self.collector, self.store, self.hub, registry, router, self.connections,
                          Gatekeeper(sessions, registry))
         app = api.app()
         app.on_response_prepare.append(security_headers)
-        self._runner, self.port = await listen(app, settings.host, settings.port)
+        self._runner, self.port = await listen(app, settings.host, settings.port, gate=self.connections)
         log.info("console listening", extra={"url": self.url, "registry": config.registry_url,
                                             "router": config.router_url, "auth": settings.auth,
                                             "store": str(self.store.path)})

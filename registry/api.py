@@ -10,6 +10,7 @@ import logging
 import re
 from pathlib import Path
 
+from agent_reach.connections import Gate as ConnectionGate
 from agent_reach.connections import error_body
 from agent_reach.registration import AgentRef, CapabilityRef, HeartbeatRequest, Name, RegisterRequest
 from aiohttp import web
@@ -457,14 +458,15 @@ ROTATE_ADMIN_KEY: tuple[str, str, Handler] = ("POST", "/admin-key/rotate", rotat
 
 def create_app(registry: Registry, checker: HealthChecker | None = None, hub: WatchHub | None = None, *,
                max_body: int = DEFAULT_MAX_BODY, auth: bool = True, data_dir: Path | None = None,
-               membership: Membership | None = None) -> web.Application:
-    """``data_dir`` (where admin.key lives) enables rotating the admin key over the API."""
+               membership: Membership | None = None, connections: ConnectionGate | None = None) -> web.Application:
+    """``data_dir`` (where admin.key lives) enables rotating the admin key over the API; ``connections``, the
+    listener's, is shown in /metrics."""
     app = web.Application(middlewares=[stale_view_header, registry_errors], client_max_size=max_body)
     gate = Gate(registry.state.auth, auth)
     app[REGISTRY_KEY] = registry
     app[CLUSTER_KEY] = membership if membership is not None else SoleNode(registry, hub, url="")
     app[GATE_KEY] = gate
-    app[METRICS_KEY] = metrics_registry(registry, checker, app[CLUSTER_KEY])
+    app[METRICS_KEY] = metrics_registry(registry, checker, app[CLUSTER_KEY], connections)
     if hub is not None:
         app[HUB_KEY] = hub
     admin_routes = ADMIN_ONLY

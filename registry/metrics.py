@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from agent_reach.connections import Gate as ConnectionGate
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -15,6 +16,7 @@ from registry.health import HealthChecker
 from registry.lifecycle import Status
 from registry.service import Registry
 from registry.store import WalStore
+from weblayer.connection_metrics import ConnectionCollector
 
 
 class RegistryCollector(Collector):
@@ -97,10 +99,12 @@ class RegistryCollector(Collector):
                                         "etcd request (the cluster poll)", value=membership.etcd_rtt)
 
 
-def metrics_registry(registry: Registry, checker: HealthChecker | None,
-                     membership: Membership | None = None) -> CollectorRegistry:
+def metrics_registry(registry: Registry, checker: HealthChecker | None, membership: Membership | None = None,
+                     connections: ConnectionGate | None = None) -> CollectorRegistry:
     prometheus = CollectorRegistry(auto_describe=False)
     prometheus.register(RegistryCollector(registry, checker, membership))
+    if connections is not None:
+        prometheus.register(ConnectionCollector("registry", connections))
     return prometheus
 
 

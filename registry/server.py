@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Literal
 
 import aiohttp
 import msgspec
+from agent_reach.connections import Gate, Limits
 from agent_reach.serving import cancel, close, listen
 from aiohttp import web
 
@@ -72,6 +73,8 @@ class RegistrySettings(msgspec.Struct, kw_only=True):
     example_evaluation: Path | None = None
     # Networks agents' URLs may point into (mesh/egress.py); empty: any but link-local and metadata addresses.
     agent_networks: tuple[str, ...] = ()
+    # What the listener holds its connections to: deadlines, the cap (agent_reach.connections).
+    connections: Limits = msgspec.field(default_factory=Limits)
 
 
 class RegistryServer:
@@ -97,6 +100,8 @@ class RegistryServer:
         self.new_admin_key: str | None = None
         self._stopped = False
         self._judge: ExampleJudge | None = None
+        # The listener's connections, counted for /metrics.
+        self.connections = Gate(settings.connections)
 
     @property
     def url(self) -> str:
@@ -137,8 +142,8 @@ class RegistryServer:
                        asyncio.create_task(self.registry.budgets.reclaim_forever(self.hub.routers,
                                                                                  self.membership.leads))]
         app = create_app(self.registry, checker, self.hub, max_body=self.settings.max_body, auth=self.settings.auth,
-                         data_dir=self.settings.data_dir, membership=self.membership)
-        self._runner, self.port = await listen(app, self.settings.host, self.settings.port)
+                         data_dir=self.settings.data_dir, membership=self.membership, connections=self.connections)
+        self._runner, self.port = await listen(app, self.settings.host, self.settings.port, gate=self.connections)
         if isinstance(self.membership, EtcdMembership):
             await self.membership.start(self.settings.advertise_url or self.url)
         else:

@@ -32,6 +32,7 @@ from agent_reach.atp import (
     valid_routing_hint,
     valid_token_budget,
 )
+from agent_reach.connections import Gate
 from agent_reach.headers import REQUEST_ID_HEADER, ROUTE_HEADERS, TRACEPARENT_HEADER, TRACESTATE_HEADER
 from agent_reach.sse import ERROR, RESPONSE, EventWriter, on_disconnect, wants_stream
 from agent_reach.usage import MAX_TOKENS
@@ -51,6 +52,7 @@ from router.oauth_api import admin_refusal, jwks, rotate_keys, token
 from router.streaming import CallerStream, Relay
 from router.tracecontext import ParentSpan, parent_span
 from router.transports.rest import MAX_CONTEXT_BYTES
+from weblayer.connection_metrics import ConnectionCollector
 from weblayer.errors import ApiError, from_decode_error
 from weblayer.guard import admin_only
 from weblayer.middleware import failure_response
@@ -361,19 +363,22 @@ OAUTH_ADMIN_ONLY: list[tuple[str, str, Handler]] = [("POST", "/oauth/keys/rotate
 
 
 
-def router_metrics(router: Router) -> CollectorRegistry:
+def router_metrics(router: Router, connections: Gate | None = None) -> CollectorRegistry:
     prometheus = CollectorRegistry(auto_describe=False)
     prometheus.register(RouterCollector(router))
+    if connections is not None:
+        prometheus.register(ConnectionCollector("router", connections))
     return prometheus
 
 
 def create_app(router: Router, *, max_body: int = DEFAULT_MAX_BODY, auth: Authenticator | None = None,
-               whole: Mapping[str, Handler] | None = None) -> web.Application:
+               whole: Mapping[str, Handler] | None = None, connections: Gate | None = None) -> web.Application:
     """``auth`` None serves everyone (development); otherwise every call and operator endpoint is checked.
-    ``whole``: one of `--workers N` answers these paths for the whole router (router/worker_views.py)."""
+    ``whole``: one of `--workers N` answers these paths for the whole router (router/worker_views.py);
+    ``connections``, the listener's, is shown in /metrics."""
     app = web.Application(client_max_size=max_body)
     app[ROUTER_KEY] = router
-    app[METRICS_KEY] = router_metrics(router)
+    app[METRICS_KEY] = router_metrics(router, connections)
     open_routes = [("POST", "/atp", Atp(router, auth, max_body).handle), *OPEN,
                    *A2AEndpoint(router, auth, checked).routes()]
     admin_routes = list(ADMIN_ONLY)

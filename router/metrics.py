@@ -15,7 +15,8 @@ from router.reach import LATENCY_BOUNDS_MS
 # Gauges whose `--workers N` values add up to the router's (router/merged.py); every other gauge is one worker's
 # state (its breakers, its view of the registry, its period's rates) and is shown per worker, labelled `worker`.
 SUMMED_GAUGES = frozenset({"agentreach_router_inflight", "agentreach_router_budget_leased_unspent_tokens",
-                           "agentreach_router_budget_leased_unspent_cost"})
+                           "agentreach_router_budget_leased_unspent_cost", "agentreach_router_connections_open",
+                           "agentreach_router_connections_limit"})
 
 
 def cumulative(bounds_ms: tuple[float, ...], counts: list[int]) -> list[tuple[str, float]]:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 import msgspec
+from agent_reach.connections import Gate, Limits
 from agent_reach.serving import cancel, close, listen
 from agent_reach.transport import Failover
 from aiohttp import web
@@ -77,6 +78,8 @@ class RouterServerSettings(msgspec.Struct, kw_only=True):
     views: WorkerViews | None = None
     # Networks agents may be reached in (mesh/egress.py); empty: any but link-local and metadata addresses.
     agent_networks: tuple[str, ...] = ()
+    # What the listener holds its connections to: deadlines, the cap (agent_reach.connections).
+    connections: Limits = msgspec.field(default_factory=Limits)
 
 
 class RouterServer:
@@ -112,6 +115,8 @@ class RouterServer:
         self.semantic: SemanticRouter | None = None
         self.auth: Authenticator | None = None
         self._views: Views | None = None
+        # The listener's connections, counted for /metrics.
+        self.connections = Gate(settings.connections)
 
     @property
     def url(self) -> str:
@@ -173,16 +178,17 @@ class RouterServer:
             self._tasks.append(asyncio.create_task(self.semantic.follow()))
         whole = None
         if self.settings.views is not None:
-            self._views = Views(self.settings.views, self.router)
+            self._views = Views(self.settings.views, self.router, self.connections)
             await self._views.start()
             whole = self._views.handlers()
-        app = create_app(self.router, max_body=self.settings.max_body, auth=self.auth, whole=whole)
+        app = create_app(self.router, max_body=self.settings.max_body, auth=self.auth, whole=whole,
+                         connections=self.connections)
         if self.settings.reuse_port and self._hub is None:
             # Siblings serve this port already: the kernel would hand this router calls it cannot route yet.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(synced.wait(), SYNC_BEFORE_SHARING_SECONDS)
         self._runner, self.port = await listen(app, self.settings.host, self.settings.port,
-                                               reuse_port=self.settings.reuse_port,
+                                               gate=self.connections, reuse_port=self.settings.reuse_port,
                                                max_line_size=MAX_HEADER_LINE, max_field_size=MAX_HEADER_LINE)
         forwarder.completion_url = f"{self.url}/completions"
         log.info("router listening", extra={"url": self.url, "registry": self.settings.registry_url or "in-process"})

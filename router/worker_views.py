@@ -23,6 +23,7 @@ from urllib.parse import quote
 
 import aiohttp
 import msgspec
+from agent_reach.connections import Gate
 from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -117,10 +118,10 @@ def _traces_query(request: web.Request) -> dict[str, str]:
 class Views:
     """This worker's own views on its private socket, and the whole router's for the shared port (``handlers``)."""
 
-    def __init__(self, views: WorkerViews, router: Router):
+    def __init__(self, views: WorkerViews, router: Router, connections: Gate):
         self._views = views
         self._router = router
-        self._metrics = router_metrics(router)
+        self._metrics = router_metrics(router, connections)
         self._runner: web.AppRunner | None = None
         self._siblings: dict[int, aiohttp.ClientSession] = {}
 

@@ -23,12 +23,11 @@ from agent_reach.serving import listen
 from aiohttp import web
 
 from conftest import post, registration, wait_for
+from hardening_support import closed_by_server, slow_connection, trickle
 from registry.api import registry_errors
 from registry.cluster import SoleNode
 from registry.health import HealthChecker
 from weblayer.reading import read_json
-
-PARTIAL_HEADER = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
 
 
 async def ok(request: web.Request) -> web.Response:
@@ -53,32 +52,6 @@ async def serving(limits: Limits) -> AsyncIterator[tuple[str, GuardedSite]]:
         yield f"http://127.0.0.1:{port}", site
     finally:
         await runner.cleanup()
-
-
-async def slow_connection(port: int,
-                          first: bytes = PARTIAL_HEADER) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(first)
-    await writer.drain()
-    return reader, writer
-
-
-async def trickle(writers: list[asyncio.StreamWriter], stop: asyncio.Event) -> None:
-    """A byte on every connection now and then, as slowloris does, until told to stop or refused."""
-    while not stop.is_set():
-        for writer in writers:
-            if not writer.is_closing():
-                with contextlib.suppress(ConnectionError):
-                    writer.write(b"a")
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(stop.wait(), 0.05)
-
-
-async def closed_by_server(reader: asyncio.StreamReader) -> bytes:
-    try:
-        return await reader.read()
-    except ConnectionError:
-        return b""
 
 
 async def test_slowloris_headers_are_closed_while_normal_requests_are_served(http):

@@ -1,7 +1,8 @@
 """What an exception escaping a handler is answered: always JSON in the error envelope, never a traceback.
 
 Refusals (401, 403) are logged: they are the server's side of the security record. A bug is logged with
-its traceback and answered as a plain 500 that says nothing of it.
+its traceback and answered as a plain 500 that says nothing of it. A caller that left mid-request is neither:
+nothing is answered, and the request handler below counts it (agent_reach.connections).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from agent_reach.connections import unreadable_body
+from agent_reach.connections import hung_up, unreadable_body
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
@@ -33,7 +34,10 @@ def http_error(exc: web.HTTPException) -> ApiError:
 
 
 def failure_response(exc: Exception, request: web.Request, who: str, log: logging.Logger) -> web.Response:
-    """A body that could not be read (too slow, undecodable) is the caller's; anything else is ours."""
+    """A body that could not be read (too slow, undecodable) is the caller's; anything else is ours. A caller
+    that left is answered nothing: ``exc`` goes on up to the request handler, which counts it."""
+    if hung_up(request, exc):
+        raise exc
     if isinstance(exc, web.RequestPayloadError):
         status, body = unreadable_body(exc)
         return json_response(body, status)

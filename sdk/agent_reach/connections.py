@@ -72,6 +72,12 @@ def unreadable_body(exc: RequestPayloadError) -> tuple[int, dict[str, str | None
                            "body")
 
 
+def hung_up(request: BaseRequest, exc: BaseException) -> bool:
+    """Whether ``exc`` is the caller leaving: a connection error on a request whose connection is gone. Nobody is
+    left to answer, and the request handler counts and reports it (``GuardedHandler.connection_lost``)."""
+    return isinstance(exc, ConnectionError) and request.transport is None
+
+
 def error_answer(status: int, code: str, message: str, field: str | None = None) -> web.Response:
     body = _encoder.encode(error_body(code, message, field))
     return web.Response(body=body, status=status, content_type="application/json")
@@ -92,16 +98,21 @@ def protocol_error(status: int, exc: BaseException | None) -> tuple[str, str]:
 
 
 class Gate:
-    """How many connections a listener has open, against its cap; refusals reported once per interval.
-    A connection counts from the moment it is accepted (``accepted`` until asyncio gives it a handler, a
-    loop turn later), so however many are accepted in one go, no more than the cap hold descriptors."""
+    """How many connections a listener has open, against its cap, and what became of them (for /metrics);
+    refusals reported once per interval. A connection counts from the moment it is accepted (``accepted``
+    until asyncio gives it a handler, a loop turn later), so however many are accepted in one go, no more
+    than the cap hold descriptors."""
 
-    def __init__(self, limit: int):
-        self.limit = limit
+    def __init__(self, limits: Limits):
+        self.limits = limits
+        self.limit = limits.max_connections
         self.open = 0
         self.accepted = 0
         self.refused = 0
+        # Callers that left mid-request: a header, body or answer unfinished.
+        self.hang_ups = 0
         self._throttle = Throttle()
+        self._hang_up_throttle = Throttle()
 
     def admit(self) -> bool:
         """Whether a connection just accepted may stay."""
@@ -121,6 +132,11 @@ class Gate:
             return True
         self.refuse()
         return False
+
+    def hung_up(self, remote: object) -> None:
+        """A caller left mid-request: counted, and reported once per interval with how many did."""
+        self.hang_ups += 1
+        self._hang_up_throttle.log(log, logging.INFO, "callers left mid-request", remote=remote)
 
     def refuse(self) -> None:
         self.refused += 1
@@ -203,15 +219,18 @@ class Refusal(asyncio.Protocol):
 
 
 class GuardedHandler(RequestHandler):
-    """aiohttp's request handler with header and body deadlines, counted against its listener's cap."""
+    """aiohttp's request handler with header and body deadlines, counted against its listener's cap. A caller
+    leaving mid-request is an expected event: counted, reported once per interval, never answered."""
 
-    def __init__(self, manager: web.Server, *, limits: Limits, gate: Gate, **kwargs: Any):
-        super().__init__(manager, keepalive_timeout=limits.idle_timeout, **kwargs)
-        self._limits = limits
+    def __init__(self, manager: web.Server, *, gate: Gate, **kwargs: Any):
+        super().__init__(manager, keepalive_timeout=gate.limits.idle_timeout, **kwargs)
+        self._limits = gate.limits
         self._gate: Gate | None = gate
         self._header_deadline: asyncio.TimerHandle | None = None
         self._body_deadline: asyncio.TimerHandle | None = None
         self._body: StreamReader | None = None
+        # From a request's first byte until its answer is out.
+        self._mid_request = False
         gate.open += 1
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -221,6 +240,8 @@ class GuardedHandler(RequestHandler):
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._gate is not None:
             self._gate.open -= 1
+            if self._mid_request and not (self._force_close or self._close):  # the caller's doing, not ours
+                self._gate.hung_up(self.peername)
             self._gate = None  # connection_lost may come twice; count once
         self._cancel_deadlines()
         super().connection_lost(exc)
@@ -229,6 +250,7 @@ class GuardedHandler(RequestHandler):
         in_body = self._body is not None and not self._body.is_eof()
         newest = self._messages[-1] if self._messages else None
         super().data_received(data)
+        self._mid_request = self._mid_request or bool(data)
         if self._messages and self._messages[-1] is not newest:
             self._header_complete(self._messages[-1][1])
         elif data and not in_body and self._header_deadline is None:
@@ -239,6 +261,7 @@ class GuardedHandler(RequestHandler):
         self._cancel(self._body_deadline)
         self._body_deadline = None
         answer = await super().finish_response(request, resp, start_time)
+        self._mid_request = bool(self._messages)  # a pipelined request already in
         if request.content.exception() is not None:
             # The rest of a body that failed is not worth reading: close once the answer is out,
             # rather than let aiohttp's lingering read raise the failure again.
@@ -247,7 +270,10 @@ class GuardedHandler(RequestHandler):
 
     def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
-        """aiohttp's answer for a request it could not parse or a handler that escaped, as JSON."""
+        """aiohttp's answer for a request it could not parse or a handler that escaped, as JSON; none for a
+        caller that left (the loop serving the connection ends quietly on the ConnectionError)."""
+        if exc is not None and hung_up(request, exc):
+            raise exc
         if status >= 500:
             log.error("request failed", exc_info=exc, extra={"remote": request.remote, "status": status})
         else:
@@ -299,17 +325,16 @@ class GuardedHandler(RequestHandler):
 class GuardedSite(web.BaseSite):
     """TCP listeners whose connections are GuardedHandlers, turned away at accept past the cap."""
 
-    __slots__ = ("_gate", "_handler_args", "_host", "_limits", "_more", "_port", "_reuse_port")
+    __slots__ = ("_gate", "_handler_args", "_host", "_more", "_port", "_reuse_port")
 
-    def __init__(self, runner: web.AppRunner, host: str, port: int, limits: Limits, *, reuse_port: bool = False,
+    def __init__(self, runner: web.AppRunner, host: str, port: int, gate: Gate, *, reuse_port: bool = False,
                  **handler_args: Any):
         """``reuse_port`` (SO_REUSEPORT) lets several processes listen on one port, the kernel spreading
         new connections between them; every one of them must ask for it."""
         super().__init__(runner)
         self._host, self._port = host, port
         self._reuse_port = reuse_port
-        self._limits = limits
-        self._gate = Gate(limits.max_connections)
+        self._gate = gate
         self._handler_args = handler_args
         self._more: list[asyncio.Server] = []
 
@@ -326,8 +351,7 @@ class GuardedSite(web.BaseSite):
             return Refusal()
         server = self._runner.server
         assert server is not None
-        return GuardedHandler(server, loop=asyncio.get_running_loop(), limits=self._limits, gate=self._gate,
-                              **self._handler_args)
+        return GuardedHandler(server, loop=asyncio.get_running_loop(), gate=self._gate, **self._handler_args)
 
     async def start(self) -> None:
         await super().start()
