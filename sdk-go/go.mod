@@ -1,0 +1,3 @@
+module agentreach.dev/sdk-go
+
+go 1.22
