@@ -16,6 +16,7 @@ from agentreach.knobs import (
     add_admin_key,
     add_agent_networks,
     add_auth_switch,
+    add_connection_knobs,
     add_registry_knobs,
     add_router_knobs,
     check_router_knobs,
@@ -74,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_admin_key(router)
     add_router_knobs(router)
     add_agent_networks(router)  # `up` and `registry` have it among the registry's knobs: one rule for both
+    add_connection_knobs(router)
 
     console = commands.add_parser("console", help="run the operators' console",
                                   description="Serve the dashboard and its JSON API, watching a registry and a router.")
@@ -86,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     console.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     add_auth_switch(console, "require operators to sign in with the admin key")
     add_admin_key(console)
+    add_connection_knobs(console)
     console.add_argument("--log-level", default="info", help="debug, info, warning or error (default: info)")
 
     wal = commands.add_parser("wal", help="inspect the write-ahead log", description="Write-ahead log tools.")

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import get_args
 
+from agent_reach.admission import MIN_PER_PEER, Limits
 from agent_reach.registration import RoutingPolicy
 
 from agentreach.credentials import AUTH_ENV, admin_key, default_auth
@@ -79,6 +80,26 @@ def add_agent_networks(parser: argparse.ArgumentParser) -> None:
                              f"opens; or ${NETWORKS_ENV})")
 
 
+def _connections_per_peer(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a whole number, 0 (no limit) or more, not {text!r}")
+    return int(text)
+
+
+def add_connection_knobs(parser: argparse.ArgumentParser) -> None:
+    """How a server holds its connections (agent_reach.admission): every part that listens takes it."""
+    parser.add_argument("--max-connections-per-peer", type=_connections_per_peer, default=None, metavar="N",
+                        help="connections one client address may hold open at once; past it a new one from that "
+                             "address is answered 503 too_many_connections and closed; 0: no limit, for a server "
+                             "behind a proxy or NAT, where callers share an address (default: a quarter of the "
+                             f"connection cap, at least {MIN_PER_PEER})")
+
+
+def connection_limits(args: argparse.Namespace) -> Limits:
+    per_peer = args.max_connections_per_peer
+    return Limits() if per_peer is None else Limits(max_connections_per_peer=per_peer)
+
+
 def add_registry_knobs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", type=Path, default=Path(".agentreach"),
                         help="where the WAL and snapshots live (default: ./.agentreach)")
@@ -113,6 +134,7 @@ def add_registry_knobs(parser: argparse.ArgumentParser) -> None:
                         help="labelled intents (tests/semantic_eval/intents.json's layout) no learned example may "
                              "send to a wrong capability: checked at acceptance, with the embed extra")
     add_agent_networks(parser)
+    add_connection_knobs(parser)  # `router` and `console` add it on their own: one flag for every server of `up`
 
 
 def _etcd_endpoints(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
@@ -165,7 +187,7 @@ def registry_settings(args: argparse.Namespace, port: int, parser: argparse.Argu
                             etcd_endpoints=_etcd_endpoints(args, parser), etcd_prefix=args.etcd_prefix,
                             advertise_url=args.advertise_url and args.advertise_url.rstrip("/"),
                             node_ttl=args.node_ttl, example_evaluation=args.example_evaluation,
-                            agent_networks=args.agent_networks)
+                            agent_networks=args.agent_networks, connections=connection_limits(args))
 
 
 def add_router_knobs(parser: argparse.ArgumentParser) -> None:
@@ -236,9 +258,11 @@ def router_settings(args: argparse.Namespace, port: int, registry_url: str | Non
                                 auth=args.auth == "on", keys_dir=args.data_dir / "keys",
                                 audit_path=args.data_dir / "audit.db" if args.audit else None,
                                 audit_retention_days=args.audit_retention_days,
-                                audit_batch_rows=args.audit_batch_rows, agent_networks=args.agent_networks)
+                                audit_batch_rows=args.audit_batch_rows, agent_networks=args.agent_networks,
+                                connections=connection_limits(args))
 
 
 def console_settings(args: argparse.Namespace, port: int, registry_url: str, router_url: str) -> ConsoleSettings:
     return ConsoleSettings(host=args.host, port=port, registry_url=registry_url, router_url=router_url,
-                           data_dir=args.data_dir, auth=args.auth, admin_key=required_admin_key(args))
+                           data_dir=args.data_dir, auth=args.auth, admin_key=required_admin_key(args),
+                           connections=connection_limits(args))

@@ -18,7 +18,7 @@ from urllib.parse import quote
 
 import msgspec
 from agent_reach import peer_json
-from agent_reach.connections import Gate
+from agent_reach.admission import Gate
 from agent_reach.headers import API_KEY_HEADER, REQUEST_ID_HEADER, ROUTE_HEADERS
 from aiohttp import web
 from multidict import CIMultiDict

@@ -10,7 +10,7 @@ import logging
 import re
 from pathlib import Path
 
-from agent_reach.connections import Gate as ConnectionGate
+from agent_reach.admission import Gate as ConnectionGate
 from agent_reach.connections import error_body
 from agent_reach.registration import AgentRef, CapabilityRef, HeartbeatRequest, Name, RegisterRequest
 from aiohttp import web

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Literal
 
 import aiohttp
 import msgspec
-from agent_reach.connections import Gate, Limits
+from agent_reach.admission import Gate, Limits
 from agent_reach.serving import cancel, close, listen
 from aiohttp import web
 

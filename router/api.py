@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 from agent_reach import logs, peer_json
+from agent_reach.admission import Gate
 from agent_reach.atp import (
     BUDGET_LABELS,
     MAX_CAPABILITY_CHARS,
@@ -32,7 +33,6 @@ from agent_reach.atp import (
     valid_routing_hint,
     valid_token_budget,
 )
-from agent_reach.connections import Gate
 from agent_reach.headers import REQUEST_ID_HEADER, ROUTE_HEADERS, TRACEPARENT_HEADER, TRACESTATE_HEADER
 from agent_reach.sse import ERROR, RESPONSE, EventWriter, on_disconnect, wants_stream
 from agent_reach.usage import MAX_TOKENS

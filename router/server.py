@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 import msgspec
-from agent_reach.connections import Gate, Limits
+from agent_reach.admission import Gate, Limits
 from agent_reach.serving import cancel, close, listen
 from agent_reach.transport import Failover
 from aiohttp import web

@@ -23,7 +23,7 @@ from urllib.parse import quote
 
 import aiohttp
 import msgspec
-from agent_reach.connections import Gate
+from agent_reach.admission import Gate
 from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest

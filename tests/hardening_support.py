@@ -6,8 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
+
+from agent_reach.admission import Limits
+from agent_reach.connections import GuardedSite
+from agent_reach.serving import listen
+from aiohttp import web
 
 
 class RawAnswer:
@@ -70,3 +76,15 @@ async def closed_by_server(reader: asyncio.StreamReader) -> bytes:
         return await reader.read()
     except ConnectionError:
         return b""
+
+
+@contextlib.asynccontextmanager
+async def guarded(app: web.Application, limits: Limits) -> AsyncIterator[tuple[int, GuardedSite]]:
+    """``app`` served as every server of the mesh is (agent_reach.serving.listen): its port and guarded site."""
+    runner, port = await listen(app, "127.0.0.1", 0, limits=limits)
+    site = next(iter(runner.sites))
+    assert isinstance(site, GuardedSite)
+    try:
+        yield port, site
+    finally:
+        await runner.cleanup()

@@ -13,14 +13,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from agent_reach.connections import GuardedSite, Limits
+from agent_reach.admission import Limits
+from agent_reach.connections import GuardedSite
 from agent_reach.registration import AgentRef
-from agent_reach.serving import listen
 from aiohttp import web
 
 from conftest import wait_for
 from console_support import Rig
-from hardening_support import slow_connection
+from hardening_support import guarded, slow_connection
 from registry.api import registry_errors
 from weblayer.reading import read_json
 
@@ -55,13 +55,8 @@ async def serving(read: Callable[[web.Request], Awaitable[web.Response]], middle
 
     app = web.Application(middlewares=middlewares)
     app.router.add_post("/read", handler)
-    runner, port = await listen(app, "127.0.0.1", 0, limits=Limits(body_timeout=60))
-    site = next(iter(runner.sites))
-    assert isinstance(site, GuardedSite)
-    try:
-        yield port, site
-    finally:
-        await runner.cleanup()
+    async with guarded(app, Limits(body_timeout=60)) as served:
+        yield served
 
 
 def reset(writer: asyncio.StreamWriter) -> None:

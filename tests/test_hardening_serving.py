@@ -16,14 +16,14 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from agent_reach.connections import GuardedSite, Limits
+from agent_reach.admission import Limits
+from agent_reach.connections import GuardedSite
 from agent_reach.exhaustion import Throttle
 from agent_reach.registration import AgentRef
-from agent_reach.serving import listen
 from aiohttp import web
 
 from conftest import post, registration, wait_for
-from hardening_support import closed_by_server, slow_connection, trickle
+from hardening_support import closed_by_server, guarded, slow_connection, trickle
 from registry.api import registry_errors
 from registry.cluster import SoleNode
 from registry.health import HealthChecker
@@ -40,18 +40,29 @@ async def echo(request: web.Request) -> web.Response:
     return web.json_response({"agent_id": ref.agent_id})
 
 
+class Held:
+    """Requests the server holds, unanswered, until released: connections busy with a request, not waiting on
+    their client, are never closed to make room."""
+
+    def __init__(self) -> None:
+        self.waiting = 0
+        self.release = asyncio.Event()
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.waiting += 1
+        await self.release.wait()
+        return web.json_response({"held": True})
+
+
 @contextlib.asynccontextmanager
-async def serving(limits: Limits) -> AsyncIterator[tuple[str, GuardedSite]]:
+async def serving(limits: Limits, held: Held | None = None) -> AsyncIterator[tuple[str, GuardedSite]]:
     app = web.Application(middlewares=[registry_errors])
     app.router.add_get("/", ok)
     app.router.add_post("/echo", echo)
-    runner, port = await listen(app, "127.0.0.1", 0, limits=limits)
-    site = next(iter(runner.sites))
-    assert isinstance(site, GuardedSite)
-    try:
+    if held is not None:
+        app.router.add_get("/held", held.handle)
+    async with guarded(app, limits) as (port, site):
         yield f"http://127.0.0.1:{port}", site
-    finally:
-        await runner.cleanup()
 
 
 async def test_slowloris_headers_are_closed_while_normal_requests_are_served(http):
@@ -106,18 +117,21 @@ async def test_a_body_that_trickles_past_its_deadline_is_a_408(http):
 
 
 async def test_the_connection_cap_refuses_the_extra_connection_with_a_503_and_recovers(http):
-    async with serving(Limits(max_connections=8, header_timeout=60)) as (url, site):
+    handler = Held()
+    async with serving(Limits(max_connections=8, header_timeout=60), handler) as (url, site):
         port = int(url.rsplit(":", 1)[1])
-        held = [await slow_connection(port) for _ in range(8)]
-        await wait_for(lambda: site.gate.open == 8, timeout=5, what="eight open connections")
+        held = [await slow_connection(port, b"GET /held HTTP/1.1\r\nHost: x\r\n\r\n") for _ in range(8)]
+        await wait_for(lambda: handler.waiting == 8, timeout=5, what="eight requests being handled")
         async with http.get(url) as response:
             assert response.status == 503
             assert (await response.json())["error"] == "too_many_connections"
-        assert site.gate.open == 8 and site.gate.refused >= 1
+        # Every connection is busy with a request: none is closed to make room.
+        assert site.gate.open == 8 and site.gate.refused >= 1 and site.gate.shed == 0
         held.pop()[1].close()
         await wait_for(lambda: site.gate.open < 8, timeout=5, what="a slot to free up")
         async with http.get(url) as response:
             assert response.status == 200
+        handler.release.set()
         for _, writer in held:
             writer.close()
 
@@ -157,7 +171,7 @@ async def test_a_connection_past_the_cap_is_refused_as_it_is_accepted_holding_no
 CHILD = r"""
 import asyncio, resource, sys
 from agent_reach import logs
-from agent_reach.connections import Limits
+from agent_reach.admission import Limits
 from agent_reach.serving import listen
 from aiohttp import web
 

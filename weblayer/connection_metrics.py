@@ -1,12 +1,13 @@
 """What every server's /metrics says of its connections, read at scrape time from its listener's Gate
-(agent_reach.connections): how many are open against the cap, how many were refused, and how many callers
-left mid-request, the events its logs report only once per interval."""
+(agent_reach.admission): how many are open against the cap, how many were refused (at the cap, or past an
+address's share) or closed to make room, and how many callers left mid-request, the events its logs report
+only once per interval."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from agent_reach.connections import Gate
+from agent_reach.admission import Gate
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -25,9 +26,13 @@ class ConnectionCollector(Collector):
         yield GaugeMetricFamily(f"{prefix}_limit", "The most connections the listener holds at once (its cap)",
                                 value=gate.limit)
         refused = CounterMetricFamily(f"{prefix}_refused", "Connections answered 503 too_many_connections and closed "
-                                      "as they were accepted", labels=["reason"])
+                                      "as they were accepted: at the cap, or past their address's share",
+                                      labels=["reason"])
         refused.add_metric(["cap"], gate.refused)
+        refused.add_metric(["peer"], gate.refused_peer)
         yield refused
+        yield CounterMetricFamily(f"{prefix}_shed", "Connections waiting on a slow client (idle, or a request still "
+                                  "arriving) closed near the cap to make room for new ones", value=gate.shed)
         yield CounterMetricFamily(f"agentreach_{self._part}_caller_hangups", "Callers that left mid-request (a "
                                   "header, body or answer unfinished): nothing answered, nothing logged but one "
                                   "line per 10 s", value=gate.hang_ups)

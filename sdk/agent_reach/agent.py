@@ -23,6 +23,7 @@ import msgspec
 from aiohttp import web
 from yarl import URL
 
+from agent_reach.admission import Limits
 from agent_reach.dispatch import BusinessFailure, Dispatcher, Handler, LateCompletion, Native
 from agent_reach.guard import CallGuard
 from agent_reach.heartbeat import RegistryLink, RegistryUnavailable
@@ -212,7 +213,9 @@ class AgentReachSDK:
         limit = max(native.capability.max_payload_bytes for native in self._natives.values())
         app = web.Application(client_max_size=limit + FRAME_ENVELOPE_BYTES)
         self.mount(app)
-        self._runner, bound = await listen(app, host, port, shutdown_timeout=2.0)
+        # No share per address: an agent's callers are the mesh's routers, a few addresses with many calls each.
+        self._runner, bound = await listen(app, host, port, shutdown_timeout=2.0,
+                                           limits=Limits(max_connections_per_peer=0))
         self.base_url = self.base_url or f"http://{_advertised(host)}:{bound}"
         log.info("agent listening", extra={"agent_id": self.agent_id, "base_url": self.base_url,
                                            "capabilities": sorted(self._natives)})

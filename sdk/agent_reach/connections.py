@@ -5,8 +5,9 @@ aiohttp's server closes a connection only after ``keepalive_timeout`` (an hour b
 never times out a header or a body that trickles in, so slow clients (slowloris) could hold every
 file descriptor the process has. Here each request's header must be complete within
 ``header_timeout`` of its first byte (or of the connection opening), its body within
-``body_timeout`` of its header, and past ``max_connections`` new connections get a 503 and are
-closed as they are accepted, keeping descriptors for the process's own outgoing calls and its files.
+``body_timeout`` of its header, and past ``max_connections`` (or past its address's share) a new
+connection gets a 503 and is closed as it is accepted, keeping descriptors for the process's own outgoing
+calls and its files; near the cap the slowest connections are closed to make room (agent_reach.admission).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import asyncio
 import contextlib
 import errno
 import logging
-import resource
 import socket
 import typing
 from typing import Any
@@ -27,6 +27,7 @@ from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 from aiohttp.web_request import BaseRequest
 
+from agent_reach.admission import Admission, Gate
 from agent_reach.exhaustion import Throttle
 
 log = logging.getLogger("agentreach.connections")
@@ -35,22 +36,6 @@ _encoder = msgspec.json.Encoder()
 # Per process, like the log they feed: a flood of bad or slow connections is a line per interval.
 _malformed = Throttle()
 _slow_headers = Throttle()
-
-
-def default_max_connections() -> int:
-    """A quarter of the descriptors this process may open: the mesh runs up to three servers in one
-    process (`agentreach up`), and each keeps the rest for outgoing calls, the WAL and databases."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return 16_384 if soft == resource.RLIM_INFINITY else max(16, soft // 4)
-
-
-class Limits(msgspec.Struct, frozen=True, kw_only=True):
-    header_timeout: float = 10.0
-    body_timeout: float = 30.0
-    # Longer than any pool in the mesh keeps an idle connection (the router's is 30 s, aiohttp's 15 s),
-    # so a client never sends on a connection the server is closing.
-    idle_timeout: float = 75.0
-    max_connections: int = msgspec.field(default_factory=default_max_connections)
 
 
 class SlowBody(RequestPayloadError):
@@ -97,78 +82,33 @@ def protocol_error(status: int, exc: BaseException | None) -> tuple[str, str]:
     return "internal_error", "The server failed to handle this request"
 
 
-class Gate:
-    """How many connections a listener has open, against its cap, and what became of them (for /metrics);
-    refusals reported once per interval. A connection counts from the moment it is accepted (``accepted``
-    until asyncio gives it a handler, a loop turn later), so however many are accepted in one go, no more
-    than the cap hold descriptors."""
-
-    def __init__(self, limits: Limits):
-        self.limits = limits
-        self.limit = limits.max_connections
-        self.open = 0
-        self.accepted = 0
-        self.refused = 0
-        # Callers that left mid-request: a header, body or answer unfinished.
-        self.hang_ups = 0
-        self._throttle = Throttle()
-        self._hang_up_throttle = Throttle()
-
-    def admit(self) -> bool:
-        """Whether a connection just accepted may stay."""
-        if self.open + self.accepted >= self.limit:
-            self.refuse()
-            return False
-        self.accepted += 1
-        return True
-
-    def take(self) -> bool:
-        """Whether the next connection gets a handler (which counts itself open). One admitted at accept
-        always does; a loop that accepts on its own (uvloop) bypasses ``admit``, so the cap is checked here."""
-        if self.accepted:
-            self.accepted -= 1
-            return True
-        if self.open < self.limit:
-            return True
-        self.refuse()
-        return False
-
-    def hung_up(self, remote: object) -> None:
-        """A caller left mid-request: counted, and reported once per interval with how many did."""
-        self.hang_ups += 1
-        self._hang_up_throttle.log(log, logging.INFO, "callers left mid-request", remote=remote)
-
-    def refuse(self) -> None:
-        self.refused += 1
-        self._throttle.log(log, logging.ERROR, "connection cap reached; refusing new connections",
-                           open=self.open, limit=self.limit)
-
-
-def _too_many() -> bytes:
-    body = _encoder.encode(error_body("too_many_connections",
-                                      "The server has as many connections open as it accepts; retry shortly"))
+def _too_many(message: str) -> bytes:
+    body = _encoder.encode(error_body("too_many_connections", message))
     return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
             b"Retry-After: 1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
 
 
-_TOO_MANY = _too_many()
+_TOO_MANY = _too_many("The server has as many connections open as it accepts; retry shortly")
+_REFUSALS = {Admission.FULL: _TOO_MANY,
+             Admission.PEER_FULL: _too_many("Your address has as many connections open as the server accepts from "
+                                            "one address; reuse one, or retry once one has closed")}
 _UNREAD = 65_536
 
 
-def turn_away(conn: socket.socket) -> None:
-    """A connection past the cap gets a 503 and is closed, its request never handled. What the client has
-    sent already is drained first: closing over unread bytes resets the connection, and a reset can beat the
+def turn_away(conn: socket.socket, answer: bytes) -> None:
+    """A connection refused gets a 503 and is closed, its request never handled. What the client has sent
+    already is drained first: closing over unread bytes resets the connection, and a reset can beat the
     answer to the client."""
     with conn:
         conn.setblocking(False)
         with contextlib.suppress(OSError):
-            conn.send(_TOO_MANY)
+            conn.send(answer)
         with contextlib.suppress(OSError):
             conn.recv(_UNREAD)
 
 
 class GuardedListener(socket.socket):
-    """A listening socket that turns connections past its gate's cap away as it accepts them. asyncio
+    """A listening socket that turns connections its gate refuses away as it accepts them. asyncio
     gives an accepted connection a transport a loop turn later and frees a closed one's descriptor a turn
     after that, so refusals made there piled up while a busy loop kept accepting (EMFILE under load)."""
 
@@ -181,9 +121,10 @@ class GuardedListener(socket.socket):
     def accept(self) -> tuple[socket.socket, Any]:
         for _ in range(self.batch):
             conn, address = super().accept()  # BlockingIOError once none waits: asyncio then waits for more
-            if self.gate.admit():
+            verdict = self.gate.admit(address[0], conn.fileno())
+            if verdict is Admission.ADMIT:
                 return conn, address
-            turn_away(conn)
+            turn_away(conn, _REFUSALS[verdict])
         raise BlockingIOError(errno.EAGAIN, "a batch was turned away; the loop's other work goes first")
 
 
@@ -219,8 +160,9 @@ class Refusal(asyncio.Protocol):
 
 
 class GuardedHandler(RequestHandler):
-    """aiohttp's request handler with header and body deadlines, counted against its listener's cap. A caller
-    leaving mid-request is an expected event: counted, reported once per interval, never answered."""
+    """aiohttp's request handler with header and body deadlines, counted against its listener's gate, which
+    it tells when it waits on its client (idle, or a request still arriving) and may then close it for room.
+    A caller leaving mid-request is an expected event: counted, reported once per interval, never answered."""
 
     def __init__(self, manager: web.Server, *, gate: Gate, **kwargs: Any):
         super().__init__(manager, keepalive_timeout=gate.limits.idle_timeout, **kwargs)
@@ -231,29 +173,45 @@ class GuardedHandler(RequestHandler):
         self._body: StreamReader | None = None
         # From a request's first byte until its answer is out.
         self._mid_request = False
+        # The client address this connection counts against.
+        self._peer: str | None = None
         gate.open += 1
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        if self._gate is not None:
+            sock, peername = transport.get_extra_info("socket"), transport.get_extra_info("peername")
+            self._peer = self._gate.entered(sock.fileno() if sock is not None else -1,
+                                            peername[0] if peername else None)
         self._await_header()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._gate is not None:
-            self._gate.open -= 1
             if self._mid_request and not (self._force_close or self._close):  # the caller's doing, not ours
                 self._gate.hung_up(self.peername)
+            self._gate.left(self, self._peer)
             self._gate = None  # connection_lost may come twice; count once
         self._cancel_deadlines()
         super().connection_lost(exc)
 
+    def shed(self) -> None:
+        """Closed to make room near the cap: at once, whatever the client sent or left unread."""
+        transport = self.transport
+        self.force_close()
+        if transport is not None:
+            transport.abort()
+
     def data_received(self, data: bytes) -> None:
-        in_body = self._body is not None and not self._body.is_eof()
+        body = self._body if self._body is not None and not self._body.is_eof() else None
         newest = self._messages[-1] if self._messages else None
         super().data_received(data)
         self._mid_request = self._mid_request or bool(data)
         if self._messages and self._messages[-1] is not newest:
             self._header_complete(self._messages[-1][1])
-        elif data and not in_body and self._header_deadline is None:
+        elif body is not None:
+            if body.is_eof():
+                self._busy()
+        elif data and self._header_deadline is None:
             self._await_header()
 
     async def finish_response(self, request: BaseRequest, resp: web.StreamResponse,
@@ -266,6 +224,8 @@ class GuardedHandler(RequestHandler):
             # The rest of a body that failed is not worth reading: close once the answer is out,
             # rather than let aiohttp's lingering read raise the failure again.
             self.force_close()
+        elif not (self._mid_request or self._force_close or self._close) and answer[0].keep_alive:
+            self._waits()  # idle until the next request
         return answer
 
     def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
@@ -290,12 +250,26 @@ class GuardedHandler(RequestHandler):
         self._header_deadline = None
         self._cancel(self._body_deadline)
         self._body, self._body_deadline = body, None
-        if not body.is_eof():
+        if body.is_eof():
+            self._busy()
+        else:
             self._body_deadline = self._loop.call_later(self._limits.body_timeout, self._body_late, body)
+            self._waits()
 
     def _await_header(self) -> None:
         if self.transport is not None:
             self._header_deadline = self._loop.call_later(self._limits.header_timeout, self._header_late)
+            self._waits()
+
+    def _waits(self) -> None:
+        """From now on waiting on the client: the gate may close this connection for room."""
+        if self._gate is not None:
+            self._gate.waits(self)
+
+    def _busy(self) -> None:
+        """The request is in: the server's to answer, never closed for room."""
+        if self._gate is not None:
+            self._gate.busy(self)
 
     def _header_late(self) -> None:
         self._header_deadline = None
@@ -323,7 +297,7 @@ class GuardedHandler(RequestHandler):
 
 
 class GuardedSite(web.BaseSite):
-    """TCP listeners whose connections are GuardedHandlers, turned away at accept past the cap."""
+    """TCP listeners whose connections are GuardedHandlers, turned away at accept when their gate says so."""
 
     __slots__ = ("_gate", "_handler_args", "_host", "_more", "_port", "_reuse_port")
 

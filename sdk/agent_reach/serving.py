@@ -8,7 +8,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from agent_reach.connections import Gate, GuardedSite, Limits
+from agent_reach.admission import Gate, Limits
+from agent_reach.connections import GuardedSite
 from agent_reach.exhaustion import filter_exhaustion
 
 
