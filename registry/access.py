@@ -106,6 +106,13 @@ class Access:
             raise ApiError(404, "client_not_found", f"No client {client_id!r}", "client_id")
         return record
 
+    async def known_client(self, client_id: str) -> ClientRecord:
+        """The client, looked up in the store first when this node has not heard of it: another registry node
+        may have created it a moment ago, and its caller may ask here next."""
+        if client_id not in self.book.clients:
+            await self.store.caught_up(client_key(client_id))
+        return self.client(client_id)
+
     def clients(self) -> list[ClientView]:
         return [client_view(record) for record in self.book.clients.values()]
 
@@ -116,6 +123,7 @@ class Access:
         wrote it first (CLIENT_WRITE_TRIES times)."""
         key = client_key(client_id)
         async with self._client_writes:
+            await self.known_client(client_id)
             for _ in range(CLIENT_WRITE_TRIES):
                 since = self.store.revision
                 record = change(self.client(client_id))

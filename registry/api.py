@@ -359,7 +359,7 @@ async def clients(request: web.Request) -> web.Response:
 
 
 async def client(request: web.Request) -> web.Response:
-    return json_response(client_view(access(request).client(request.match_info["client_id"])))
+    return json_response(client_view(await access(request).known_client(request.match_info["client_id"])))
 
 
 async def disable_client(request: web.Request) -> web.Response:

@@ -15,6 +15,7 @@ from pathlib import Path
 import aiohttp
 
 from conftest import wait_for
+from sdk_support import free_port as spare_port
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC_PORTS = {"router": 8080, "registry": 8081, "echo": 9000, "agent": 9001}
@@ -23,14 +24,13 @@ VENV_BIN = Path(sys.executable).parent
 
 
 def free_port(preferred: int) -> int:
-    for port in (preferred, 0):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return sock.getsockname()[1]
-    raise AssertionError("no free port")
+    """``preferred`` (the port the docs show) when it is free, else another (sdk_support.free_port)."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", preferred))
+        except OSError:
+            return spare_port()
+        return preferred
 
 
 def agentreach_command() -> list[str]:
@@ -99,7 +99,7 @@ def python_process(cwd: Path, name: str, args: list[str], env: dict[str, str]) -
 async def doc_mesh(http: aiohttp.ClientSession, cwd: Path, *up_args: str) -> AsyncIterator[DocMesh]:
     ports = {name: free_port(port) for name, port in DOC_PORTS.items()}
     up = subprocess.Popen([*agentreach_command(), "up", "--registry-port", str(ports["registry"]), "--router-port",
-                           str(ports["router"]), "--console-port", str(free_port(0)), "--log-level", "warning",
+                           str(ports["router"]), "--console-port", str(spare_port()), "--log-level", "warning",
                            *up_args], cwd=cwd)
     echo = subprocess.Popen([sys.executable, "bench/router_bench.py", "echo", "--port", str(ports["echo"])], cwd=ROOT)
     try:

@@ -153,10 +153,12 @@ async def etcd_registry(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable
 
 class Relay:
     """A TCP relay to one etcd member that can be cut (every connection closed, none accepted) and
-    restored on the same port: one client loses etcd while the cluster goes on."""
+    restored on the same port: one client loses etcd while the cluster goes on. ``lag``: seconds every
+    answer from etcd takes on its way back (a slow link: this client's watch runs behind the cluster)."""
 
-    def __init__(self, target_port: int):
+    def __init__(self, target_port: int, lag: float = 0.0):
         self.target_port = target_port
+        self.lag = lag
         self.port = _free_port()
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -182,11 +184,13 @@ class Relay:
             writer.close()
             return
         self._writers |= {writer, upstream_writer}
-        await asyncio.gather(self._pipe(reader, upstream_writer), self._pipe(upstream_reader, writer))
+        await asyncio.gather(self._pipe(reader, upstream_writer), self._pipe(upstream_reader, writer, self.lag))
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, lag: float = 0.0) -> None:
         try:
             while data := await reader.read(65536):
+                if lag:
+                    await asyncio.sleep(lag)  # the link's latency itself, not a wait for some condition
                 writer.write(data)
                 await writer.drain()
         except OSError:
@@ -197,11 +201,11 @@ class Relay:
 
 
 @pytest.fixture
-async def relay() -> AsyncIterator[Callable[[int], Awaitable[Relay]]]:
+async def relay() -> AsyncIterator[Callable[..., Awaitable[Relay]]]:
     relays: list[Relay] = []
 
-    async def start(target_port: int) -> Relay:
-        relays.append(Relay(target_port))
+    async def start(target_port: int, lag: float = 0.0) -> Relay:
+        relays.append(Relay(target_port, lag))
         await relays[-1].restore()
         return relays[-1]
 

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -32,11 +33,36 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 
 
+def _ephemeral_ports() -> range:
+    """The ports the kernel hands to outgoing connections and to binds of port 0."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
+# Every port loopback_socket chose in this test process: none is chosen twice.
+_chosen: set[int] = set()
+_SPARE_PORTS = [port for port in range(10_000, 65_536) if port not in _ephemeral_ports()]
+
+
 def loopback_socket() -> socket.socket:
-    """A socket bound to a free port on 127.0.0.1, to hand a server that listens on it."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    return sock
+    """A socket bound to a free port on 127.0.0.1, to hand a server that listens on it, or to close and give
+    the port to a child process. The port lies outside the kernel's ephemeral range, so between our choosing
+    it and a child binding it no outgoing connection or bind of port 0 (ours, any process's) can take it."""
+    for port in random.sample(_SPARE_PORTS, len(_SPARE_PORTS)):
+        if port in _chosen:
+            continue
+        sock = socket.socket()
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            sock.close()
+            continue
+        _chosen.add(port)
+        return sock
+    raise AssertionError("no free port outside the ephemeral range")
 
 
 def free_port() -> int:

@@ -13,7 +13,8 @@ import subprocess
 from pathlib import Path
 
 from conftest import wait_for
-from doc_support import ROOT, VENV_BIN, free_port
+from doc_support import ROOT, VENV_BIN
+from sdk_support import free_port
 
 DEPLOY = ROOT / "docs" / "deploy.md"
 PORTS = (2379, 22379, 32379, 12380, 22380, 32380, 8080, 8081, 8082, 8083, 8090)
@@ -26,7 +27,7 @@ def by_hand_block() -> str:
 
 
 def on_free_ports(block: str) -> tuple[str, dict[int, int]]:
-    ports = {port: free_port(0) for port in PORTS}
+    ports = {port: free_port() for port in PORTS}
     return re.sub(r"\b(" + "|".join(map(str, PORTS)) + r")\b", lambda m: str(ports[int(m.group(1))]), block), ports
 
 

@@ -67,3 +67,24 @@ async def test_two_updates_of_one_client_at_two_etcd_nodes_both_hold(etcd_cluste
     key = read_admin_key(nodes[0].settings.data_dir)
     assert key is not None
     await race(http, nodes, key)
+
+
+
+async def test_a_client_created_at_one_etcd_node_is_updated_at_once_at_the_other(etcd_cluster, etcd_registry,
+                                                                                 relay, http):
+    """The second node reaches etcd over a slow link, so its watch runs behind: it has not heard of a client
+    the first node just created, and looks in etcd before answering client_not_found (to a read or an update)."""
+    cluster = await etcd_cluster()
+    first = await etcd_registry(cluster, auth=True)
+    slow = await relay(int(cluster.endpoints[0].rsplit(":", 1)[1]), lag=0.2)
+    second = await etcd_registry(cluster, [slow.url], auth=True)
+    key = read_admin_key(first.settings.data_dir)
+    assert key is not None
+    for n in range(3):
+        client = await admin(http, "POST", first, "/clients", key,
+                             {"name": f"app{n}", "trust_level": "internal", "grants": ["echo"]})
+        if n % 2:
+            disabled = await admin(http, "POST", second, f"/clients/{client['client_id']}/disable", key)
+            assert disabled["enabled"] is False
+        else:
+            assert (await admin(http, "GET", second, f"/clients/{client['client_id']}", key))["name"] == f"app{n}"
