@@ -21,25 +21,28 @@ from router.transports.atp import AtpDialect
 from router.transports.base import DEFAULT_MAX_ANSWER_BYTES, Transport
 from router.transports.http import HttpTransport
 from router.transports.rest import RestDialect
+from router.transports.websocket import WebSocketTransport
 
 
 class Forwarder:
     """Every protocol's transport; the HTTP ones share one keep-alive connection pool for every agent."""
 
     def __init__(self, session: aiohttp.ClientSession, completion_url: str | None = None):
-        self._http = [HttpTransport(session, AtpDialect()), HttpTransport(session, RestDialect()),
-                      HttpTransport(session, A2ADialect(A2AAgents(session)))]
-        self.transports: dict[Protocol, Transport] = dict(zip(("atp", "rest", "a2a"), self._http, strict=True))
+        self._reporting: list[HttpTransport | WebSocketTransport] = [
+            HttpTransport(session, AtpDialect()), HttpTransport(session, RestDialect()),
+            HttpTransport(session, A2ADialect(A2AAgents(session))), WebSocketTransport(session)]
+        self.transports: dict[Protocol, Transport] = dict(zip(("atp", "rest", "a2a", "websocket"), self._reporting,
+                                                              strict=True))
         self.completion_url = completion_url
 
     @property
     def completion_url(self) -> str | None:
         """Where an agent may report a call's completion (X-Reach-Completion-Url); set once the router listens."""
-        return self._http[0].completion_url
+        return self._reporting[0].completion_url
 
     @completion_url.setter
     def completion_url(self, url: str | None) -> None:
-        for transport in self._http:
+        for transport in self._reporting:
             transport.completion_url = url
 
     async def send(self, endpoint: str, protocol: Protocol, frame: RequestFrame, timeouts: ResolvedTimeouts,

@@ -16,7 +16,7 @@ import logging
 import signal
 import socket
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import aiohttp
 import msgspec
@@ -31,6 +31,8 @@ from agent_reach.inflight import Inflight
 from agent_reach.registration import Capability, HeartbeatRequest, Protocol, RegisterRequest, TrustLevel
 from agent_reach.serving import cancel, close, listen
 from agent_reach.signing import DEFAULT_WINDOW_S, signing_key
+from agent_reach.socket_serving import SocketServer
+from agent_reach.socket_wire import MAX_ENVELOPE_BYTES
 from agent_reach.sse import ERROR, RESPONSE, EventWriter, encode_event
 from agent_reach.watchdog import watch_loop
 from agent_reach.wrap import HEALTH_PATH, AiohttpHost, ExternalHost, Host, host_for
@@ -45,6 +47,8 @@ HEALTH_TIMEOUT = 2.0
 # After the drain deadline, how long abandoned calls get to send their BUSY answers.
 ABANDON_GRACE = 2.0
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
+# Where each protocol the SDK serves natively puts a capability, below the agent's base URL.
+NATIVE_PATHS = {"atp": "/atp/{capability}", "websocket": "/ws/{capability}"}
 
 _encoder = msgspec.json.Encoder()
 
@@ -96,6 +100,7 @@ class AgentReachSDK:
         key = signing_key(registration_token) if registration_token and verify_calls else None
         self.guard = CallGuard(agent_id, key, direct_fallback, signature_window_s)
         self._dispatcher = Dispatcher(agent_id, self.inflight, self._report_late, self.guard)
+        self._sockets = SocketServer(self._dispatcher)
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._heartbeats: asyncio.Task[None] | None = None
@@ -107,11 +112,16 @@ class AgentReachSDK:
     def capability(self, name: str, *, version: str = "1.0", description: str = "", examples: Sequence[str] = (),
                    timeout_sla_ms: int = 30_000, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
                    idempotent: bool = False, trust_level: TrustLevel | None = None,
-                   **prices: float) -> Callable[[Handler], Handler]:
+                   protocol: Literal["atp", "websocket"] = "atp", **prices: float) -> Callable[[Handler], Handler]:
         """Serve ``async def handler(payload, ctx)`` as capability ``name`` over ATP; a handler that is an
-        async generator streams its answer, one chunk per ``yield`` (agent_reach.dispatch). ``prices``:
+        async generator streams its answer, one chunk per ``yield`` (agent_reach.dispatch). ``protocol``:
+        how the router reaches it, an HTTP POST per call (``atp``) or calls multiplexed on a WebSocket the
+        router keeps open (``websocket``, agent_reach.socket_wire); the handler is the same. ``prices``:
         ``cost_per_call``, ``cost_per_1k_input_tokens``, ``cost_per_1k_output_tokens`` (agent_reach.usage)."""
-        capability = _declare(name, endpoint=f"/atp/{name}", protocol="atp", version=version,
+        if protocol not in NATIVE_PATHS:
+            raise ValueError(f"protocol must be one of {sorted(NATIVE_PATHS)}, not {protocol!r}")
+        capability = _declare(name, endpoint=NATIVE_PATHS[protocol].format(capability=name), protocol=protocol,
+                              version=version,
                               description=description, examples=list(examples), timeout_sla_ms=timeout_sla_ms,
                               max_payload_bytes=max_payload_bytes, idempotent=idempotent, trust_level=trust_level,
                               **prices)
@@ -171,8 +181,10 @@ class AgentReachSDK:
         return app
 
     def mount(self, app: web.Application) -> None:
-        """Add the ATP endpoint (POST /atp/{capability}) and /healthz, unless the app has its own."""
-        app.router.add_post("/atp/{capability}", self._atp_endpoint)
+        """Add the ATP endpoints (POST /atp/{capability}, the WebSocket at /ws/{capability}) and /healthz,
+        unless the app has its own."""
+        app.router.add_post(NATIVE_PATHS["atp"], self._atp_endpoint)
+        app.router.add_get(NATIVE_PATHS["websocket"], self._socket_endpoint)
         if not any(resource.canonical == HEALTH_PATH for resource in app.router.resources()):
             app.router.add_get(HEALTH_PATH, self._healthz_endpoint)
 
@@ -182,12 +194,22 @@ class AgentReachSDK:
         except web.HTTPRequestEntityTooLarge:
             body = None
         name = request.match_info["capability"]
+        native = self._natives.get(name)
         out = EventWriter(request, {})
-        reply = await self._dispatcher.handle(self._natives.get(name), name, body, request.headers,
+        reply = await self._dispatcher.handle(native if native is None or native.capability.protocol == "atp" else None,
+                                              name, body, request.headers,
                                               caller_gone=lambda: _hung_up(request), out=out)
         if out.started:
             return await out.end(encode_event(RESPONSE if reply.status == 200 else ERROR, reply.body))
         return web.Response(body=reply.body, status=reply.status, content_type="application/json")
+
+    async def _socket_endpoint(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["capability"]
+        native = self._natives.get(name)
+        if native is None or native.capability.protocol != "websocket":
+            raise web.HTTPNotFound(text=f"This agent serves no capability {name!r} over WebSocket")
+        limit = native.capability.max_payload_bytes + FRAME_ENVELOPE_BYTES + MAX_ENVELOPE_BYTES
+        return await self._sockets.serve(request, native, name, limit)
 
     async def _healthz_endpoint(self, request: web.Request) -> web.Response:
         healthy, detail = await self.check_health()
@@ -291,6 +313,7 @@ class AgentReachSDK:
 
     async def _close(self) -> None:
         await cancel(self._heartbeats, self._watchdog, *self._notices)
+        await self._sockets.close()
         await close(self._runner, self._session)
         self._runner = self._session = None
 

@@ -108,8 +108,9 @@ class DirectRoute:
                 return error_frame(frame.request_id, ErrorCode.VERSION_UNSATISFIABLE,
                                    f"Router unreachable ({reason}) and no instance of {capability!r} has a version "
                                    f"satisfying {frame.version}")
-        # An A2A agent's endpoint is its card, not an ATP endpoint: only the router speaks A2A to it.
-        direct = [instance for instance in found if instance.direct_fallback and instance.protocol != "a2a"]
+        # Only HTTP calls go direct: an A2A agent's endpoint is its card, a WebSocket agent's takes the router's
+        # multiplexed connection; the router alone speaks those.
+        direct = [instance for instance in found if instance.direct_fallback and instance.protocol in ("atp", "rest")]
         for attempt, instance in enumerate(direct, start=1):
             try:
                 answer = await post(session, instance.endpoint, frame, protocol=instance.protocol,

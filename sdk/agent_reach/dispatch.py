@@ -21,7 +21,8 @@ import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any, NamedTuple
+from contextlib import AbstractContextManager
+from typing import Any, NamedTuple, Protocol
 
 import msgspec
 
@@ -32,7 +33,6 @@ from agent_reach.guard import CallGuard
 from agent_reach.headers import COMPLETION_URL_HEADER, REQUEST_ID_HEADER
 from agent_reach.inflight import Inflight
 from agent_reach.registration import Capability
-from agent_reach.sse import EventWriter, chunk_event, on_disconnect
 
 log = logging.getLogger("agentreach.sdk")
 
@@ -50,6 +50,19 @@ class BusinessFailure(Exception):
         self.code = code
         self.message = message
         self.details = details
+
+
+class ChunkOut(Protocol):
+    """Where a streamed answer's chunks go as the handler yields them: server-sent events on the call's HTTP
+    answer (agent_reach.sse.EventWriter), or messages on the router's WebSocket (agent_reach.socket_serving)."""
+
+    def watch(self, caller_gone: Callable[[], Any]) -> AbstractContextManager[Any]:
+        """While the block runs, ``caller_gone`` is called the moment the caller is known to have left."""
+        ...
+
+    async def chunk(self, request_id: str, seq: int, data: msgspec.Raw) -> None:
+        """Send one chunk; raises ConnectionError when the caller left."""
+        ...
 
 
 class LateCompletion(msgspec.Struct, kw_only=True):
@@ -94,7 +107,7 @@ class Dispatcher:
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def handle(self, native: Native | None, name: str, body: bytes | None, headers: Mapping[str, str],
-                     caller_gone: Callable[[], bool] = lambda: False, out: EventWriter | None = None) -> Reply:
+                     caller_gone: Callable[[], bool] = lambda: False, out: ChunkOut | None = None) -> Reply:
         """Answer one POST to /atp/{name}; ``body`` is None when it exceeded the size the server reads.
 
         ``caller_gone`` tells whether the caller hung up (e.g. the router's first-byte timeout fired
@@ -132,7 +145,7 @@ class Dispatcher:
             self.inflight.leave(slot)
 
     async def _run(self, native: Native, frame: RequestFrame, headers: Mapping[str, str],
-                   caller_gone: Callable[[], bool], out: EventWriter | None) -> Reply:
+                   caller_gone: Callable[[], bool], out: ChunkOut | None) -> Reply:
         budget_ms = frame.timeout_hint if frame.timeout_hint is not None else native.capability.timeout_sla_ms
         started = time.monotonic()
         deadline = started + budget_ms / 1000
@@ -142,7 +155,7 @@ class Dispatcher:
         self._tasks.add(task)
         task.add_done_callback(self._forget)
         try:
-            with on_disconnect(out.request, task.cancel) if out is not None else contextlib.nullcontext():
+            with out.watch(task.cancel) if out is not None else contextlib.nullcontext():
                 await asyncio.wait({task}, timeout=max(budget_ms / 1000, 0))
         except asyncio.CancelledError:
             task.cancel()
@@ -171,7 +184,7 @@ class Dispatcher:
             task.exception()
 
     @staticmethod
-    async def _invoke(handler: Handler, payload: Any, call: CallContext, out: EventWriter | None) -> Any:
+    async def _invoke(handler: Handler, payload: Any, call: CallContext, out: ChunkOut | None) -> Any:
         with serving(call):
             answer = handler(payload, call)
             if not isinstance(answer, AsyncIterator):
@@ -211,7 +224,7 @@ class Dispatcher:
         return len(self._tasks)
 
 
-async def _chunks(chunks: AsyncIterator[Any], request_id: str, out: EventWriter | None) -> Any:
+async def _chunks(chunks: AsyncIterator[Any], request_id: str, out: ChunkOut | None) -> Any:
     """Run a streaming handler to its end, writing each chunk as it comes when ``out`` is given (a chunk
     that is not JSON ends the call as the handler's failure); the last chunk is the result."""
     last = None
@@ -220,7 +233,7 @@ async def _chunks(chunks: AsyncIterator[Any], request_id: str, out: EventWriter 
         async for last in chunks:
             if out is not None:
                 try:
-                    await out.send(chunk_event(request_id, seq, msgspec.Raw(_encoder.encode(last))))
+                    await out.chunk(request_id, seq, msgspec.Raw(_encoder.encode(last)))
                 except ConnectionError:
                     raise asyncio.CancelledError("the caller left while the answer streamed") from None
                 seq += 1

@@ -142,6 +142,12 @@ class EventWriter:
     def started(self) -> bool:
         return self.response is not None
 
+    def watch(self, caller_gone: Callable[[], Any]) -> contextlib.AbstractContextManager[bool]:
+        return on_disconnect(self.request, caller_gone)
+
+    async def chunk(self, request_id: str, seq: int, data: msgspec.Raw) -> None:
+        await self.send(chunk_event(request_id, seq, data))
+
     async def open(self, status: int = 200) -> web.StreamResponse:
         if self.response is None:
             response = web.StreamResponse(status=status, headers={**STREAM_HEADERS, **self.headers})
