@@ -4,7 +4,10 @@ plain and streaming, through the router's one kept connection per instance endpo
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
+
+from agent_reach.socket_wire import Envelope, decode, encode
 
 from conftest import wait_for
 from stream_support import read_stream
@@ -112,3 +115,23 @@ async def test_business_errors_usage_and_context_updates_cross_the_socket(mesh, 
     assert done.status == 200 and done.body["result"] == "done"
     assert done.body["context_update"]["step"] == 2
     assert done.body["usage"]["input_tokens"] == 12 and done.body["usage"]["output_tokens"] == 3
+
+
+async def test_an_sdk_agent_drops_what_no_router_sends_and_serves_on(mesh, make_agent, http, router_logs):
+    agent, ran = socket_echo(make_agent, mesh, "ws-robust-1")
+    await agent.start()
+    async with http.ws_connect(f"{agent.base_url}/ws/ws.echo") as socket:
+        await socket.send_str("text is not this protocol")
+        await socket.send_bytes(b"x" * 20_000)  # no envelope line at all
+        await socket.send_bytes(b'{"type":"reply","id":"r"}\n{}')  # the agent's own kind of message
+        await socket.send_bytes(b'{"type":"call","id":""}\n{}')  # no id
+        await socket.send_bytes(b"[" * 100_000 + b"\n")  # nested past any need
+        slow = json.dumps({"capability": "ws.echo", "payload": {"delay_s": 0.3}, "request_id": "dup"}).encode()
+        await socket.send_bytes(encode(Envelope(type="call", id="dup"), slow))
+        await socket.send_bytes(encode(Envelope(type="call", id="dup"), slow))  # the same id while in flight
+        envelope, frame = decode((await socket.receive(timeout=5)).data)
+    assert (envelope.type, envelope.id, envelope.status) == ("reply", "dup", 200)
+    assert json.loads(frame)["result"]["echo"] == {"delay_s": 0.3}
+    assert ran == [{"delay_s": 0.3}]
+    whys = [line["why"] for line in router_logs.named("websocket_message_refused")]
+    assert len(whys) == 6 and "a call with this id is in flight already" in whys, whys

@@ -101,6 +101,11 @@ class _Link:
                 await socket.close()
 
 
+def _retrieved(task: asyncio.Task[aiohttp.ClientWebSocketResponse]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 class WebSocketTransport:
     def __init__(self, session: aiohttp.ClientSession):
         self._session = session
@@ -164,6 +169,8 @@ class WebSocketTransport:
                 raise aiohttp.ClientConnectionError(
                     f"the last connection attempt failed; the next is made in {link.retry_at - time.monotonic():.2f} s")
             link.opening = asyncio.get_running_loop().create_task(self._connect(link, max_answer_bytes))
+            # Its failure is read by each call awaiting it, if any still does (a call that timed out does not).
+            link.opening.add_done_callback(_retrieved)
         return await asyncio.shield(link.opening)
 
     async def _connect(self, link: _Link, max_answer_bytes: int) -> aiohttp.ClientWebSocketResponse:
