@@ -7,6 +7,8 @@ ErrorCode and a flag saying whether the agent could have seen the request.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import aiohttp
 from agent_reach.atp import RequestFrame
 from agent_reach.registration import Protocol
@@ -28,12 +30,20 @@ class Forwarder:
     """Every protocol's transport; the HTTP ones share one keep-alive connection pool for every agent."""
 
     def __init__(self, session: aiohttp.ClientSession, completion_url: str | None = None):
+        self._sockets = WebSocketTransport(session)
         self._reporting: list[HttpTransport | WebSocketTransport] = [
             HttpTransport(session, AtpDialect()), HttpTransport(session, RestDialect()),
-            HttpTransport(session, A2ADialect(A2AAgents(session))), WebSocketTransport(session)]
+            HttpTransport(session, A2ADialect(A2AAgents(session))), self._sockets]
         self.transports: dict[Protocol, Transport] = dict(zip(("atp", "rest", "a2a", "websocket"), self._reporting,
                                                               strict=True))
         self.completion_url = completion_url
+        # Attempts by protocol and what each came to (an ErrorCode's value, or "ok"), for /metrics.
+        self.attempts: Counter[tuple[str, str]] = Counter()
+
+    @property
+    def socket_connections(self) -> int:
+        """WebSocket connections open to agents now."""
+        return self._sockets.connections
 
     @property
     def completion_url(self) -> str | None:
@@ -53,8 +63,10 @@ class Forwarder:
         the signature names ``agent_id`` so that it verifies at that instance only. An answer larger than
         ``max_answer_bytes`` (a stream's bytes all together) is ANSWER_TOO_LARGE. ``relay``: where a
         streamed answer's chunks go (a caller that streams asks the agent for a stream)."""
-        return await self.transports[protocol].send(endpoint, frame, timeouts, signing_key, agent_id,
-                                                    max_answer_bytes, span, relay or Relay())
+        answer = await self.transports[protocol].send(endpoint, frame, timeouts, signing_key, agent_id,
+                                                      max_answer_bytes, span, relay or Relay())
+        self.attempts[protocol, answer.error_code.value if answer.error_code is not None else "ok"] += 1
+        return answer
 
     async def close(self) -> None:
         for transport in self.transports.values():

@@ -101,6 +101,14 @@ class RouterCollector(Collector):
             capability, instance = (name, "") if not scope else (scope, name)
             breakers.add_metric([capability, instance], float(breaker.state(monotonic).value != "closed"))
         yield breakers
+        attempts = CounterMetricFamily("agentreach_router_attempts", "Attempts at agents by protocol and outcome "
+                                       "(ok, or the attempt's error code)", labels=["protocol", "outcome"])
+        for (protocol, outcome), count in sorted(router.forwarder.attempts.items()):
+            attempts.add_metric([protocol, outcome], count)
+        yield attempts
+        yield GaugeMetricFamily("agentreach_router_websocket_connections",
+                                "WebSocket connections open to agents (one per instance endpoint in use)",
+                                value=router.forwarder.socket_connections)
         inflight = GaugeMetricFamily("agentreach_router_inflight", "Calls in flight per instance", labels=["instance"])
         for agent_id, count in router.book.inflight.items():
             inflight.add_metric([agent_id], count)

@@ -50,6 +50,10 @@ class ScriptedSocketAgent(RecordingServer):
         self.calls: list[SocketCall] = []
         self.cancels: list[str] = []
         self.connections = 0
+        self.closed = 0
+        # Cleared: the agent stops reading its socket (its buffers fill, and the router's writes wait).
+        self.reading = asyncio.Event()
+        self.reading.set()
 
     @property
     def endpoint(self) -> str:
@@ -60,7 +64,11 @@ class ScriptedSocketAgent(RecordingServer):
         await socket.prepare(request)
         self.connections += 1
         tasks: set[asyncio.Task[None]] = set()
-        async for message in socket:
+        while True:
+            await self.reading.wait()
+            message = await socket.receive()
+            if message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
+                break
             if message.type is not WSMsgType.BINARY:
                 continue
             envelope, body = decode(message.data)
@@ -74,6 +82,7 @@ class ScriptedSocketAgent(RecordingServer):
             task.add_done_callback(tasks.discard)
         for task in tasks:
             task.cancel()
+        self.closed += 1
         return socket
 
 

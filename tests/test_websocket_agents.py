@@ -39,6 +39,9 @@ async def test_an_sdk_agent_over_websocket_answers_atp_callers_many_at_once(mesh
     assert [answer.body["result"]["echo"]["n"] for answer in answers] == list(range(40))
     assert [answer.body["result"]["request_id"] for answer in answers] == [f"many-{n}" for n in range(40)]
     assert len(ran) == 40
+    metrics = await mesh.get("/metrics")
+    assert 'agentreach_router_attempts_total{outcome="ok",protocol="websocket"} 40.0' in metrics, metrics
+    assert "agentreach_router_websocket_connections 1.0" in metrics  # one kept connection carried all 40
 
 
 async def test_a_websocket_agent_streams_its_chunks_to_a_streaming_caller(mesh, make_agent, http):

@@ -179,3 +179,25 @@ async def test_a_registration_naming_an_unknown_protocol_is_refused_naming_the_f
         refused = await response.json()
     assert response.status == 400
     assert refused["field"] == "capabilities[0].protocol", refused
+
+
+async def test_an_agent_that_stops_reading_cannot_hold_a_call_past_its_deadline(mesh, socket_agent):
+    async def answers(call) -> None:
+        await call.reply("read")
+
+    deaf = await socket_agent("ws-deaf", answers)
+    await mesh.add(deaf, "ws.deaf", max_payload_bytes=1024 * 1024)
+    await mesh.put_policy("ws.deaf", {"timeout": {"first_byte_ms": 500, "total_ms": 5000}})
+    assert (await mesh.call("ws.deaf", "warm")).body["result"] == "read"
+    deaf.reading.clear()
+    big = "x" * 900_000
+    # Without a deadline on its writes the router would wait on this agent for ever: the guard is the test's.
+    answers_seen = await asyncio.wait_for(asyncio.gather(*(mesh.call("ws.deaf", big) for _ in range(24))), 20)
+    codes = [answer.body.get("error_code") for answer in answers_seen]
+    # The one message the agent had taken before it stopped is answered; the calls whose messages waited on its
+    # buffers time out, and those on the connection the router then dropped are lost with it.
+    assert set(codes) <= {None, "FIRST_BYTE_TIMEOUT", "AGENT_ERROR"} and "FIRST_BYTE_TIMEOUT" in codes, codes
+    assert codes.count(None) <= 1, codes
+    deaf.reading.set()
+    # The router gave the stuck connection up: the agent, reading again, finds it closed.
+    await wait_for(lambda: deaf.closed >= 1, timeout=5, what="the router to drop the connection it could not write")

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from typing import Any
 
 import aiohttp
 import msgspec
@@ -53,6 +54,8 @@ log = logging.getLogger("agentreach.router.websocket")
 BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 # A connection no call used for this long is closed (an instance gone from the feed leaves no link behind).
 IDLE_CLOSE_S = 300.0
+# How long telling an agent to cancel may take (one that stopped reading is not waited on).
+_CANCEL_SEND_S = 0.5
 # Reading has no timeout of its own (each call has its deadlines); a close handshake is not waited on for long.
 _SOCKET_TIMEOUT = aiohttp.ClientWSTimeout(ws_receive=None, ws_close=2.0)
 
@@ -73,6 +76,11 @@ class _Link:
         self.failures = 0
         self.retry_at = 0.0
         self.used_at = time.monotonic()
+
+    def drop(self) -> None:
+        """Give the connection up: its reader ends (every call on it is lost) and closes it."""
+        if self.reader is not None:
+            self.reader.cancel()
 
     async def read(self, socket: aiohttp.ClientWebSocketResponse) -> None:
         """Hand each message to its call until the connection ends; then every call still on it is lost."""
@@ -101,9 +109,20 @@ class _Link:
                 await socket.close()
 
 
-def _retrieved(task: asyncio.Task[aiohttp.ClientWebSocketResponse]) -> None:
+def _retrieved(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()
+
+
+async def _write(socket: aiohttp.ClientWebSocketResponse, message: bytes, within_s: float) -> None:
+    """Send ``message``, waiting at most ``within_s`` for the connection to take it. The write is a task of its
+    own, only its waiting given up: aiohttp's writers on one connection share one wait for the buffer to drain,
+    and cancelling it would fail every other call writing at that moment. The message is in the connection's
+    buffer once the task starts, whatever becomes of the wait."""
+    writing = asyncio.ensure_future(socket.send_bytes(message))
+    writing.add_done_callback(_retrieved)
+    async with asyncio.timeout(within_s):
+        await asyncio.shield(writing)
 
 
 class WebSocketTransport:
@@ -115,6 +134,10 @@ class WebSocketTransport:
         self._dialect = AtpDialect()
         # Where an agent may report a call's completion (X-Reach-Completion-Url); set once the router listens.
         self.completion_url: str | None = None
+
+    @property
+    def connections(self) -> int:
+        return sum(link.socket is not None for link in self._links.values())
 
     async def close(self) -> None:
         readers = [link.reader for link in self._links.values() if link.reader is not None] + list(self._closing)
@@ -207,18 +230,24 @@ class WebSocketTransport:
         link.calls[frame.request_id] = queue
         exchange = _Exchange(timeouts, max_answer_bytes)
         try:
-            await socket.send_bytes(encode(Envelope(type=CALL, id=frame.request_id, headers=headers), body))
+            # An agent that stops reading holds a write up once the buffers fill: it counts against the first byte.
+            await _write(socket, encode(Envelope(type=CALL, id=frame.request_id, headers=headers), body),
+                         min(timeouts.first_byte_s, timeouts.total_s))
         except ConnectionError as exc:
             link.calls.pop(frame.request_id, None)
             return AgentAnswer(error_code=ErrorCode.AGENT_ERROR, sent=False,
                                message=f"WebSocket connection closed before the call was sent: {exc}")
+        except TimeoutError:
+            link.calls.pop(frame.request_id, None)
+            link.drop()  # an agent that does not read gets nothing more: its calls end, its buffers go
+            return exchange.timed_out("first_byte" if timeouts.first_byte_s < timeouts.total_s else "total")
         try:
             return await exchange.answer(queue, relay, self._dialect)
         finally:
             link.calls.pop(frame.request_id, None)
             if not exchange.ended and not socket.closed:  # the router gave up (a timeout, the caller gone, the cap)
-                with contextlib.suppress(ConnectionError):
-                    await socket.send_bytes(encode(Envelope(type=CANCEL, id=frame.request_id)))
+                with contextlib.suppress(ConnectionError, TimeoutError):
+                    await _write(socket, encode(Envelope(type=CANCEL, id=frame.request_id)), _CANCEL_SEND_S)
 
 
 class _Exchange:
@@ -246,7 +275,7 @@ class _Exchange:
                 try:
                     received = await asyncio.wait_for(queue.get(), max(wait_s, 0))
                 except TimeoutError:
-                    return self._timed_out(waits_for)
+                    return self.timed_out(waits_for)
                 if received is None:
                     self.ended = True
                     raise _Lost
@@ -272,7 +301,7 @@ class _Exchange:
                                message=f"the agent's WebSocket connection was lost with the call on it "
                                        f"(after {self.chunks} chunks)")
 
-    def _timed_out(self, waits_for: str) -> AgentAnswer:
+    def timed_out(self, waits_for: str) -> AgentAnswer:
         timeouts = self.timeouts
         if waits_for == "first_byte":
             return AgentAnswer(error_code=ErrorCode.FIRST_BYTE_TIMEOUT, chunks=self.chunks,
