@@ -8,13 +8,18 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // MaxDepth is how deep a peer's JSON may nest (agent_reach.peer_json.MAX_DEPTH): deeper is malformed input.
 const MaxDepth = 64
 
-// errTooDeep is JSON nested past MaxDepth.
-var errTooDeep = fmt.Errorf("JSON nesting exceeds the limit of %d levels", MaxDepth)
+// What JSON from a peer is refused for, beside the decoder's own errors (msgspec refuses the same).
+var (
+	errTooDeep  = fmt.Errorf("JSON nesting exceeds the limit of %d levels", MaxDepth)
+	errNotUTF8  = errors.New("not UTF-8")
+	errTrailing = errors.New("trailing data after the JSON value")
+)
 
 // encodeJSON writes v as msgspec does: no HTML escaping, no trailing newline.
 func encodeJSON(v any) ([]byte, error) {
@@ -54,9 +59,13 @@ func depthExceeds(data []byte, limit int) bool {
 	return false
 }
 
-// decodePeer decodes JSON a peer sent into v, refusing nesting past MaxDepth and keeping numbers exact
-// (json.Number), so a context or a payload passes on as it came.
+// decodePeer decodes JSON a peer sent into v, refusing what is not UTF-8, nesting past MaxDepth and anything
+// but whitespace after the value, and keeping numbers exact (json.Number), so a context or a payload passes
+// on as it came.
 func decodePeer(data []byte, v any) error {
+	if !utf8.Valid(data) {
+		return errNotUTF8
+	}
 	if depthExceeds(data, MaxDepth) {
 		return errTooDeep
 	}
@@ -65,8 +74,8 @@ func decodePeer(data []byte, v any) error {
 	if err := decoder.Decode(v); err != nil {
 		return err
 	}
-	if decoder.More() {
-		return errors.New("trailing data after the JSON value")
+	if len(bytes.TrimLeft(data[decoder.InputOffset():], " \t\r\n")) > 0 {
+		return errTrailing
 	}
 	return nil
 }

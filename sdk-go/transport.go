@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"strconv"
 	"time"
-	"unicode/utf8"
 )
 
 // Moving one request frame over HTTP and turning whatever comes back into a frame (agent_reach.transport).
@@ -86,9 +85,6 @@ func validStatus(status string) bool {
 
 // decodeFrame decodes a frame a peer sent, its required members present.
 func decodeFrame(body []byte, frame any) error {
-	if !utf8.Valid(body) {
-		return errors.New("not UTF-8")
-	}
 	var members map[string]json.RawMessage
 	if err := decodePeer(body, &members); err != nil {
 		return err
@@ -118,9 +114,6 @@ func DecodeREST(requestID string, status int, body []byte) *Answer {
 		return &Answer{Response: &ResponseFrame{RequestID: requestID, Status: "success"}}
 	}
 	var result any
-	if !utf8.Valid(body) {
-		return errorAnswer(requestID, AgentError, "answer is not usable JSON: not UTF-8")
-	}
 	if err := decodePeer(body, &result); err != nil {
 		return errorAnswer(requestID, AgentError, "answer is not usable JSON: "+err.Error())
 	}
