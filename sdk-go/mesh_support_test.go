@@ -4,13 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -75,13 +78,70 @@ func realMesh(t *testing.T) *mesh {
 	return sharedMesh
 }
 
-func freePort() (int, error) {
-	listener, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+// ephemeralPorts is the kernel's range for outgoing connections and binds of port 0.
+func ephemeralPorts() (low, high int) {
+	raw, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err == nil {
+		if _, err = fmt.Sscan(string(raw), &low, &high); err == nil && low <= high {
+			return low, high
+		}
 	}
-	defer listener.Close()
-	return listener.Addr().(*net.TCPAddr).Port, nil
+	return 32768, 60999
+}
+
+var (
+	portsMu sync.Mutex
+	// portsChosen holds every port freePort handed out in this test process: none is handed out twice.
+	portsChosen = map[int]bool{}
+)
+
+// freePort is a port of 127.0.0.1 to give a child process, free when chosen. It lies outside the kernel's
+// ephemeral range, so between its choosing and the child binding it no outgoing connection or bind of
+// port 0 (this process's or any other's) can take it.
+func freePort() (int, error) {
+	low, high := ephemeralPorts()
+	var spare []int
+	for port := 10_000; port <= 65_535; port++ {
+		if port < low || port > high {
+			spare = append(spare, port)
+		}
+	}
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for _, i := range rand.Perm(len(spare)) {
+		port := spare[i]
+		if portsChosen[port] {
+			continue
+		}
+		listener, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue
+		}
+		_ = listener.Close()
+		portsChosen[port] = true
+		return port, nil
+	}
+	return 0, errors.New("no free port left outside the ephemeral range")
+}
+
+func TestFreePortsLieOutsideTheEphemeralRangeAndAreNeverRepeated(t *testing.T) {
+	low, high := ephemeralPorts()
+	seen := map[int]bool{}
+	for range 200 {
+		port, err := freePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if port < 10_000 || port > 65_535 || (port >= low && port <= high) || seen[port] {
+			t.Fatalf("port %d (ephemeral %d-%d, seen before: %v)", port, low, high, seen[port])
+		}
+		seen[port] = true
+		listener, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			t.Fatalf("port %d cannot be bound once handed out: %v", port, err)
+		}
+		_ = listener.Close()
+	}
 }
 
 func startMesh(venv string) (*mesh, error) {
