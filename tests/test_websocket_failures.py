@@ -12,6 +12,7 @@ import aiohttp
 from agent_reach.socket_wire import Envelope, encode
 
 from conftest import wait_for
+from router.core import RouterSettings
 from router_support import capability
 from sdk_support import read_log_until, spawn_example
 from stream_support import read_stream
@@ -201,3 +202,20 @@ async def test_an_agent_that_stops_reading_cannot_hold_a_call_past_its_deadline(
     deaf.reading.set()
     # The router gave the stuck connection up: the agent, reading again, finds it closed.
     await wait_for(lambda: deaf.closed >= 1, timeout=5, what="the router to drop the connection it could not write")
+
+
+async def test_an_answer_past_the_routers_cap_fails_its_connection_and_nothing_else(start_mesh, socket_agent):
+    mesh = await start_mesh(routing=RouterSettings(max_answer_bytes=64 * 1024))
+
+    async def huge(call) -> None:
+        await call.reply("x" * 200_000)
+
+    async def small(call) -> None:
+        await call.reply("fits")
+
+    await mesh.add(await socket_agent("ws-huge", huge), "ws.huge")
+    await mesh.add(await socket_agent("ws-small", small), "ws.small")
+    answer = await mesh.call("ws.huge", "big please")
+    assert (answer.status, answer.body["error_code"]) == (502, "AGENT_ERROR")
+    assert "connection was lost" in answer.body["error_message"] and "exceeds limit" in answer.body["error_message"]
+    assert (await mesh.call("ws.small", "and you?")).body["result"] == "fits"

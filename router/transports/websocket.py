@@ -60,17 +60,13 @@ _CANCEL_SEND_S = 0.5
 _SOCKET_TIMEOUT = aiohttp.ClientWSTimeout(ws_receive=None, ws_close=2.0)
 
 
-class _Lost(Exception):
-    """The connection closed with the call on it."""
-
-
 class _Link:
     """The router's connection to one endpoint and the calls in flight on it, each a queue of its messages."""
 
     def __init__(self, endpoint: str):
         self.endpoint = endpoint
         self.socket: aiohttp.ClientWebSocketResponse | None = None
-        self.calls: dict[str, asyncio.Queue[tuple[Envelope, bytes] | None]] = {}
+        self.calls: dict[str, asyncio.Queue[tuple[Envelope, bytes] | str]] = {}
         self.opening: asyncio.Future[aiohttp.ClientWebSocketResponse] | None = None
         self.reader: asyncio.Task[None] | None = None
         self.failures = 0
@@ -84,8 +80,13 @@ class _Link:
 
     async def read(self, socket: aiohttp.ClientWebSocketResponse) -> None:
         """Hand each message to its call until the connection ends; then every call still on it is lost."""
+        lost = "it closed"
         try:
             async for message in socket:
+                if message.type is aiohttp.WSMsgType.ERROR:  # a ping unanswered, a message past the cap
+                    lost = f"it failed: {message.data!r}"
+                    log.warning("websocket_connection_failed", extra={"endpoint": self.endpoint, "error": lost})
+                    break
                 if message.type is not aiohttp.WSMsgType.BINARY:
                     continue
                 try:
@@ -104,7 +105,7 @@ class _Link:
             if self.socket is socket:
                 self.socket = None
             for queue in self.calls.values():
-                queue.put_nowait(None)
+                queue.put_nowait(lost)
             if not socket.closed:
                 await socket.close()
 
@@ -226,7 +227,7 @@ class WebSocketTransport:
         if frame.request_id in link.calls:
             return AgentAnswer(error_code=ErrorCode.AGENT_ERROR, sent=False,
                                message="a call with this request_id is in flight to this instance already")
-        queue: asyncio.Queue[tuple[Envelope, bytes] | None] = asyncio.Queue()
+        queue: asyncio.Queue[tuple[Envelope, bytes] | str] = asyncio.Queue()
         link.calls[frame.request_id] = queue
         exchange = _Exchange(timeouts, max_answer_bytes)
         try:
@@ -261,45 +262,42 @@ class _Exchange:
         # Whether the agent is done with the call (it replied, or the connection is gone): else it is told to stop.
         self.ended = False
 
-    async def answer(self, queue: asyncio.Queue[tuple[Envelope, bytes] | None], relay: Relay,
+    async def answer(self, queue: asyncio.Queue[tuple[Envelope, bytes] | str], relay: Relay,
                      dialect: AtpDialect) -> AgentAnswer:
         timeouts = self.timeouts
         ends_at = asyncio.get_running_loop().time() + timeouts.total_s
-        try:
-            while True:
-                wait_s = timeouts.first_byte_s if self.chunks == 0 else timeouts.idle_s
-                waits_for = "first_byte" if self.chunks == 0 else "idle"
-                now = asyncio.get_running_loop().time()
-                if now + wait_s >= ends_at:
-                    wait_s, waits_for = ends_at - now, "total"
-                try:
-                    received = await asyncio.wait_for(queue.get(), max(wait_s, 0))
-                except TimeoutError:
-                    return self.timed_out(waits_for)
-                if received is None:
-                    self.ended = True
-                    raise _Lost
-                envelope, body = received
-                self.size += len(body)
-                if self.size > self.limit:
-                    return AgentAnswer(error_code=ErrorCode.ANSWER_TOO_LARGE, chunks=self.chunks,
-                                       message=f"agent's answer exceeds the router's limit of {self.limit} bytes")
-                if envelope.type == REPLY:
-                    self.ended = True
-                    answer = dialect.classify(envelope.status, body)
-                    answer.chunks = self.chunks
-                    return answer
-                try:
-                    chunk = dialect.chunk(body)
-                except (msgspec.MsgspecError, UnicodeDecodeError) as exc:
-                    return AgentAnswer(error_code=ErrorCode.AGENT_ERROR, chunks=self.chunks,
-                                       message=f"agent answered a malformed answer: a chunk is not JSON ({exc})")
-                await relay.pass_on([chunk])
-                self.chunks += 1
-        except _Lost:
-            return AgentAnswer(error_code=ErrorCode.AGENT_ERROR, chunks=self.chunks,
-                               message=f"the agent's WebSocket connection was lost with the call on it "
-                                       f"(after {self.chunks} chunks)")
+        while True:
+            wait_s = timeouts.first_byte_s if self.chunks == 0 else timeouts.idle_s
+            waits_for = "first_byte" if self.chunks == 0 else "idle"
+            now = asyncio.get_running_loop().time()
+            if now + wait_s >= ends_at:
+                wait_s, waits_for = ends_at - now, "total"
+            try:
+                received = await asyncio.wait_for(queue.get(), max(wait_s, 0))
+            except TimeoutError:
+                return self.timed_out(waits_for)
+            if isinstance(received, str):
+                self.ended = True
+                return AgentAnswer(error_code=ErrorCode.AGENT_ERROR, chunks=self.chunks,
+                                   message=f"the agent's WebSocket connection was lost with the call on it "
+                                           f"({received}; after {self.chunks} chunks)")
+            envelope, body = received
+            self.size += len(body)
+            if self.size > self.limit:
+                return AgentAnswer(error_code=ErrorCode.ANSWER_TOO_LARGE, chunks=self.chunks,
+                                   message=f"agent's answer exceeds the router's limit of {self.limit} bytes")
+            if envelope.type == REPLY:
+                self.ended = True
+                answer = dialect.classify(envelope.status, body)
+                answer.chunks = self.chunks
+                return answer
+            try:
+                chunk = dialect.chunk(body)
+            except (msgspec.MsgspecError, UnicodeDecodeError) as exc:
+                return AgentAnswer(error_code=ErrorCode.AGENT_ERROR, chunks=self.chunks,
+                                   message=f"agent answered a malformed answer: a chunk is not JSON ({exc})")
+            await relay.pass_on([chunk])
+            self.chunks += 1
 
     def timed_out(self, waits_for: str) -> AgentAnswer:
         timeouts = self.timeouts

@@ -69,6 +69,10 @@ class SocketServer:
         calls: dict[str, asyncio.Task[None]] = {}
         try:
             async for message in socket:
+                if message.type is WSMsgType.ERROR:  # the connection failed (a ping unanswered, a message too big)
+                    log.warning("websocket_connection_failed", extra={"capability": name,
+                                                                      "error": repr(message.data)})
+                    break
                 if message.type is not WSMsgType.BINARY:
                     log.warning("websocket_message_refused", extra={
                         "capability": name, "why": f"{message.type.name} message; this protocol sends binary ones"})

@@ -25,8 +25,10 @@ CHUNK: Final = "chunk"
 REPLY: Final = "reply"
 # The longest envelope read: ids and a handful of headers, never a payload.
 MAX_ENVELOPE_BYTES = 16 * 1024
-# Seconds between the pings each end sends; a peer that does not answer one within half of it is dead.
-PING_INTERVAL_S = 5.0
+# Seconds between the pings each end sends; a peer that does not answer one within half of it is dead. Long
+# enough that an agent whose loop a handler blocks for seconds (or a router under load) is not cut off with
+# its calls: a killed peer is seen at once anyway (its connection closes), calls have their own deadlines.
+PING_INTERVAL_S = 20.0
 
 
 class Envelope(msgspec.Struct, kw_only=True, omit_defaults=True):
