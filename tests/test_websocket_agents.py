@@ -7,6 +7,8 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
+from agent_reach.admission import Limits
 from agent_reach.socket_wire import Envelope, decode, encode
 
 from conftest import wait_for
@@ -138,3 +140,26 @@ async def test_an_sdk_agent_drops_what_no_router_sends_and_serves_on(mesh, make_
     assert ran == [{"delay_s": 0.3}]
     whys = [line["why"] for line in router_logs.named("websocket_message_refused")]
     assert len(whys) == 6 and "a call with this id is in flight already" in whys, whys
+
+
+async def test_a_quiet_socket_outlives_the_agents_header_deadline(mesh, make_agent, http):
+    """A WebSocket is no request whose header is late: the guard's header deadline once closed an idle router
+    connection (and the calls on it) 10 s after its last message."""
+    agent = make_agent("ws-quiet-1", mesh.registry.url)
+
+    @agent.capability("ws.quiet", protocol="websocket")
+    async def echo(payload, ctx):
+        return payload
+
+    await agent.start()
+
+    async def call(socket, request_id: str) -> int:
+        body = json.dumps({"capability": "ws.quiet", "payload": 1, "request_id": request_id}).encode()
+        await socket.send_bytes(encode(Envelope(type="call", id=request_id), body))
+        return decode((await socket.receive(timeout=5)).data)[0].status
+
+    async with http.ws_connect(f"{agent.base_url}/ws/ws.quiet") as socket:
+        assert await call(socket, "q-1") == 200
+        with pytest.raises(TimeoutError):  # nothing comes, not even a close, past the header deadline
+            await socket.receive(timeout=Limits().header_timeout + 1)
+        assert await call(socket, "q-2") == 200

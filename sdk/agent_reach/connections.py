@@ -202,6 +202,10 @@ class GuardedHandler(RequestHandler):
             transport.abort()
 
     def data_received(self, data: bytes) -> None:
+        if self._upgraded and self._header_deadline is None and self._body_deadline is None:
+            # A WebSocket now: its frames are no request header late, and its own pings watch the peer.
+            super().data_received(data)
+            return
         body = self._body if self._body is not None and not self._body.is_eof() else None
         newest = self._messages[-1] if self._messages else None
         super().data_received(data)

@@ -1,0 +1,227 @@
+"""Each protocol the router speaks, side by side, one command:
+`python bench/protocols_bench.py [--rounds 5] [--seconds 3] [--concurrency 16]`.
+
+The same echo work reached six ways in one run, rounds alternating the ways (order reversed every other round)
+so a burst of load on this shared machine hits them alike:
+
+  rest       bench/router_bench.py's echo agent (aiohttp, POST /echo): direct, and through the router
+  atp        an SDK agent's capability over HTTP (POST /atp/bench.atp): direct, and through the router
+  websocket  the same SDK agent's capability over its WebSocket (/ws/bench.ws): direct (one connection, calls
+             multiplexed on it, as the router does), and through the router
+
+`agentreach registry` and `agentreach router --auth off --no-audit` run in processes of their own, each agent
+too; the callers are this process (`--concurrency` calls in flight per way, 1 KB payloads). Per way: calls/s
+and the p50 / p99 latency each caller saw; per protocol, the latency the router adds (the median over rounds
+of routed minus direct p50 and p99). Results: a table on stdout and JSON in bench/results/protocols_bench.json.
+
+Subcommand used by the run: `agent --port P --registry URL` (the SDK agent serving bench.atp and bench.ws).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from agent_reach import AgentReachSDK, logs
+from agent_reach.socket_wire import Envelope, decode, encode
+
+from common import RESULTS, ROUTER_BENCH, free_port, keep_alive, machine, rank_at, spawn, stop_processes, wait_http
+
+PAYLOAD = {"text": "x" * 1000}
+Call = Callable[[], Awaitable[None]]
+
+
+def agent_main(port: int, registry: str) -> None:
+    logs.configure()
+    sdk = AgentReachSDK(agent_id="bench-sdk-1", registry_url=registry, zone="bench", service="bench-sdk",
+                        heartbeat_interval=2.0)
+
+    async def echo(payload: Any, ctx: Any) -> Any:
+        return {"echo": payload}
+
+    sdk.capability("bench.atp")(echo)
+    sdk.capability("bench.ws", protocol="websocket")(echo)
+    sdk.serve("127.0.0.1", port)
+
+
+class SocketCaller:
+    """A caller multiplexing calls on one WebSocket to the agent, as the router does."""
+
+    def __init__(self, session: aiohttp.ClientSession, url: str):
+        self.session, self.url = session, url
+        self.waiting: dict[str, asyncio.Future[bytes]] = {}
+        self.ids = itertools.count()
+
+    async def open(self) -> None:
+        self.socket = await self.session.ws_connect(self.url, max_msg_size=0)
+        self.reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        async for message in self.socket:
+            envelope, body = decode(message.data)
+            self.waiting.pop(envelope.id).set_result(body)
+
+    async def call(self) -> None:
+        call_id = f"direct-{next(self.ids)}"
+        body = json.dumps({"capability": "bench.ws", "payload": PAYLOAD, "request_id": call_id}).encode()
+        self.waiting[call_id] = asyncio.get_running_loop().create_future()
+        await self.socket.send_bytes(encode(Envelope(type="call", id=call_id), body))
+        answer = json.loads(await asyncio.wait_for(self.waiting[call_id], 10))
+        assert answer["status"] == "success", answer
+
+    async def close(self) -> None:
+        self.reader.cancel()
+        await self.socket.close()
+
+
+def poster(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> Call:
+    data = json.dumps(body).encode()
+
+    async def call() -> None:
+        async with session.post(url, data=data, headers={"Content-Type": "application/json"}) as response:
+            await response.read()
+            assert response.status == 200, (url, response.status)
+    return call
+
+
+async def measure(call: Call, seconds: float, concurrency: int) -> dict[str, Any]:
+    latencies: list[float] = []
+    ends_at = time.monotonic() + seconds
+
+    async def worker() -> None:
+        while (started := time.monotonic()) < ends_at:
+            await call()
+            latencies.append(time.monotonic() - started)
+
+    began = time.monotonic()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    elapsed = time.monotonic() - began
+    latencies.sort()
+    return {"calls_per_s": len(latencies) / elapsed, "p50_ms": rank_at(latencies, 0.5) * 1000,
+            "p99_ms": rank_at(latencies, 0.99) * 1000, "calls": len(latencies)}
+
+
+async def run(rounds: int, seconds: float, concurrency: int) -> dict[str, Any]:
+    ports = {name: free_port() for name in ("rest", "sdk", "registry", "router")}
+    registry, router = (f"http://127.0.0.1:{ports[name]}" for name in ("registry", "router"))
+    rest, sdk = (f"http://127.0.0.1:{ports[name]}" for name in ("rest", "sdk"))
+    with tempfile.TemporaryDirectory() as data_dir:
+        processes = [
+            spawn("-m", "agentreach.cli", "registry", "--port", str(ports["registry"]), "--data-dir", data_dir,
+                  "--log-level", "warning", "--auth", "off", "--silence-timeout", "3600"),
+            spawn("-m", "agentreach.cli", "router", "--port", str(ports["router"]), "--registry", registry,
+                  "--log-level", "warning", "--auth", "off", "--data-dir", data_dir, "--no-audit"),
+            spawn(str(ROUTER_BENCH), "echo", "--port", str(ports["rest"])),
+        ]
+        beating: asyncio.Task[None] | None = None
+        try:
+            await wait_http(f"{registry}/healthz")
+            processes.append(spawn(__file__, "agent", "--port", str(ports["sdk"]), "--registry", registry))
+            for url in (f"{router}/healthz", f"{rest}/healthz", f"{sdk}/healthz"):
+                await wait_http(url)
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+                registration = {"agent_id": "bench-rest-1", "service": "bench-rest", "capabilities": [
+                    {"name": "bench.rest", "protocol": "rest", "endpoint": f"{rest}/echo", "timeout_sla_ms": 5000}]}
+                async with session.post(f"{registry}/register", json=registration) as response:
+                    response.raise_for_status()
+                beating = asyncio.create_task(keep_alive(registry, "bench-rest-1"))
+                socket = SocketCaller(session, f"{sdk}/ws/bench.ws")
+                await socket.open()
+                ways = {
+                    "rest.direct": poster(session, f"{rest}/echo", PAYLOAD),
+                    "rest.router": poster(session, f"{router}/atp", {"capability": "bench.rest", "payload": PAYLOAD}),
+                    "atp.direct": poster(session, f"{sdk}/atp/bench.atp", {"capability": "bench.atp",
+                                                                           "payload": PAYLOAD}),
+                    "atp.router": poster(session, f"{router}/atp", {"capability": "bench.atp", "payload": PAYLOAD}),
+                    "websocket.direct": socket.call,
+                    "websocket.router": poster(session, f"{router}/atp", {"capability": "bench.ws",
+                                                                          "payload": PAYLOAD}),
+                }
+                await until_routable(ways)
+                results: dict[str, list[dict[str, Any]]] = {way: [] for way in ways}
+                order = list(ways)
+                for n in range(rounds):
+                    for way in order if n % 2 == 0 else reversed(order):
+                        results[way].append(await measure(ways[way], seconds, concurrency))
+                await socket.close()
+        finally:
+            if beating is not None:
+                beating.cancel()
+            stop_processes(processes)
+    return summarize(results, rounds, seconds, concurrency)
+
+
+async def until_routable(ways: dict[str, Call], timeout: float = 30) -> None:
+    """Every way answers (the router has loaded every instance healthy)."""
+    deadline = time.monotonic() + timeout
+    for call in ways.values():
+        while True:
+            try:
+                await call()
+                break
+            except AssertionError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+
+
+def summarize(results: dict[str, list[dict[str, Any]]], rounds: int, seconds: float,
+              concurrency: int) -> dict[str, Any]:
+    ways = {way: {key: statistics.median(run[key] for run in runs) for key in ("calls_per_s", "p50_ms", "p99_ms")}
+            for way, runs in results.items()}
+    added = {}
+    for protocol in ("rest", "atp", "websocket"):
+        routed, direct = results[f"{protocol}.router"], results[f"{protocol}.direct"]
+        added[protocol] = {
+            "p50_ms": statistics.median(r["p50_ms"] - d["p50_ms"] for r, d in zip(routed, direct, strict=True)),
+            "p99_ms": statistics.median(r["p99_ms"] - d["p99_ms"] for r, d in zip(routed, direct, strict=True)),
+            "router_over_direct_calls": statistics.median(
+                r["calls_per_s"] / d["calls_per_s"] for r, d in zip(routed, direct, strict=True))}
+    return {"machine": machine(), "rounds": rounds, "seconds": seconds, "concurrency": concurrency,
+            "payload_bytes": len(json.dumps(PAYLOAD)), "ways": ways, "added_by_router": added, "raw": results}
+
+
+def report(summary: dict[str, Any]) -> None:
+    print(f"{summary['rounds']} rounds x {summary['seconds']} s per way, {summary['concurrency']} calls in flight, "
+          f"{summary['payload_bytes']} B payload; medians over rounds")
+    print(f"{'way':<18}{'calls/s':>10}{'p50 ms':>10}{'p99 ms':>10}")
+    for way, figures in summary["ways"].items():
+        print(f"{way:<18}{figures['calls_per_s']:>10.0f}{figures['p50_ms']:>10.2f}{figures['p99_ms']:>10.2f}")
+    print(f"\n{'added by router':<18}{'p50 ms':>10}{'p99 ms':>10}{'calls/s ratio':>15}")
+    for protocol, figures in summary["added_by_router"].items():
+        print(f"{protocol:<18}{figures['p50_ms']:>10.2f}{figures['p99_ms']:>10.2f}"
+              f"{figures['router_over_direct_calls']:>15.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command")
+    agent = commands.add_parser("agent")
+    agent.add_argument("--port", type=int, required=True)
+    agent.add_argument("--registry", required=True)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--concurrency", type=int, default=16)
+    args = parser.parse_args()
+    if args.command == "agent":
+        agent_main(args.port, args.registry)
+        return
+    summary = asyncio.run(run(args.rounds, args.seconds, args.concurrency))
+    report(summary)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "protocols_bench.json").write_text(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))
+    main()
