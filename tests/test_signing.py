@@ -201,3 +201,11 @@ async def test_with_registry_auth_off_nothing_is_signed(signing_mesh):
     await mesh.join("dev-1", "dev", token=None)
     for protocol in ("atp", "rest"):
         assert SIGNATURE_HEADER not in (await mesh.call(f"dev.{protocol}")).headers
+
+
+@pytest.mark.parametrize("stamp", ["²", "١٢٣", "9" * 400, "-5", ""])
+def test_a_timestamp_that_is_no_plain_number_is_malformed_not_a_crash(stamp):
+    """str.isdigit took "²" (int() then raised ValueError) and 400 digits overflowed the window's arithmetic:
+    an agent's guard raised on a header any caller could send (found by the Go SDK's fuzzer)."""
+    header = f"v2,t={stamp},n={'0' * 24},s={'0' * 64}"
+    assert verify(header, "k" * 64, "agent-1", "POST", "/atp/x", "r", b"{}").startswith("malformed X-Reach-Signature")

@@ -61,13 +61,16 @@ class Signed(NamedTuple):
 
 
 _NONCE = re.compile(r"[0-9a-f]{24}")
+# Seconds since the epoch in ASCII digits (str.isdigit also takes "²", which int() refuses), short enough
+# that no arithmetic on it overflows a float.
+_STAMP = re.compile(r"[0-9]{1,12}")
 
 
 def parse(header: str) -> Signed | None:
     version, _, rest = header.partition(",")
     fields = dict(part.partition("=")[::2] for part in rest.split(","))
     stamp, nonce, digest = fields.get("t", ""), fields.get("n", ""), fields.get("s", "")
-    if version.strip() != VERSION or not stamp.isdigit() or not _NONCE.fullmatch(nonce) or len(digest) != 64:
+    if version.strip() != VERSION or not _STAMP.fullmatch(stamp) or not _NONCE.fullmatch(nonce) or len(digest) != 64:
         return None
     return Signed(int(stamp), nonce, digest)
 
