@@ -45,3 +45,15 @@ async def test_an_object_hint_still_filters(mesh: Mesh, start_agent):
     refused = await mesh.call(payload=1, context={"routing_hint": {"zone": "us"}})
     assert (refused.status, refused.body["error_code"]) == (503, "ROUTING_HINT_UNSATISFIABLE")
     assert agent.calls == 1
+
+
+async def test_a_boolean_hint_is_not_the_number_one(mesh: Mesh, start_agent):
+    """Python's True == 1 once let {"gpu": true} through to an instance labelled gpu=1 (and 1 to one labelled
+    true); JSON, and the Go SDK, tell them apart."""
+    counted = await start_agent("counted")
+    await mesh.add(counted, metadata={"gpu": 1})
+    for hint in ({"gpu": True}, {"gpu": False}):
+        refused = await mesh.call(payload=1, context={"routing_hint": hint})
+        assert (refused.status, refused.body["error_code"]) == (503, "ROUTING_HINT_UNSATISFIABLE"), hint
+    assert (await mesh.call(payload=1, context={"routing_hint": {"gpu": 1.0}})).status == 200
+    assert counted.calls == 1

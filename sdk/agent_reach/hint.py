@@ -13,8 +13,13 @@ _MISSING = object()
 
 
 def matches_hint(metadata: Mapping[str, Any], routing_hint: Mapping[str, Any]) -> bool:
-    """The instance's metadata has every hinted label with exactly the hinted value."""
-    return all(metadata.get(label, _MISSING) == value for label, value in routing_hint.items())
+    """The instance's metadata has every hinted label with exactly the hinted value: JSON's ``true`` is not the
+    number 1, though Python's ``True == 1`` says so (the Go SDK, and any JSON reader, tells them apart)."""
+    return all(_same(metadata.get(label, _MISSING), value) for label, value in routing_hint.items())
+
+
+def _same(held: Any, hinted: Any) -> bool:
+    return held == hinted and isinstance(held, bool) == isinstance(hinted, bool)
 
 
 def unsatisfied_hint(routing_hint: Mapping[str, Any]) -> str:
