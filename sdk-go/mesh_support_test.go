@@ -4,21 +4,18 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"agentreach.dev/sdk-go/internal/localproc"
 )
 
 // The real mesh for the end-to-end tests: `agentreach up` (auth on) from the project's venv on loopback
@@ -45,7 +42,7 @@ var (
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if sharedMesh != nil {
-		stopProcess(sharedMesh.process)
+		localproc.Stop(sharedMesh.process, 10*time.Second)
 	}
 	if binDir != "" {
 		_ = os.RemoveAll(binDir)
@@ -78,72 +75,6 @@ func realMesh(t *testing.T) *mesh {
 	return sharedMesh
 }
 
-// ephemeralPorts is the kernel's range for outgoing connections and binds of port 0.
-func ephemeralPorts() (low, high int) {
-	raw, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err == nil {
-		if _, err = fmt.Sscan(string(raw), &low, &high); err == nil && low <= high {
-			return low, high
-		}
-	}
-	return 32768, 60999
-}
-
-var (
-	portsMu sync.Mutex
-	// portsChosen holds every port freePort handed out in this test process: none is handed out twice.
-	portsChosen = map[int]bool{}
-)
-
-// freePort is a port of 127.0.0.1 to give a child process, free when chosen. It lies outside the kernel's
-// ephemeral range, so between its choosing and the child binding it no outgoing connection or bind of
-// port 0 (this process's or any other's) can take it.
-func freePort() (int, error) {
-	low, high := ephemeralPorts()
-	var spare []int
-	for port := 10_000; port <= 65_535; port++ {
-		if port < low || port > high {
-			spare = append(spare, port)
-		}
-	}
-	portsMu.Lock()
-	defer portsMu.Unlock()
-	for _, i := range rand.Perm(len(spare)) {
-		port := spare[i]
-		if portsChosen[port] {
-			continue
-		}
-		listener, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-		if err != nil {
-			continue
-		}
-		_ = listener.Close()
-		portsChosen[port] = true
-		return port, nil
-	}
-	return 0, errors.New("no free port left outside the ephemeral range")
-}
-
-func TestFreePortsLieOutsideTheEphemeralRangeAndAreNeverRepeated(t *testing.T) {
-	low, high := ephemeralPorts()
-	seen := map[int]bool{}
-	for range 200 {
-		port, err := freePort()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if port < 10_000 || port > 65_535 || (port >= low && port <= high) || seen[port] {
-			t.Fatalf("port %d (ephemeral %d-%d, seen before: %v)", port, low, high, seen[port])
-		}
-		seen[port] = true
-		listener, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-		if err != nil {
-			t.Fatalf("port %d cannot be bound once handed out: %v", port, err)
-		}
-		_ = listener.Close()
-	}
-}
-
 func startMesh(venv string) (*mesh, error) {
 	dir, err := os.MkdirTemp("", "sdk-go-mesh-")
 	if err != nil {
@@ -152,7 +83,7 @@ func startMesh(venv string) (*mesh, error) {
 	binDir = dir
 	ports := make([]int, 3)
 	for i := range ports {
-		if ports[i], err = freePort(); err != nil {
+		if ports[i], err = localproc.FreePort(); err != nil {
 			return nil, err
 		}
 	}
@@ -170,22 +101,22 @@ func startMesh(venv string) (*mesh, error) {
 	m := &mesh{dir: dir, venv: venv, registry: fmt.Sprintf("http://127.0.0.1:%d", ports[0]),
 		router: fmt.Sprintf("http://127.0.0.1:%d", ports[1]), process: process, bin: filepath.Join(dir, "bin")}
 	for _, url := range []string{m.registry + "/healthz", m.router + "/healthz"} {
-		if err := waitUntil(20*time.Second, func() bool { return httpStatus(url) == http.StatusOK }); err != nil {
-			stopProcess(process)
+		if err := localproc.WaitUntil(20*time.Second, func() bool { return httpStatus(url) == http.StatusOK }); err != nil {
+			localproc.Stop(process, 10*time.Second)
 			out, _ := os.ReadFile(filepath.Join(dir, "mesh.log"))
 			return nil, fmt.Errorf("%s never answered; the mesh's log:\n%s", url, out)
 		}
 	}
 	key, err := os.ReadFile(filepath.Join(dir, "data", "admin.key"))
 	if err != nil {
-		stopProcess(process)
+		localproc.Stop(process, 10*time.Second)
 		return nil, err
 	}
 	m.adminKey = strings.TrimSpace(string(key))
 	build := exec.Command(goTool(), "build", "-o", m.bin+string(os.PathSeparator), "./internal/testagent",
 		"./examples/intent_agent", "./examples/caller")
 	if out, err := build.CombinedOutput(); err != nil {
-		stopProcess(process)
+		localproc.Stop(process, 10*time.Second)
 		return nil, fmt.Errorf("go build: %v: %s", err, out)
 	}
 	return m, nil
@@ -198,35 +129,9 @@ func goTool() string {
 	return filepath.Join(os.Getenv("GOROOT"), "bin", "go")
 }
 
-func stopProcess(process *exec.Cmd) {
-	if process == nil || process.Process == nil || process.ProcessState != nil {
-		return
-	}
-	_ = process.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { _ = process.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		_ = process.Process.Kill()
-		<-done
-	}
-}
-
-func waitUntil(timeout time.Duration, condition func() bool) error {
-	deadline := time.Now().Add(timeout)
-	for !condition() {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("timed out after %s", timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return nil
-}
-
 func waitFor(t *testing.T, timeout time.Duration, what string, condition func() bool) {
 	t.Helper()
-	if err := waitUntil(timeout, condition); err != nil {
+	if err := localproc.WaitUntil(timeout, condition); err != nil {
 		t.Fatalf("waiting for %s: %v", what, err)
 	}
 }
@@ -312,7 +217,7 @@ func process(t *testing.T, env []string, name string, args ...string) *exec.Cmd 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		stopProcess(command)
+		localproc.Stop(command, 10*time.Second)
 		if t.Failed() {
 			_, _ = log.Seek(0, io.SeekStart)
 			out, _ := io.ReadAll(log)

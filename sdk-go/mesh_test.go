@@ -15,6 +15,7 @@ import (
 	"time"
 
 	reach "agentreach.dev/sdk-go"
+	"agentreach.dev/sdk-go/internal/localproc"
 )
 
 // End to end against the real mesh (auth on): Go agents registered with the real registry, reached through
@@ -351,7 +352,7 @@ func TestGoCallerReachesAPythonAgentThroughTheRouterAndDirectly(t *testing.T) {
 
 func TestTheIntentAgentExampleAnswersAPythonCaller(t *testing.T) {
 	m := realMesh(t)
-	port, _ := freePort()
+	port, _ := localproc.FreePort()
 	process(t, []string{"AGENTREACH_TOKEN=" + m.token(t, "intent")}, filepath.Join(m.bin, "intent_agent"),
 		"-registry", m.registry, "-port", fmt.Sprint(port))
 	m.waitState(t, "intent-agent-go-01", "healthy")

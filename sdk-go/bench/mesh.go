@@ -6,17 +6,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"time"
 
 	reach "agentreach.dev/sdk-go"
+	"agentreach.dev/sdk-go/internal/localproc"
 )
 
 // The processes of one run: the mesh and the two agents, each in its own process, on loopback.
@@ -44,7 +42,7 @@ func startAll(config settings, work string) (*processes, error) {
 		return started, err
 	}
 	for _, url := range []string{started.registry + "/healthz", started.router + "/healthz"} {
-		if err := waitUntil(60*time.Second, func() bool { return answers(url) }); err != nil {
+		if err := localproc.WaitUntil(60*time.Second, func() bool { return answers(url) }); err != nil {
 			return started, fmt.Errorf("%s never answered (log in %s): %w", url, work, err)
 		}
 	}
@@ -73,7 +71,7 @@ func startAll(config settings, work string) (*processes, error) {
 			_, err := started.client.Call(ctx, capability, json.RawMessage(payload))
 			return err == nil
 		}
-		if err := waitUntil(60*time.Second, routed); err != nil {
+		if err := localproc.WaitUntil(60*time.Second, routed); err != nil {
 			return started, fmt.Errorf("the router never routed %s (logs in %s): %w", capability, work, err)
 		}
 	}
@@ -162,18 +160,7 @@ func direct(endpoint, capability string) func(context.Context) error {
 // stop ends the agents, then the mesh (SIGTERM, then SIGKILL past 15 s).
 func (p *processes) stop() {
 	for _, process := range []*exec.Cmd{p.goAgent, p.pythonAgent, p.mesh} {
-		if process == nil || process.Process == nil {
-			continue
-		}
-		_ = process.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = process.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			_ = process.Process.Kill()
-			<-done
-		}
+		localproc.Stop(process, 15*time.Second)
 	}
 }
 
@@ -201,51 +188,15 @@ func answers(url string) bool {
 	return response.StatusCode == http.StatusOK
 }
 
-func waitUntil(timeout time.Duration, condition func() bool) error {
-	deadline := time.Now().Add(timeout)
-	for !condition() {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("timed out after %s", timeout)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return nil
-}
-
-// sparePorts are n distinct free ports of 127.0.0.1 outside the kernel's ephemeral range, so no outgoing
-// connection can take one before the mesh binds it.
+// sparePorts are n distinct ports of 127.0.0.1 a child can bind (localproc.FreePort).
 func sparePorts(n int) ([]int, error) {
-	low, high := 32768, 60999
-	if raw, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		_, _ = fmt.Sscan(string(raw), &low, &high)
-	}
-	var ports []int
-	for len(ports) < n {
-		for attempt := 0; ; attempt++ {
-			if attempt == 10_000 {
-				return nil, errors.New("no free port outside the ephemeral range")
-			}
-			port := 10_000 + rand.IntN(55_536)
-			if (port >= low && port <= high) || contains(ports, port) {
-				continue
-			}
-			listener, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-			if err != nil {
-				continue
-			}
-			_ = listener.Close()
-			ports = append(ports, port)
-			break
+	ports := make([]int, n)
+	for i := range ports {
+		port, err := localproc.FreePort()
+		if err != nil {
+			return nil, err
 		}
+		ports[i] = port
 	}
 	return ports, nil
-}
-
-func contains(ports []int, port int) bool {
-	for _, known := range ports {
-		if known == port {
-			return true
-		}
-	}
-	return false
 }
