@@ -23,7 +23,8 @@ RESOLVE_TIMEOUT_S = 5.0
 def destinations(record: InstanceRecord) -> list[tuple[str, str]]:
     """Every URL the mesh may connect to for this instance, with the field it came from."""
     urls = [("base_url", record.base_url)] if record.base_url is not None else []
-    urls += [(f"capabilities[{position}].endpoint", capability.endpoint)
+    urls += [(f"capabilities[{position}].endpoint",
+              f"grpc://{capability.endpoint}" if capability.protocol == "grpc" else capability.endpoint)
              for position, capability in enumerate(record.capabilities)]
     return [*urls, ("health_url", record.health_url)]
 

@@ -8,9 +8,11 @@ import logging
 import aiohttp
 from agent_reach.exhaustion import Throttle, local_exhaustion
 
+from mesh.grpc_dial import serving
 from mesh.records import InstanceRecord
 from registry.cluster import Membership
 from registry.lifecycle import EvictionPlan, Status, plan_evictions, record_check
+from registry.records import GRPC_HEALTH_SCHEME
 from registry.service import Registry
 from registry.store import Fenced
 from wal import WalUnavailable
@@ -51,10 +53,14 @@ class HealthChecker:
                 log.exception("health sweep failed; retrying next interval")
 
     async def _probe(self, url: str) -> bool | None:
-        """Whether the instance answered 2xx; None when the probe never left this process (EMFILE,
-        ENOBUFS...): the registry's own trouble, which must not count toward evicting anyone."""
-        timeout = aiohttp.ClientTimeout(total=min(self._registry.config.health_interval, 2.0))
+        """Whether the instance answered 2xx (a ``grpc://host:port`` one: SERVING to the standard gRPC health
+        check); None when the probe never left this process (EMFILE, ENOBUFS...): the registry's own trouble,
+        which must not count toward evicting anyone."""
+        timeout_s = min(self._registry.config.health_interval, 2.0)
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
         async with self._probes:
+            if url.startswith(f"{GRPC_HEALTH_SCHEME}://"):
+                return await serving(self._registry.egress, url.removeprefix(f"{GRPC_HEALTH_SCHEME}://"), timeout_s)
             try:
                 async with self._session.get(url, timeout=timeout, allow_redirects=False) as response:
                     return 200 <= response.status < 300

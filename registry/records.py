@@ -3,21 +3,42 @@
 from __future__ import annotations
 
 import msgspec
-from agent_reach.registration import RegisterRequest, known_metadata
+from agent_reach.grpc_wire import parse_target
+from agent_reach.registration import Capability, RegisterRequest, known_metadata
 from yarl import URL
 
 from mesh.records import InstanceRecord
 from weblayer.errors import ApiError, from_decode_error
 
+# A health URL with this scheme names a gRPC agent's host:port, probed with grpc.health.v1.Health.
+GRPC_HEALTH_SCHEME = "grpc"
 
-def _absolute_url(value: str, field: str) -> URL:
+
+def _absolute_url(value: str, field: str, schemes: tuple[str, ...] = ("http", "https")) -> URL:
     try:
         url = URL(value)
     except (ValueError, TypeError) as exc:
         raise ApiError(400, "invalid_url", f"Not a valid URL: {value!r} ({exc})", field) from None
-    if url.scheme not in ("http", "https") or not url.host:
-        raise ApiError(400, "invalid_url", f"Expected an absolute http(s) URL, got {value!r}", field)
+    if url.scheme not in schemes or not url.host:
+        raise ApiError(400, "invalid_url", f"Expected an absolute {'/'.join(schemes)} URL, got {value!r}", field)
+    if url.scheme == GRPC_HEALTH_SCHEME:
+        _grpc_target(url.raw_authority, field)
     return url
+
+
+def _grpc_target(endpoint: str, field: str) -> str:
+    try:
+        parse_target(endpoint)
+    except ValueError as exc:
+        raise ApiError(400, "invalid_endpoint", f"A grpc endpoint is host:port: {exc}", field) from None
+    return endpoint
+
+
+def _endpoint(capability: Capability, base: URL | None, field: str) -> str:
+    """Where the capability is reached: a URL (a path joins base_url), or host:port for gRPC."""
+    if capability.protocol == "grpc":
+        return _grpc_target(capability.endpoint, field)
+    return str(_resolve_endpoint(capability.endpoint, base, field))
 
 
 def _resolve_endpoint(endpoint: str, base: URL | None, field: str) -> URL:
@@ -47,12 +68,16 @@ def build_record(request: RegisterRequest, now: float, token_id: str | None = No
                 f"capabilities[{position}].name",
             )
         seen.add(capability.name)
-        endpoint = _resolve_endpoint(capability.endpoint, base, f"capabilities[{position}].endpoint")
-        capabilities.append(msgspec.structs.replace(capability, endpoint=str(endpoint)))
-    if request.health_url is not None:
+        endpoint = _endpoint(capability, base, f"capabilities[{position}].endpoint")
+        capabilities.append(msgspec.structs.replace(capability, endpoint=endpoint))
+    if request.health_url is not None and request.health_url.startswith(f"{GRPC_HEALTH_SCHEME}:"):
+        health_url = str(_absolute_url(request.health_url, "health_url", (GRPC_HEALTH_SCHEME,)))
+    elif request.health_url is not None:
         health_url = str(_resolve_endpoint(request.health_url, base, "health_url"))
     elif capabilities[0].protocol == "a2a":
         health_url = capabilities[0].endpoint  # an A2A agent is probed through its card
+    elif capabilities[0].protocol == "grpc":
+        health_url = f"{GRPC_HEALTH_SCHEME}://{capabilities[0].endpoint}"
     else:
         health_url = str(URL(capabilities[0].endpoint).origin().with_path("/healthz"))
     return InstanceRecord(

@@ -13,6 +13,7 @@ import aiohttp
 from agent_reach.atp import RequestFrame
 from agent_reach.registration import Protocol
 
+from mesh.egress import Egress
 from router.a2a.outbound import A2AAgents
 from router.streaming import Relay
 from router.timeouts import ResolvedTimeouts
@@ -21,21 +22,25 @@ from router.transports.a2a import A2ADialect
 from router.transports.answer import AgentAnswer
 from router.transports.atp import AtpDialect
 from router.transports.base import DEFAULT_MAX_ANSWER_BYTES, Transport
+from router.transports.grpc import GrpcTransport
 from router.transports.http import HttpTransport
 from router.transports.rest import RestDialect
 from router.transports.websocket import WebSocketTransport
 
 
 class Forwarder:
-    """Every protocol's transport; the HTTP ones share one keep-alive connection pool for every agent."""
+    """Every protocol's transport; the HTTP ones share one keep-alive connection pool for every agent. ``egress``:
+    the rule the session's connections are held to, which gRPC channels (opened outside it) are held to too."""
 
-    def __init__(self, session: aiohttp.ClientSession, completion_url: str | None = None):
+    def __init__(self, session: aiohttp.ClientSession, completion_url: str | None = None,
+                 egress: Egress | None = None):
         self._sockets = WebSocketTransport(session)
-        self._reporting: list[HttpTransport | WebSocketTransport] = [
+        self._channels = GrpcTransport(egress or Egress())
+        self._reporting: list[HttpTransport | WebSocketTransport | GrpcTransport] = [
             HttpTransport(session, AtpDialect()), HttpTransport(session, RestDialect()),
-            HttpTransport(session, A2ADialect(A2AAgents(session))), self._sockets]
-        self.transports: dict[Protocol, Transport] = dict(zip(("atp", "rest", "a2a", "websocket"), self._reporting,
-                                                              strict=True))
+            HttpTransport(session, A2ADialect(A2AAgents(session))), self._sockets, self._channels]
+        self.transports: dict[Protocol, Transport] = dict(zip(("atp", "rest", "a2a", "websocket", "grpc"),
+                                                              self._reporting, strict=True))
         self.completion_url = completion_url
         # Attempts by protocol and what each came to (an ErrorCode's value, or "ok"), for /metrics.
         self.attempts: Counter[tuple[str, str]] = Counter()
@@ -44,6 +49,11 @@ class Forwarder:
     def socket_connections(self) -> int:
         """WebSocket connections open to agents now."""
         return self._sockets.connections
+
+    @property
+    def grpc_channels(self) -> int:
+        """gRPC channels connected to agents now."""
+        return self._channels.connections
 
     @property
     def completion_url(self) -> str | None:

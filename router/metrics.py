@@ -109,6 +109,9 @@ class RouterCollector(Collector):
         yield GaugeMetricFamily("agentreach_router_websocket_connections",
                                 "WebSocket connections open to agents (one per instance endpoint in use)",
                                 value=router.forwarder.socket_connections)
+        yield GaugeMetricFamily("agentreach_router_grpc_channels",
+                                "gRPC channels connected to agents (one per instance endpoint in use)",
+                                value=router.forwarder.grpc_channels)
         inflight = GaugeMetricFamily("agentreach_router_inflight", "Calls in flight per instance", labels=["instance"])
         for agent_id, count in router.book.inflight.items():
             inflight.add_metric([agent_id], count)

@@ -133,8 +133,9 @@ class RouterServer:
     async def _start(self) -> None:
         # The registry's and the agents' connections apart: only agents are held to the egress rule.
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30))
-        self._agents = agents_session(Egress(self.settings.agent_networks), limit=0, keepalive_timeout=30)
-        forwarder = Forwarder(self._agents)
+        egress = Egress(self.settings.agent_networks)
+        self._agents = agents_session(egress, limit=0, keepalive_timeout=30)
+        forwarder = Forwarder(self._agents, egress=egress)
         if self.settings.semantic.enabled:
             # Imported only when asked for: it needs the `embed` extra (numpy and the model's wheel).
             try:

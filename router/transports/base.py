@@ -15,6 +15,9 @@ from router.transports.answer import AgentAnswer
 
 # An answer past this is refused while it is read, never buffered whole (RouterSettings.max_answer_bytes).
 DEFAULT_MAX_ANSWER_BYTES = 16 * 1024 * 1024
+# A connection (a WebSocket, a gRPC channel) no call used for this long is closed: an instance gone from the
+# feed leaves nothing open behind.
+IDLE_CLOSE_S = 300.0
 
 
 class Transport(Protocol):

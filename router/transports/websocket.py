@@ -47,13 +47,13 @@ from router.timeouts import ResolvedTimeouts
 from router.tracecontext import CallSpan
 from router.transports.answer import AgentAnswer, short_of_resources
 from router.transports.atp import AtpDialect
+from router.transports.base import IDLE_CLOSE_S
+from router.transports.deadlines import Deadlines
 
 log = logging.getLogger("agentreach.router.websocket")
 
 # After a failed connect, how long the next attempt at that endpoint waits (doubling up to the last).
 BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
-# A connection no call used for this long is closed (an instance gone from the feed leaves no link behind).
-IDLE_CLOSE_S = 300.0
 # How long telling an agent to cancel may take (one that stopped reading is not waited on).
 _CANCEL_SEND_S = 0.5
 # Reading has no timeout of its own (each call has its deadlines); a close handshake is not waited on for long.
@@ -252,10 +252,10 @@ class WebSocketTransport:
 
 
 class _Exchange:
-    """One call's messages read under its deadlines: first byte, then idle between chunks, and the total."""
+    """One call's messages read under its deadlines (router/transports/deadlines.py)."""
 
     def __init__(self, timeouts: ResolvedTimeouts, max_answer_bytes: int):
-        self.timeouts = timeouts
+        self.deadlines = Deadlines(timeouts)
         self.limit = max_answer_bytes
         self.size = 0
         self.chunks = 0
@@ -264,16 +264,10 @@ class _Exchange:
 
     async def answer(self, queue: asyncio.Queue[tuple[Envelope, bytes] | str], relay: Relay,
                      dialect: AtpDialect) -> AgentAnswer:
-        timeouts = self.timeouts
-        ends_at = asyncio.get_running_loop().time() + timeouts.total_s
         while True:
-            wait_s = timeouts.first_byte_s if self.chunks == 0 else timeouts.idle_s
-            waits_for = "first_byte" if self.chunks == 0 else "idle"
-            now = asyncio.get_running_loop().time()
-            if now + wait_s >= ends_at:
-                wait_s, waits_for = ends_at - now, "total"
+            wait_s, waits_for = self.deadlines.next_wait(self.chunks)
             try:
-                received = await asyncio.wait_for(queue.get(), max(wait_s, 0))
+                received = await asyncio.wait_for(queue.get(), wait_s)
             except TimeoutError:
                 return self.timed_out(waits_for)
             if isinstance(received, str):
@@ -300,12 +294,4 @@ class _Exchange:
             self.chunks += 1
 
     def timed_out(self, waits_for: str) -> AgentAnswer:
-        timeouts = self.timeouts
-        if waits_for == "first_byte":
-            return AgentAnswer(error_code=ErrorCode.FIRST_BYTE_TIMEOUT, chunks=self.chunks,
-                               message=f"no answer within {timeouts.first_byte_s * 1000:.0f} ms")
-        if waits_for == "idle":
-            return AgentAnswer(error_code=ErrorCode.IDLE_TIMEOUT, chunks=self.chunks,
-                               message=f"no chunk for {timeouts.idle_s * 1000:.0f} ms after {self.chunks} chunks")
-        return AgentAnswer(error_code=ErrorCode.TOTAL_TIMEOUT, chunks=self.chunks,
-                           message=f"call not finished within {timeouts.total_s * 1000:.0f} ms")
+        return self.deadlines.timed_out(waits_for, self.chunks)

@@ -16,7 +16,7 @@ import logging
 import signal
 import socket
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import aiohttp
 import msgspec
@@ -30,12 +30,15 @@ from agent_reach.heartbeat import RegistryLink, RegistryUnavailable
 from agent_reach.inflight import Inflight
 from agent_reach.registration import Capability, HeartbeatRequest, Protocol, RegisterRequest, TrustLevel
 from agent_reach.serving import cancel, close, listen
-from agent_reach.signing import DEFAULT_WINDOW_S, signing_key
+from agent_reach.signing import DEFAULT_WINDOW_S, GRPC_SIGNED_PATH, signing_key
 from agent_reach.socket_serving import SocketServer
 from agent_reach.socket_wire import MAX_ENVELOPE_BYTES
 from agent_reach.sse import ERROR, RESPONSE, EventWriter, encode_event
 from agent_reach.watchdog import watch_loop
 from agent_reach.wrap import HEALTH_PATH, AiohttpHost, ExternalHost, Host, host_for
+
+if TYPE_CHECKING:  # the grpc extra, imported when a grpc capability is served
+    from agent_reach.grpc_serving import GrpcServer
 
 __all__ = ["AgentReachSDK", "BusinessFailure", "atp_handler"]
 
@@ -49,6 +52,9 @@ ABANDON_GRACE = 2.0
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
 # Where each protocol the SDK serves natively puts a capability, below the agent's base URL.
 NATIVE_PATHS = {"atp": "/atp/{capability}", "websocket": "/ws/{capability}"}
+# A grpc capability's endpoint until start: its gRPC server's host:port, known once it listens.
+GRPC_UNBOUND = "grpc-server-not-started"
+NativeProtocol = Literal["atp", "websocket", "grpc"]
 
 _encoder = msgspec.json.Encoder()
 
@@ -75,10 +81,11 @@ class AgentReachSDK:
                  metadata: dict[str, Any] | None = None, registration_token: str | None = None,
                  heartbeat_interval: float = 3.0, direct_fallback: bool = False, max_inflight: int = 64,
                  base_url: str | None = None, drain_timeout: float = 30.0, verify_calls: bool = True,
-                 signature_window_s: float = DEFAULT_WINDOW_S):
+                 signature_window_s: float = DEFAULT_WINDOW_S, grpc_port: int = 0):
         """``registry_url``: one registry, or several (a list or comma-separated) to fail over between.
         ``verify_calls`` (with a ``registration_token``): refuse calls the router did not sign,
-        within ``signature_window_s`` of this host's clock; direct fallback calls only if ``direct_fallback``."""
+        within ``signature_window_s`` of this host's clock; direct fallback calls only if ``direct_fallback``.
+        ``grpc_port``: where capabilities with ``protocol="grpc"`` are served (0: any free port)."""
         self.agent_id = agent_id
         self.registry_url = registry_url
         self.zone = zone
@@ -101,6 +108,10 @@ class AgentReachSDK:
         self.guard = CallGuard(agent_id, key, direct_fallback, signature_window_s)
         self._dispatcher = Dispatcher(agent_id, self.inflight, self._report_late, self.guard)
         self._sockets = SocketServer(self._dispatcher)
+        self.grpc_port = grpc_port
+        self._grpc: GrpcServer | None = None
+        # The gRPC server's host:port once it listens (the endpoint of every grpc capability).
+        self.grpc_address: str | None = None
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._heartbeats: asyncio.Task[None] | None = None
@@ -112,16 +123,17 @@ class AgentReachSDK:
     def capability(self, name: str, *, version: str = "1.0", description: str = "", examples: Sequence[str] = (),
                    timeout_sla_ms: int = 30_000, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
                    idempotent: bool = False, trust_level: TrustLevel | None = None,
-                   protocol: Literal["atp", "websocket"] = "atp", **prices: float) -> Callable[[Handler], Handler]:
+                   protocol: NativeProtocol = "atp", **prices: float) -> Callable[[Handler], Handler]:
         """Serve ``async def handler(payload, ctx)`` as capability ``name`` over ATP; a handler that is an
         async generator streams its answer, one chunk per ``yield`` (agent_reach.dispatch). ``protocol``:
-        how the router reaches it, an HTTP POST per call (``atp``) or calls multiplexed on a WebSocket the
-        router keeps open (``websocket``, agent_reach.socket_wire); the handler is the same. ``prices``:
+        how the router reaches it, an HTTP POST per call (``atp``), calls multiplexed on a WebSocket the
+        router keeps open (``websocket``, agent_reach.socket_wire) or gRPC calls to the agent's gRPC server
+        (``grpc``, agent_reach.grpc_wire; the ``grpc`` extra); the handler is the same. ``prices``:
         ``cost_per_call``, ``cost_per_1k_input_tokens``, ``cost_per_1k_output_tokens`` (agent_reach.usage)."""
-        if protocol not in NATIVE_PATHS:
-            raise ValueError(f"protocol must be one of {sorted(NATIVE_PATHS)}, not {protocol!r}")
-        capability = _declare(name, endpoint=NATIVE_PATHS[protocol].format(capability=name), protocol=protocol,
-                              version=version,
+        if protocol not in (*NATIVE_PATHS, "grpc"):
+            raise ValueError(f"protocol must be one of {sorted((*NATIVE_PATHS, 'grpc'))}, not {protocol!r}")
+        endpoint = NATIVE_PATHS[protocol].format(capability=name) if protocol in NATIVE_PATHS else GRPC_UNBOUND
+        capability = _declare(name, endpoint=endpoint, protocol=protocol, version=version,
                               description=description, examples=list(examples), timeout_sla_ms=timeout_sla_ms,
                               max_payload_bytes=max_payload_bytes, idempotent=idempotent, trust_level=trust_level,
                               **prices)
@@ -169,6 +181,8 @@ class AgentReachSDK:
         except Exception as exc:
             detail = f"fail: {exc!r}"[:256]
         self.last_health = detail
+        if self._grpc is not None:
+            await self._grpc.set_health(detail == "ok")
         return detail == "ok", detail
 
     # Serving.
@@ -223,9 +237,10 @@ class AgentReachSDK:
             raise ValueError(f"Agent {self.agent_id!r} declares no capability; nothing to register")
         if self._host is None:
             await self._listen(host, port)
-        elif self._natives and not isinstance(self._host, AiohttpHost):
+        elif self._over_http() and not isinstance(self._host, AiohttpHost):
             raise ValueError("Native capabilities need an aiohttp server: use sdk.start() or attach an aiohttp app")
         try:
+            await self._serve_grpc(host)
             await self._join()
         except BaseException:
             await self._close()
@@ -242,6 +257,24 @@ class AgentReachSDK:
         log.info("agent listening", extra={"agent_id": self.agent_id, "base_url": self.base_url,
                                            "capabilities": sorted(self._natives)})
 
+    def _over_http(self) -> dict[str, Native]:
+        return {name: native for name, native in self._natives.items() if native.capability.protocol != "grpc"}
+
+    async def _serve_grpc(self, host: str) -> None:
+        natives = {name: native for name, native in self._natives.items() if native.capability.protocol == "grpc"}
+        if not natives:
+            return
+        try:
+            from agent_reach.grpc_serving import GrpcServer
+        except ImportError as exc:
+            raise RuntimeError("protocol='grpc' needs the grpc extra: pip install 'agent-reach-sdk[grpc]'") from exc
+        self._grpc = GrpcServer(self._dispatcher, natives)
+        bound = await self._grpc.start(host, self.grpc_port)
+        advertised = _advertised(host)
+        self.grpc_address = f"[{advertised}]:{bound}" if ":" in advertised else f"{advertised}:{bound}"
+        log.info("agent serving gRPC", extra={"agent_id": self.agent_id, "address": self.grpc_address,
+                                               "capabilities": sorted(natives)})
+
     def _resolve_paths(self) -> None:
         for name, routed in self._routed.items():
             path = routed.path or (self._host.path_of(routed.handler) if self._host is not None else None)
@@ -253,18 +286,22 @@ class AgentReachSDK:
             self._host.prepare(self._paths)
 
     def registration(self) -> RegisterRequest:
-        capabilities = [native.capability for native in self._natives.values()]
+        capabilities = [msgspec.structs.replace(native.capability, endpoint=self.grpc_address)
+                        if native.capability.protocol == "grpc" and self.grpc_address is not None
+                        else native.capability for native in self._natives.values()]
         capabilities += [msgspec.structs.replace(routed.capability, endpoint=self._paths[name])
                          for name, routed in self._routed.items()]
         health_url = HEALTH_PATH if self._host is None else self._host.health_path
+        if self.grpc_address is not None and all(capability.protocol == "grpc" for capability in capabilities):
+            health_url = f"grpc://{self.grpc_address}"  # probed with grpc.health.v1.Health
         return RegisterRequest(agent_id=self.agent_id, capabilities=capabilities, service=self.service,
                                base_url=self.base_url, health_url=health_url,
                                metadata={"zone": self.zone, **self.metadata}, direct_fallback=self.direct_fallback)
 
     def _arm_guard(self) -> None:
         """Tell the guard where each capability is registered, and say plainly when calls go unchecked."""
-        self.guard.expect({capability.name: URL(capability.endpoint).path
-                           for capability in self.registration().capabilities})
+        self.guard.expect({capability.name: GRPC_SIGNED_PATH if capability.protocol == "grpc"
+                           else URL(capability.endpoint).path for capability in self.registration().capabilities})
         if self.registration_token and not self.guard.active:
             log.warning("verify_calls is off: calls that bypass the router are served",
                         extra={"agent_id": self.agent_id})
@@ -314,6 +351,9 @@ class AgentReachSDK:
     async def _close(self) -> None:
         await cancel(self._heartbeats, self._watchdog, *self._notices)
         await self._sockets.close()
+        if self._grpc is not None:
+            await self._grpc.stop(ABANDON_GRACE)
+            self._grpc = self.grpc_address = None
         await close(self._runner, self._session)
         self._runner = self._session = None
 

@@ -54,7 +54,8 @@ class BusinessFailure(Exception):
 
 class ChunkOut(Protocol):
     """Where a streamed answer's chunks go as the handler yields them: server-sent events on the call's HTTP
-    answer (agent_reach.sse.EventWriter), or messages on the router's WebSocket (agent_reach.socket_serving)."""
+    answer (agent_reach.sse.EventWriter), messages on the router's WebSocket (agent_reach.socket_serving) or on
+    the call's gRPC stream (agent_reach.grpc_serving)."""
 
     def watch(self, caller_gone: Callable[[], Any]) -> AbstractContextManager[Any]:
         """While the block runs, ``caller_gone`` is called the moment the caller is known to have left."""
@@ -107,13 +108,15 @@ class Dispatcher:
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def handle(self, native: Native | None, name: str, body: bytes | None, headers: Mapping[str, str],
-                     caller_gone: Callable[[], bool] = lambda: False, out: ChunkOut | None = None) -> Reply:
+                     caller_gone: Callable[[], bool] = lambda: False, out: ChunkOut | None = None,
+                     signed: bytes | None = None) -> Reply:
         """Answer one POST to /atp/{name}; ``body`` is None when it exceeded the size the server reads.
 
         ``caller_gone`` tells whether the caller hung up (e.g. the router's first-byte timeout fired
         before our deadline): a result it will never read is reported as a late completion too.
         ``out``: where a streaming handler's chunks are written when the frame asks for a stream; the
-        Reply is then the final event's frame once ``out.started``.
+        Reply is then the final event's frame once ``out.started``. ``signed``: the bytes the router's
+        signature covers when they are not ``body`` (a gRPC call's message, agent_reach.grpc_wire).
         """
         request_id = headers.get(REQUEST_ID_HEADER, "")
         if native is None:
@@ -121,7 +124,7 @@ class Dispatcher:
         limit = native.capability.max_payload_bytes
         if body is None:
             return _error(request_id, ErrorCode.PAYLOAD_TOO_LARGE, f"Payload over {limit} bytes")
-        refused = self._guard.refusal(name, "POST", headers, body)
+        refused = self._guard.refusal(name, "POST", headers, body if signed is None else signed)
         if refused is not None:
             return _error(request_id, ErrorCode.UNAUTHENTICATED, refused)
         try:

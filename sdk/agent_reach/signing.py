@@ -30,6 +30,8 @@ from agent_reach.headers import SIGNATURE_HEADER
 
 VERSION = "v2"
 DEFAULT_WINDOW_S = 60.0
+# The path a gRPC call's signature names, whatever its method (agent_reach.grpc_wire): the gRPC service.
+GRPC_SIGNED_PATH = "/agentreach.v1.Agent"
 
 _LABEL = b"agentreach forward signing v1"
 
