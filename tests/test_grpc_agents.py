@@ -8,7 +8,6 @@ from typing import Any
 
 from agent_reach.dispatch import BusinessFailure
 
-from conftest import wait_for
 from stream_support import read_stream
 
 

@@ -13,6 +13,7 @@ Pure conversions only: the gRPC calls themselves are agent_reach/grpc_serving.py
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -61,6 +62,8 @@ CODE_OF: dict[grpc.StatusCode, ErrorCode] = {
 }
 
 _encoder = msgspec.json.Encoder()
+# A DNS name or an IPv4 address, or (as yarl gives a bracketed one) an IPv6 address.
+_HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?\Z|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*\Z")
 
 
 def parse_target(endpoint: str) -> tuple[str, int]:
@@ -74,6 +77,8 @@ def parse_target(endpoint: str) -> tuple[str, int]:
         raise ValueError(f"{endpoint!r} is not host:port")
     if not 0 < port < 65536:
         raise ValueError(f"{endpoint!r}: port {port} is out of range")
+    if not _HOST.match(url.raw_host):
+        raise ValueError(f"{endpoint!r}: {url.raw_host!r} is no host name or address")
     return url.raw_host, port
 
 
