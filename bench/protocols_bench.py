@@ -8,13 +8,16 @@ so a burst of load on this shared machine hits them alike:
   atp        an SDK agent's capability over HTTP (POST /atp/bench.atp): direct, and through the router
   websocket  the same SDK agent's capability over its WebSocket (/ws/bench.ws): direct (one connection, calls
              multiplexed on it, as the router does), and through the router
+  grpc       the same SDK agent's capability over its gRPC server (bench.grpc): direct (one channel, as the
+             router keeps), and through the router
 
 `agentreach registry` and `agentreach router --auth off --no-audit` run in processes of their own, each agent
 too; the callers are this process (`--concurrency` calls in flight per way, 1 KB payloads). Per way: calls/s
 and the p50 / p99 latency each caller saw; per protocol, the latency the router adds (the median over rounds
 of routed minus direct p50 and p99). Results: a table on stdout and JSON in bench/results/protocols_bench.json.
 
-Subcommand used by the run: `agent --port P --registry URL` (the SDK agent serving bench.atp and bench.ws).
+Subcommand used by the run: `agent --port P --grpc-port G --registry URL` (the SDK agent serving bench.atp,
+bench.ws and bench.grpc).
 """
 
 from __future__ import annotations
@@ -32,7 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import grpc
+import msgspec
 from agent_reach import AgentReachSDK, logs
+from agent_reach.grpc_wire import CALL_METHOD
+from agent_reach.proto.agent_pb2 import CallReply, CallRequest
 from agent_reach.socket_wire import Envelope, decode, encode
 
 from common import RESULTS, ROUTER_BENCH, free_port, keep_alive, machine, rank_at, spawn, stop_processes, wait_http
@@ -41,16 +48,17 @@ PAYLOAD = {"text": "x" * 1000}
 Call = Callable[[], Awaitable[None]]
 
 
-def agent_main(port: int, registry: str) -> None:
+def agent_main(port: int, grpc_port: int, registry: str) -> None:
     logs.configure()
     sdk = AgentReachSDK(agent_id="bench-sdk-1", registry_url=registry, zone="bench", service="bench-sdk",
-                        heartbeat_interval=2.0)
+                        heartbeat_interval=2.0, grpc_port=grpc_port)
 
     async def echo(payload: Any, ctx: Any) -> Any:
         return {"echo": payload}
 
     sdk.capability("bench.atp")(echo)
     sdk.capability("bench.ws", protocol="websocket")(echo)
+    sdk.capability("bench.grpc", protocol="grpc")(echo)
     sdk.serve("127.0.0.1", port)
 
 
@@ -84,6 +92,25 @@ class SocketCaller:
         await self.socket.close()
 
 
+class GrpcCaller:
+    """A caller of the agent's gRPC server on one channel, as the router does."""
+
+    def __init__(self, address: str):
+        self.channel = grpc.aio.insecure_channel(address)
+        self.request = CallRequest(capability="bench.grpc", payload=msgspec.json.encode(PAYLOAD)).SerializeToString()
+        self.unary = self.channel.unary_unary(CALL_METHOD)
+
+    async def call(self) -> None:
+        try:
+            reply = CallReply.FromString(await self.unary(self.request, timeout=5))
+        except grpc.aio.AioRpcError as exc:
+            raise AssertionError(f"gRPC {exc.code().name}: {exc.details()}") from None
+        assert reply.result.startswith(b'{"echo"'), reply
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
 def poster(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> Call:
     data = json.dumps(body).encode()
 
@@ -112,7 +139,7 @@ async def measure(call: Call, seconds: float, concurrency: int) -> dict[str, Any
 
 
 async def run(rounds: int, seconds: float, concurrency: int) -> dict[str, Any]:
-    ports = {name: free_port() for name in ("rest", "sdk", "registry", "router")}
+    ports = {name: free_port() for name in ("rest", "sdk", "grpc", "registry", "router")}
     registry, router = (f"http://127.0.0.1:{ports[name]}" for name in ("registry", "router"))
     rest, sdk = (f"http://127.0.0.1:{ports[name]}" for name in ("rest", "sdk"))
     with tempfile.TemporaryDirectory() as data_dir:
@@ -126,7 +153,8 @@ async def run(rounds: int, seconds: float, concurrency: int) -> dict[str, Any]:
         beating: asyncio.Task[None] | None = None
         try:
             await wait_http(f"{registry}/healthz")
-            processes.append(spawn(__file__, "agent", "--port", str(ports["sdk"]), "--registry", registry))
+            processes.append(spawn(__file__, "agent", "--port", str(ports["sdk"]), "--grpc-port", str(ports["grpc"]),
+                                   "--registry", registry))
             for url in (f"{router}/healthz", f"{rest}/healthz", f"{sdk}/healthz"):
                 await wait_http(url)
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
@@ -137,6 +165,7 @@ async def run(rounds: int, seconds: float, concurrency: int) -> dict[str, Any]:
                 beating = asyncio.create_task(keep_alive(registry, "bench-rest-1"))
                 socket = SocketCaller(session, f"{sdk}/ws/bench.ws")
                 await socket.open()
+                channel = GrpcCaller(f"127.0.0.1:{ports['grpc']}")
                 ways = {
                     "rest.direct": poster(session, f"{rest}/echo", PAYLOAD),
                     "rest.router": poster(session, f"{router}/atp", {"capability": "bench.rest", "payload": PAYLOAD}),
@@ -146,6 +175,8 @@ async def run(rounds: int, seconds: float, concurrency: int) -> dict[str, Any]:
                     "websocket.direct": socket.call,
                     "websocket.router": poster(session, f"{router}/atp", {"capability": "bench.ws",
                                                                           "payload": PAYLOAD}),
+                    "grpc.direct": channel.call,
+                    "grpc.router": poster(session, f"{router}/atp", {"capability": "bench.grpc", "payload": PAYLOAD}),
                 }
                 await until_routable(ways)
                 results: dict[str, list[dict[str, Any]]] = {way: [] for way in ways}
@@ -154,6 +185,7 @@ async def run(rounds: int, seconds: float, concurrency: int) -> dict[str, Any]:
                     for way in order if n % 2 == 0 else reversed(order):
                         results[way].append(await measure(ways[way], seconds, concurrency))
                 await socket.close()
+                await channel.close()
         finally:
             if beating is not None:
                 beating.cancel()
@@ -180,7 +212,7 @@ def summarize(results: dict[str, list[dict[str, Any]]], rounds: int, seconds: fl
     ways = {way: {key: statistics.median(run[key] for run in runs) for key in ("calls_per_s", "p50_ms", "p99_ms")}
             for way, runs in results.items()}
     added = {}
-    for protocol in ("rest", "atp", "websocket"):
+    for protocol in dict.fromkeys(way.split(".")[0] for way in results):
         routed, direct = results[f"{protocol}.router"], results[f"{protocol}.direct"]
         added[protocol] = {
             "p50_ms": statistics.median(r["p50_ms"] - d["p50_ms"] for r, d in zip(routed, direct, strict=True)),
@@ -208,13 +240,14 @@ def main() -> None:
     commands = parser.add_subparsers(dest="command")
     agent = commands.add_parser("agent")
     agent.add_argument("--port", type=int, required=True)
+    agent.add_argument("--grpc-port", type=int, required=True)
     agent.add_argument("--registry", required=True)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--concurrency", type=int, default=16)
     args = parser.parse_args()
     if args.command == "agent":
-        agent_main(args.port, args.registry)
+        agent_main(args.port, args.grpc_port, args.registry)
         return
     summary = asyncio.run(run(args.rounds, args.seconds, args.concurrency))
     report(summary)
