@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import msgspec
-from agent_reach.registration import RegisterRequest, known_metadata
+from agent_reach.mq_wire import SCHEMES, endpoint_for, parse_endpoint
+from agent_reach.registration import Capability, RegisterRequest, known_metadata
 from yarl import URL
 
 from mesh.records import InstanceRecord
@@ -30,6 +31,39 @@ def _resolve_endpoint(endpoint: str, base: URL | None, field: str) -> URL:
     return _absolute_url(endpoint, field)
 
 
+def _mq_endpoint(endpoint: str, field: str) -> str:
+    """An mq endpoint names its broker and request stream (agent_reach.mq_wire): the registry keeps no broker of
+    its own, so one that names none has no broker configured at all."""
+    try:
+        broker, stream = parse_endpoint(endpoint)
+    except ValueError as exc:
+        code = "invalid_endpoint" if endpoint.startswith(tuple(f"{scheme}:" for scheme in SCHEMES)) else "no_broker"
+        raise ApiError(400, code, f"An mq capability with no broker configured: {exc}" if code == "no_broker"
+                       else f"Not an mq endpoint: {exc}", field) from None
+    return endpoint_for(broker, stream)
+
+
+def _endpoint(capability: Capability, base: URL | None, field: str) -> str:
+    if capability.protocol == "mq":
+        return _mq_endpoint(capability.endpoint, field)
+    return str(_resolve_endpoint(capability.endpoint, base, field))
+
+
+def _health_url(request: RegisterRequest, capabilities: list[Capability], base: URL | None) -> str:
+    """Where the registry probes the instance: as registered, an A2A agent's card, else the /healthz of its first
+    HTTP endpoint (or of its base_url: an mq capability has no HTTP endpoint)."""
+    if request.health_url is not None:
+        return str(_resolve_endpoint(request.health_url, base, "health_url"))
+    if capabilities[0].protocol == "a2a":
+        return capabilities[0].endpoint  # an A2A agent is probed through its card
+    served = [URL(capability.endpoint) for capability in capabilities if capability.protocol != "mq"]
+    origin = served[0].origin() if served else base.origin() if base is not None else None
+    if origin is None:
+        raise ApiError(400, "invalid_url", "An agent serving only mq capabilities needs a health_url or a base_url "
+                       "for the registry to probe", "health_url")
+    return str(origin.with_path("/healthz"))
+
+
 def build_record(request: RegisterRequest, now: float, token_id: str | None = None) -> InstanceRecord:
     """Validate what the schema cannot (URLs, duplicates, known metadata) and resolve endpoints."""
     try:
@@ -47,14 +81,9 @@ def build_record(request: RegisterRequest, now: float, token_id: str | None = No
                 f"capabilities[{position}].name",
             )
         seen.add(capability.name)
-        endpoint = _resolve_endpoint(capability.endpoint, base, f"capabilities[{position}].endpoint")
-        capabilities.append(msgspec.structs.replace(capability, endpoint=str(endpoint)))
-    if request.health_url is not None:
-        health_url = str(_resolve_endpoint(request.health_url, base, "health_url"))
-    elif capabilities[0].protocol == "a2a":
-        health_url = capabilities[0].endpoint  # an A2A agent is probed through its card
-    else:
-        health_url = str(URL(capabilities[0].endpoint).origin().with_path("/healthz"))
+        endpoint = _endpoint(capability, base, f"capabilities[{position}].endpoint")
+        capabilities.append(msgspec.structs.replace(capability, endpoint=endpoint))
+    health_url = _health_url(request, capabilities, base)
     return InstanceRecord(
         agent_id=request.agent_id,
         service=request.service or request.agent_id,
