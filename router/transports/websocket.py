@@ -18,7 +18,6 @@ import time
 from typing import Any
 
 import aiohttp
-import msgspec
 from agent_reach.atp import ErrorCode, RequestFrame
 from agent_reach.headers import (
     COMPLETION_URL_HEADER,
@@ -47,6 +46,7 @@ from router.timeouts import ResolvedTimeouts
 from router.tracecontext import CallSpan
 from router.transports.answer import AgentAnswer, short_of_resources
 from router.transports.atp import AtpDialect
+from router.transports.exchange import Exchange, Received
 
 log = logging.getLogger("agentreach.router.websocket")
 
@@ -66,7 +66,7 @@ class _Link:
     def __init__(self, endpoint: str):
         self.endpoint = endpoint
         self.socket: aiohttp.ClientWebSocketResponse | None = None
-        self.calls: dict[str, asyncio.Queue[tuple[Envelope, bytes] | str]] = {}
+        self.calls: dict[str, asyncio.Queue[Received]] = {}
         self.opening: asyncio.Future[aiohttp.ClientWebSocketResponse] | None = None
         self.reader: asyncio.Task[None] | None = None
         self.failures = 0
@@ -227,9 +227,9 @@ class WebSocketTransport:
         if frame.request_id in link.calls:
             return AgentAnswer(error_code=ErrorCode.AGENT_ERROR, sent=False,
                                message="a call with this request_id is in flight to this instance already")
-        queue: asyncio.Queue[tuple[Envelope, bytes] | str] = asyncio.Queue()
+        queue: asyncio.Queue[Received] = asyncio.Queue()
         link.calls[frame.request_id] = queue
-        exchange = _Exchange(timeouts, max_answer_bytes)
+        exchange = Exchange(timeouts, max_answer_bytes)
         try:
             # An agent that stops reading holds a write up once the buffers fill: it counts against the first byte.
             await _write(socket, encode(Envelope(type=CALL, id=frame.request_id, headers=headers), body),
@@ -249,63 +249,3 @@ class WebSocketTransport:
             if not exchange.ended and not socket.closed:  # the router gave up (a timeout, the caller gone, the cap)
                 with contextlib.suppress(ConnectionError, TimeoutError):
                     await _write(socket, encode(Envelope(type=CANCEL, id=frame.request_id)), _CANCEL_SEND_S)
-
-
-class _Exchange:
-    """One call's messages read under its deadlines: first byte, then idle between chunks, and the total."""
-
-    def __init__(self, timeouts: ResolvedTimeouts, max_answer_bytes: int):
-        self.timeouts = timeouts
-        self.limit = max_answer_bytes
-        self.size = 0
-        self.chunks = 0
-        # Whether the agent is done with the call (it replied, or the connection is gone): else it is told to stop.
-        self.ended = False
-
-    async def answer(self, queue: asyncio.Queue[tuple[Envelope, bytes] | str], relay: Relay,
-                     dialect: AtpDialect) -> AgentAnswer:
-        timeouts = self.timeouts
-        ends_at = asyncio.get_running_loop().time() + timeouts.total_s
-        while True:
-            wait_s = timeouts.first_byte_s if self.chunks == 0 else timeouts.idle_s
-            waits_for = "first_byte" if self.chunks == 0 else "idle"
-            now = asyncio.get_running_loop().time()
-            if now + wait_s >= ends_at:
-                wait_s, waits_for = ends_at - now, "total"
-            try:
-                received = await asyncio.wait_for(queue.get(), max(wait_s, 0))
-            except TimeoutError:
-                return self.timed_out(waits_for)
-            if isinstance(received, str):
-                self.ended = True
-                return AgentAnswer(error_code=ErrorCode.AGENT_ERROR, chunks=self.chunks,
-                                   message=f"the agent's WebSocket connection was lost with the call on it "
-                                           f"({received}; after {self.chunks} chunks)")
-            envelope, body = received
-            self.size += len(body)
-            if self.size > self.limit:
-                return AgentAnswer(error_code=ErrorCode.ANSWER_TOO_LARGE, chunks=self.chunks,
-                                   message=f"agent's answer exceeds the router's limit of {self.limit} bytes")
-            if envelope.type == REPLY:
-                self.ended = True
-                answer = dialect.classify(envelope.status, body)
-                answer.chunks = self.chunks
-                return answer
-            try:
-                chunk = dialect.chunk(body)
-            except (msgspec.MsgspecError, UnicodeDecodeError) as exc:
-                return AgentAnswer(error_code=ErrorCode.AGENT_ERROR, chunks=self.chunks,
-                                   message=f"agent answered a malformed answer: a chunk is not JSON ({exc})")
-            await relay.pass_on([chunk])
-            self.chunks += 1
-
-    def timed_out(self, waits_for: str) -> AgentAnswer:
-        timeouts = self.timeouts
-        if waits_for == "first_byte":
-            return AgentAnswer(error_code=ErrorCode.FIRST_BYTE_TIMEOUT, chunks=self.chunks,
-                               message=f"no answer within {timeouts.first_byte_s * 1000:.0f} ms")
-        if waits_for == "idle":
-            return AgentAnswer(error_code=ErrorCode.IDLE_TIMEOUT, chunks=self.chunks,
-                               message=f"no chunk for {timeouts.idle_s * 1000:.0f} ms after {self.chunks} chunks")
-        return AgentAnswer(error_code=ErrorCode.TOTAL_TIMEOUT, chunks=self.chunks,
-                           message=f"call not finished within {timeouts.total_s * 1000:.0f} ms")
