@@ -13,6 +13,7 @@ import aiohttp
 from agent_reach.atp import RequestFrame
 from agent_reach.registration import Protocol
 
+from mesh.egress import Egress
 from router.a2a.outbound import A2AAgents
 from router.streaming import Relay
 from router.timeouts import ResolvedTimeouts
@@ -22,6 +23,7 @@ from router.transports.answer import AgentAnswer
 from router.transports.atp import AtpDialect
 from router.transports.base import DEFAULT_MAX_ANSWER_BYTES, Transport
 from router.transports.http import HttpTransport
+from router.transports.mq import MqTransport
 from router.transports.rest import RestDialect
 from router.transports.websocket import WebSocketTransport
 
@@ -29,13 +31,16 @@ from router.transports.websocket import WebSocketTransport
 class Forwarder:
     """Every protocol's transport; the HTTP ones share one keep-alive connection pool for every agent."""
 
-    def __init__(self, session: aiohttp.ClientSession, completion_url: str | None = None):
+    def __init__(self, session: aiohttp.ClientSession, completion_url: str | None = None, broker: str | None = None,
+                 egress: Egress | None = None):
+        """``broker``: where this router reaches mq agents (``redis://host:port``), held to ``egress``."""
         self._sockets = WebSocketTransport(session)
-        self._reporting: list[HttpTransport | WebSocketTransport] = [
+        self.queues = MqTransport(broker, egress or Egress())
+        self._reporting: list[HttpTransport | WebSocketTransport | MqTransport] = [
             HttpTransport(session, AtpDialect()), HttpTransport(session, RestDialect()),
-            HttpTransport(session, A2ADialect(A2AAgents(session))), self._sockets]
-        self.transports: dict[Protocol, Transport] = dict(zip(("atp", "rest", "a2a", "websocket"), self._reporting,
-                                                              strict=True))
+            HttpTransport(session, A2ADialect(A2AAgents(session))), self._sockets, self.queues]
+        self.transports: dict[Protocol, Transport] = dict(zip(("atp", "rest", "a2a", "websocket", "mq"),
+                                                              self._reporting, strict=True))
         self.completion_url = completion_url
         # Attempts by protocol and what each came to (an ErrorCode's value, or "ok"), for /metrics.
         self.attempts: Counter[tuple[str, str]] = Counter()
