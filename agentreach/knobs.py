@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import get_args
 
 from agent_reach.admission import MIN_PER_PEER, Limits
+from agent_reach.mq_wire import SCHEMES
 from agent_reach.registration import RoutingPolicy
+from yarl import URL
 
 from agentreach.credentials import AUTH_ENV, admin_key, default_auth
 from console.server import ConsoleSettings
@@ -222,9 +224,23 @@ def add_router_knobs(parser: argparse.ArgumentParser) -> None:
                         help="a budgeted client's calls that declare no context.max_tokens / max_cost run N at a "
                              "time per router (the others wait their turn): its budget is passed by at most N "
                              f"calls per router (default: {UNBOUNDED_CALLS})")
+    parser.add_argument("--broker", type=broker_url, default=None, metavar="redis://HOST:PORT",
+                        help="the message broker mq agents take their calls from (Redis Streams); without it, "
+                             "capabilities with protocol mq are not reached (default: none)")
     parser.add_argument("--workers", type=int, default=os.environ.get(WORKERS_ENV, "1"), metavar="N",
                         help="N router processes sharing the port (SO_REUSEPORT), restarted when one dies; each "
                              f"is a router of its own (default: 1, or ${WORKERS_ENV})")
+
+
+def broker_url(text: str) -> str:
+    """``--broker``: a redis:// URL naming a host (credentials allowed: they stay in this process)."""
+    try:
+        url = URL(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a URL: {exc}") from None
+    if url.scheme not in SCHEMES or not url.host or url.path not in ("", "/"):
+        raise argparse.ArgumentTypeError(f"expected redis://host:port, got {text!r}")
+    return text
 
 
 def check_router_knobs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -259,7 +275,7 @@ def router_settings(args: argparse.Namespace, port: int, registry_url: str | Non
                                 audit_path=args.data_dir / "audit.db" if args.audit else None,
                                 audit_retention_days=args.audit_retention_days,
                                 audit_batch_rows=args.audit_batch_rows, agent_networks=args.agent_networks,
-                                connections=connection_limits(args))
+                                connections=connection_limits(args), broker=args.broker)
 
 
 def console_settings(args: argparse.Namespace, port: int, registry_url: str, router_url: str) -> ConsoleSettings:

@@ -8,7 +8,9 @@ resolution (mesh/egress_client.py): a name pointed elsewhere after it was regist
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import socket
 from collections.abc import Iterable
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -21,6 +23,8 @@ GUARDED: tuple[IPNetwork, ...] = tuple(ipaddress.ip_network(text) for text in (
     "169.254.0.0/16", "fe80::/10", "fd00:ec2::254/128", "100.100.100.200/32"))
 # The networks a refusal names; past these, how many more.
 NAMED_IN_REASONS = 4
+# A name still unresolved after this is refused: a registration does not wait on a slow DNS server.
+RESOLVE_TIMEOUT_S = 5.0
 # Verdicts a process keeps, by host: more than any mesh's agents' hosts; past it they are judged afresh.
 MAX_VERDICTS = 8192
 
@@ -99,3 +103,31 @@ def is_address(host: str) -> bool:
     """Whether a URL's host is an address rather than a name, as aiohttp tells them apart (it resolves
     only names, and refuses numeric hosts that are no canonical address, such as ``127.1``)."""
     return ":" in host or host.replace(".", "").isdigit()
+
+
+async def _resolved(host: str, port: int) -> list[str] | str:
+    """The addresses ``host`` resolves to, or why it does not."""
+    try:
+        found = await asyncio.wait_for(
+            asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM), RESOLVE_TIMEOUT_S)
+    except TimeoutError:
+        return f"{host} did not resolve within {RESOLVE_TIMEOUT_S:.0f} s"
+    except (OSError, UnicodeError) as exc:
+        return f"{host} does not resolve ({exc})"
+    return [str(address[4][0]) for address in found]
+
+
+async def host_verdict(egress: Egress, host: str, port: int) -> tuple[str, str] | None:
+    """(error code, reason) when the rule refuses ``host`` (a registration's URL, the router's broker); None when
+    every address it has is allowed. A name that does not resolve is refused: where it points is unknown."""
+    if is_address(host):
+        reason = egress.address_refusal(host)
+        return ("address_refused", reason) if reason is not None else None
+    addresses = await _resolved(host, port)
+    if isinstance(addresses, str):
+        return "host_unresolved", addresses
+    for address in addresses:
+        reason = egress.address_refusal(address)
+        if reason is not None:
+            return "address_refused", f"{host} resolves to {reason}"
+    return None

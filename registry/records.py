@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 from agent_reach.grpc_wire import parse_target
+from agent_reach.mq_wire import SCHEMES, endpoint_for, parse_endpoint
 from agent_reach.registration import Capability, RegisterRequest, known_metadata
 from yarl import URL
 
@@ -34,13 +35,6 @@ def _grpc_target(endpoint: str, field: str) -> str:
     return endpoint
 
 
-def _endpoint(capability: Capability, base: URL | None, field: str) -> str:
-    """Where the capability is reached: a URL (a path joins base_url), or host:port for gRPC."""
-    if capability.protocol == "grpc":
-        return _grpc_target(capability.endpoint, field)
-    return str(_resolve_endpoint(capability.endpoint, base, field))
-
-
 def _resolve_endpoint(endpoint: str, base: URL | None, field: str) -> URL:
     if endpoint.startswith("/"):
         if base is None:
@@ -49,6 +43,46 @@ def _resolve_endpoint(endpoint: str, base: URL | None, field: str) -> URL:
             )
         return base.join(URL(endpoint))
     return _absolute_url(endpoint, field)
+
+
+def _mq_endpoint(endpoint: str, field: str) -> str:
+    """An mq endpoint names its broker and request stream (agent_reach.mq_wire): the registry keeps no broker of
+    its own, so one that names none has no broker configured at all."""
+    try:
+        broker, stream = parse_endpoint(endpoint)
+    except ValueError as exc:
+        code = "invalid_endpoint" if endpoint.startswith(tuple(f"{scheme}:" for scheme in SCHEMES)) else "no_broker"
+        raise ApiError(400, code, f"An mq capability with no broker configured: {exc}" if code == "no_broker"
+                       else f"Not an mq endpoint: {exc}", field) from None
+    return endpoint_for(broker, stream)
+
+
+def _endpoint(capability: Capability, base: URL | None, field: str) -> str:
+    """Where the capability is reached: a URL (a path joins base_url), host:port for gRPC, broker and stream for mq."""
+    if capability.protocol == "grpc":
+        return _grpc_target(capability.endpoint, field)
+    if capability.protocol == "mq":
+        return _mq_endpoint(capability.endpoint, field)
+    return str(_resolve_endpoint(capability.endpoint, base, field))
+
+
+def _health_url(request: RegisterRequest, capabilities: list[Capability], base: URL | None) -> str:
+    """Where the registry probes the instance: as registered, an A2A agent's card, a gRPC agent's grpc.health.v1,
+    else the /healthz of its first HTTP endpoint (or of its base_url: an mq capability has no HTTP endpoint)."""
+    if request.health_url is not None and request.health_url.startswith(f"{GRPC_HEALTH_SCHEME}:"):
+        return str(_absolute_url(request.health_url, "health_url", (GRPC_HEALTH_SCHEME,)))
+    if request.health_url is not None:
+        return str(_resolve_endpoint(request.health_url, base, "health_url"))
+    if capabilities[0].protocol == "a2a":
+        return capabilities[0].endpoint  # an A2A agent is probed through its card
+    if capabilities[0].protocol == "grpc":
+        return f"{GRPC_HEALTH_SCHEME}://{capabilities[0].endpoint}"
+    served = [URL(capability.endpoint) for capability in capabilities if capability.protocol not in ("mq", "grpc")]
+    origin = served[0].origin() if served else base.origin() if base is not None else None
+    if origin is None:
+        raise ApiError(400, "invalid_url", "An agent serving only mq capabilities needs a health_url or a base_url "
+                       "for the registry to probe", "health_url")
+    return str(origin.with_path("/healthz"))
 
 
 def build_record(request: RegisterRequest, now: float, token_id: str | None = None) -> InstanceRecord:
@@ -70,16 +104,7 @@ def build_record(request: RegisterRequest, now: float, token_id: str | None = No
         seen.add(capability.name)
         endpoint = _endpoint(capability, base, f"capabilities[{position}].endpoint")
         capabilities.append(msgspec.structs.replace(capability, endpoint=endpoint))
-    if request.health_url is not None and request.health_url.startswith(f"{GRPC_HEALTH_SCHEME}:"):
-        health_url = str(_absolute_url(request.health_url, "health_url", (GRPC_HEALTH_SCHEME,)))
-    elif request.health_url is not None:
-        health_url = str(_resolve_endpoint(request.health_url, base, "health_url"))
-    elif capabilities[0].protocol == "a2a":
-        health_url = capabilities[0].endpoint  # an A2A agent is probed through its card
-    elif capabilities[0].protocol == "grpc":
-        health_url = f"{GRPC_HEALTH_SCHEME}://{capabilities[0].endpoint}"
-    else:
-        health_url = str(URL(capabilities[0].endpoint).origin().with_path("/healthz"))
+    health_url = _health_url(request, capabilities, base)
     return InstanceRecord(
         agent_id=request.agent_id,
         service=request.service or request.agent_id,

@@ -24,22 +24,26 @@ from router.transports.atp import AtpDialect
 from router.transports.base import DEFAULT_MAX_ANSWER_BYTES, Transport
 from router.transports.grpc import GrpcTransport
 from router.transports.http import HttpTransport
+from router.transports.mq import MqTransport
 from router.transports.rest import RestDialect
 from router.transports.websocket import WebSocketTransport
 
 
 class Forwarder:
     """Every protocol's transport; the HTTP ones share one keep-alive connection pool for every agent. ``egress``:
-    the rule the session's connections are held to, which gRPC channels (opened outside it) are held to too."""
+    the rule the session's connections are held to, which gRPC channels and the broker (opened outside it) are held
+    to too. ``broker``: where this router reaches mq agents (``redis://host:port``)."""
 
-    def __init__(self, session: aiohttp.ClientSession, completion_url: str | None = None,
+    def __init__(self, session: aiohttp.ClientSession, completion_url: str | None = None, broker: str | None = None,
                  egress: Egress | None = None):
+        egress = egress or Egress()
         self._sockets = WebSocketTransport(session)
-        self._channels = GrpcTransport(egress or Egress())
-        self._reporting: list[HttpTransport | WebSocketTransport | GrpcTransport] = [
+        self._channels = GrpcTransport(egress)
+        self.queues = MqTransport(broker, egress)
+        self._reporting: list[HttpTransport | WebSocketTransport | GrpcTransport | MqTransport] = [
             HttpTransport(session, AtpDialect()), HttpTransport(session, RestDialect()),
-            HttpTransport(session, A2ADialect(A2AAgents(session))), self._sockets, self._channels]
-        self.transports: dict[Protocol, Transport] = dict(zip(("atp", "rest", "a2a", "websocket", "grpc"),
+            HttpTransport(session, A2ADialect(A2AAgents(session))), self._sockets, self._channels, self.queues]
+        self.transports: dict[Protocol, Transport] = dict(zip(("atp", "rest", "a2a", "websocket", "grpc", "mq"),
                                                               self._reporting, strict=True))
         self.completion_url = completion_url
         # Attempts by protocol and what each came to (an ErrorCode's value, or "ok"), for /metrics.

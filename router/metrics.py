@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -54,6 +54,17 @@ def budget_metrics(budgets: Budgets) -> Iterator[Metric]:
                             "Budget tokens this router was granted this period and has not spent", value=tokens)
     yield GaugeMetricFamily("agentreach_router_budget_leased_unspent_cost",
                             "Budget cost this router was granted this period and has not spent", value=cost)
+
+
+# The mq transport's counts (router/transports/mq.py), each a counter of its own.
+MQ_COUNTS = {"duplicates": "mq answers dropped: the call was answered already, by another instance",
+             "redelivered": "mq calls answered after the instance holding them died (answered once)",
+             "dead_lettered": "mq calls agents dead-lettered after too many deliveries"}
+
+
+def mq_metrics(counts: Mapping[str, int]) -> Iterator[Metric]:
+    for what, help_text in MQ_COUNTS.items():
+        yield CounterMetricFamily(f"agentreach_router_mq_{what}", help_text.capitalize(), value=counts.get(what, 0))
 
 
 class RouterCollector(Collector):
@@ -112,6 +123,7 @@ class RouterCollector(Collector):
         yield GaugeMetricFamily("agentreach_router_grpc_channels",
                                 "gRPC channels connected to agents (one per instance endpoint in use)",
                                 value=router.forwarder.grpc_channels)
+        yield from mq_metrics(router.forwarder.queues.counts)
         inflight = GaugeMetricFamily("agentreach_router_inflight", "Calls in flight per instance", labels=["instance"])
         for agent_id, count in router.book.inflight.items():
             inflight.add_metric([agent_id], count)

@@ -78,6 +78,8 @@ class RouterServerSettings(msgspec.Struct, kw_only=True):
     views: WorkerViews | None = None
     # Networks agents may be reached in (mesh/egress.py); empty: any but link-local and metadata addresses.
     agent_networks: tuple[str, ...] = ()
+    # The broker mq agents are reached on (redis://host:port); None: mq capabilities are not reached.
+    broker: str | None = None
     # What the listener holds its connections to: deadlines, the cap (agent_reach.connections).
     connections: Limits = msgspec.field(default_factory=Limits)
 
@@ -135,7 +137,7 @@ class RouterServer:
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30))
         egress = Egress(self.settings.agent_networks)
         self._agents = agents_session(egress, limit=0, keepalive_timeout=30)
-        forwarder = Forwarder(self._agents, egress=egress)
+        forwarder = Forwarder(self._agents, broker=self.settings.broker, egress=egress)
         if self.settings.semantic.enabled:
             # Imported only when asked for: it needs the `embed` extra (numpy and the model's wheel).
             try:

@@ -21,7 +21,8 @@ from registry.server import RegistryServer, RegistrySettings
 # them. Modules holding only plain helpers (doc_support, hardening_support, storage_support) are
 # imported where used.
 pytest_plugins = ["agent_support", "router_support", "log_support", "sdk_support", "console_support", "wal_support",
-                  "etcd_support", "failure_support", "node_support", "socket_support", "grpc_support"]
+                  "etcd_support", "failure_support", "node_support", "socket_support", "grpc_support",
+                  "mq_support"]
 
 
 async def wait_for(condition: Callable[[], Awaitable[Any] | Any], timeout: float = 10.0,

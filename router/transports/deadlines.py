@@ -1,5 +1,5 @@
 """One call's waits for its messages under its timeouts, for the transports that read an answer as messages
-(WebSocket, gRPC): the first within first byte, each next within idle of the last, all within total."""
+(WebSocket, mq, gRPC): the first within first byte, each next within idle of the last, all within total."""
 
 from __future__ import annotations
 

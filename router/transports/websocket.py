@@ -18,7 +18,6 @@ import time
 from typing import Any
 
 import aiohttp
-import msgspec
 from agent_reach.atp import ErrorCode, RequestFrame
 from agent_reach.headers import (
     COMPLETION_URL_HEADER,
@@ -48,7 +47,7 @@ from router.tracecontext import CallSpan
 from router.transports.answer import AgentAnswer, short_of_resources
 from router.transports.atp import AtpDialect
 from router.transports.base import IDLE_CLOSE_S
-from router.transports.deadlines import Deadlines
+from router.transports.exchange import Exchange, Received
 
 log = logging.getLogger("agentreach.router.websocket")
 
@@ -66,7 +65,7 @@ class _Link:
     def __init__(self, endpoint: str):
         self.endpoint = endpoint
         self.socket: aiohttp.ClientWebSocketResponse | None = None
-        self.calls: dict[str, asyncio.Queue[tuple[Envelope, bytes] | str]] = {}
+        self.calls: dict[str, asyncio.Queue[Received]] = {}
         self.opening: asyncio.Future[aiohttp.ClientWebSocketResponse] | None = None
         self.reader: asyncio.Task[None] | None = None
         self.failures = 0
@@ -227,9 +226,9 @@ class WebSocketTransport:
         if frame.request_id in link.calls:
             return AgentAnswer(error_code=ErrorCode.AGENT_ERROR, sent=False,
                                message="a call with this request_id is in flight to this instance already")
-        queue: asyncio.Queue[tuple[Envelope, bytes] | str] = asyncio.Queue()
+        queue: asyncio.Queue[Received] = asyncio.Queue()
         link.calls[frame.request_id] = queue
-        exchange = _Exchange(timeouts, max_answer_bytes)
+        exchange = Exchange(timeouts, max_answer_bytes)
         try:
             # An agent that stops reading holds a write up once the buffers fill: it counts against the first byte.
             await _write(socket, encode(Envelope(type=CALL, id=frame.request_id, headers=headers), body),
@@ -249,49 +248,3 @@ class WebSocketTransport:
             if not exchange.ended and not socket.closed:  # the router gave up (a timeout, the caller gone, the cap)
                 with contextlib.suppress(ConnectionError, TimeoutError):
                     await _write(socket, encode(Envelope(type=CANCEL, id=frame.request_id)), _CANCEL_SEND_S)
-
-
-class _Exchange:
-    """One call's messages read under its deadlines (router/transports/deadlines.py)."""
-
-    def __init__(self, timeouts: ResolvedTimeouts, max_answer_bytes: int):
-        self.deadlines = Deadlines(timeouts)
-        self.limit = max_answer_bytes
-        self.size = 0
-        self.chunks = 0
-        # Whether the agent is done with the call (it replied, or the connection is gone): else it is told to stop.
-        self.ended = False
-
-    async def answer(self, queue: asyncio.Queue[tuple[Envelope, bytes] | str], relay: Relay,
-                     dialect: AtpDialect) -> AgentAnswer:
-        while True:
-            wait_s, waits_for = self.deadlines.next_wait(self.chunks)
-            try:
-                received = await asyncio.wait_for(queue.get(), wait_s)
-            except TimeoutError:
-                return self.timed_out(waits_for)
-            if isinstance(received, str):
-                self.ended = True
-                return AgentAnswer(error_code=ErrorCode.AGENT_ERROR, chunks=self.chunks,
-                                   message=f"the agent's WebSocket connection was lost with the call on it "
-                                           f"({received}; after {self.chunks} chunks)")
-            envelope, body = received
-            self.size += len(body)
-            if self.size > self.limit:
-                return AgentAnswer(error_code=ErrorCode.ANSWER_TOO_LARGE, chunks=self.chunks,
-                                   message=f"agent's answer exceeds the router's limit of {self.limit} bytes")
-            if envelope.type == REPLY:
-                self.ended = True
-                answer = dialect.classify(envelope.status, body)
-                answer.chunks = self.chunks
-                return answer
-            try:
-                chunk = dialect.chunk(body)
-            except (msgspec.MsgspecError, UnicodeDecodeError) as exc:
-                return AgentAnswer(error_code=ErrorCode.AGENT_ERROR, chunks=self.chunks,
-                                   message=f"agent answered a malformed answer: a chunk is not JSON ({exc})")
-            await relay.pass_on([chunk])
-            self.chunks += 1
-
-    def timed_out(self, waits_for: str) -> AgentAnswer:
-        return self.deadlines.timed_out(waits_for, self.chunks)

@@ -28,6 +28,8 @@ from agent_reach.dispatch import BusinessFailure, Dispatcher, Handler, LateCompl
 from agent_reach.guard import CallGuard
 from agent_reach.heartbeat import RegistryLink, RegistryUnavailable
 from agent_reach.inflight import Inflight
+from agent_reach.mq_serving import MAX_DELIVERIES, VISIBILITY_S, MqServer
+from agent_reach.mq_wire import endpoint_for
 from agent_reach.registration import Capability, HeartbeatRequest, Protocol, RegisterRequest, TrustLevel
 from agent_reach.serving import cancel, close, listen
 from agent_reach.signing import DEFAULT_WINDOW_S, GRPC_SIGNED_PATH, signing_key
@@ -54,7 +56,10 @@ DEFAULT_MAX_PAYLOAD = 1024 * 1024
 NATIVE_PATHS = {"atp": "/atp/{capability}", "websocket": "/ws/{capability}"}
 # A grpc capability's endpoint until start: its gRPC server's host:port, known once it listens.
 GRPC_UNBOUND = "grpc-server-not-started"
-NativeProtocol = Literal["atp", "websocket", "grpc"]
+# Protocols the SDK serves natively: those above, gRPC calls to the agent's gRPC server (agent_reach.grpc_serving)
+# and calls taken from a broker's stream (agent_reach.mq_serving).
+NativeProtocol = Literal["atp", "websocket", "grpc", "mq"]
+NATIVE_PROTOCOLS = (*NATIVE_PATHS, "grpc", "mq")
 
 _encoder = msgspec.json.Encoder()
 
@@ -81,11 +86,15 @@ class AgentReachSDK:
                  metadata: dict[str, Any] | None = None, registration_token: str | None = None,
                  heartbeat_interval: float = 3.0, direct_fallback: bool = False, max_inflight: int = 64,
                  base_url: str | None = None, drain_timeout: float = 30.0, verify_calls: bool = True,
-                 signature_window_s: float = DEFAULT_WINDOW_S, grpc_port: int = 0):
+                 signature_window_s: float = DEFAULT_WINDOW_S, grpc_port: int = 0, broker: str | None = None,
+                 mq_visibility_s: float = VISIBILITY_S, mq_max_deliveries: int = MAX_DELIVERIES):
         """``registry_url``: one registry, or several (a list or comma-separated) to fail over between.
         ``verify_calls`` (with a ``registration_token``): refuse calls the router did not sign,
         within ``signature_window_s`` of this host's clock; direct fallback calls only if ``direct_fallback``.
-        ``grpc_port``: where capabilities with ``protocol="grpc"`` are served (0: any free port)."""
+        ``grpc_port``: where capabilities with ``protocol="grpc"`` are served (0: any free port).
+        ``broker`` (``redis://host:port``): where ``protocol="mq"`` capabilities take their calls; a call this
+        agent held for ``mq_visibility_s`` without a sign of life goes to a sibling, and one delivered more than
+        ``mq_max_deliveries`` times is dead-lettered (agent_reach.mq_serving)."""
         self.agent_id = agent_id
         self.registry_url = registry_url
         self.zone = zone
@@ -96,6 +105,10 @@ class AgentReachSDK:
         self.direct_fallback = direct_fallback
         self.base_url = base_url
         self.drain_timeout = drain_timeout
+        self.broker = broker
+        self.mq_visibility_s = mq_visibility_s
+        self.mq_max_deliveries = mq_max_deliveries
+        self.mq: MqServer | None = None
         self.inflight = Inflight(max_inflight)
         self.last_health = "ok"
         self.link: RegistryLink | None = None
@@ -123,17 +136,20 @@ class AgentReachSDK:
     def capability(self, name: str, *, version: str = "1.0", description: str = "", examples: Sequence[str] = (),
                    timeout_sla_ms: int = 30_000, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
                    idempotent: bool = False, trust_level: TrustLevel | None = None,
-                   protocol: NativeProtocol = "atp", **prices: float) -> Callable[[Handler], Handler]:
+                   protocol: NativeProtocol = "atp", stream: str | None = None,
+                   **prices: float) -> Callable[[Handler], Handler]:
         """Serve ``async def handler(payload, ctx)`` as capability ``name`` over ATP; a handler that is an
         async generator streams its answer, one chunk per ``yield`` (agent_reach.dispatch). ``protocol``:
         how the router reaches it, an HTTP POST per call (``atp``), calls multiplexed on a WebSocket the
-        router keeps open (``websocket``, agent_reach.socket_wire) or gRPC calls to the agent's gRPC server
-        (``grpc``, agent_reach.grpc_wire; the ``grpc`` extra); the handler is the same. ``prices``:
+        router keeps open (``websocket``, agent_reach.socket_wire), gRPC calls to the agent's gRPC server
+        (``grpc``, agent_reach.grpc_wire; the ``grpc`` extra), or calls taken from the request stream
+        ``stream`` on the agent's ``broker`` (``mq``, agent_reach.mq_wire; by default
+        ``agentreach.<service>.<name>``, shared by the service's instances); the handler is the same. ``prices``:
         ``cost_per_call``, ``cost_per_1k_input_tokens``, ``cost_per_1k_output_tokens`` (agent_reach.usage)."""
-        if protocol not in (*NATIVE_PATHS, "grpc"):
-            raise ValueError(f"protocol must be one of {sorted((*NATIVE_PATHS, 'grpc'))}, not {protocol!r}")
-        endpoint = NATIVE_PATHS[protocol].format(capability=name) if protocol in NATIVE_PATHS else GRPC_UNBOUND
-        capability = _declare(name, endpoint=endpoint, protocol=protocol, version=version,
+        if protocol not in NATIVE_PROTOCOLS:
+            raise ValueError(f"protocol must be one of {sorted(NATIVE_PROTOCOLS)}, not {protocol!r}")
+        capability = _declare(name, endpoint=self._native_endpoint(name, protocol, stream), protocol=protocol,
+                              version=version,
                               description=description, examples=list(examples), timeout_sla_ms=timeout_sla_ms,
                               max_payload_bytes=max_payload_bytes, idempotent=idempotent, trust_level=trust_level,
                               **prices)
@@ -147,6 +163,15 @@ class AgentReachSDK:
             return handler
 
         return decorate
+
+    def _native_endpoint(self, name: str, protocol: str, stream: str | None) -> str:
+        if protocol in NATIVE_PATHS:
+            return NATIVE_PATHS[protocol].format(capability=name)
+        if protocol == "grpc":
+            return GRPC_UNBOUND
+        if self.broker is None:
+            raise ValueError(f"capability {name!r} is served over mq: give the agent its broker= (redis://host:port)")
+        return endpoint_for(self.broker, stream or f"agentreach.{self.service or self.agent_id}.{name}")
 
     def add_route(self, name: str, handler: Any, *, protocol: Protocol = "rest", version: str = "1.0",
                   path: str | None = None, **options: Any) -> None:
@@ -241,6 +266,7 @@ class AgentReachSDK:
             raise ValueError("Native capabilities need an aiohttp server: use sdk.start() or attach an aiohttp app")
         try:
             await self._serve_grpc(host)
+            await self._consume()
             await self._join()
         except BaseException:
             await self._close()
@@ -258,7 +284,8 @@ class AgentReachSDK:
                                            "capabilities": sorted(self._natives)})
 
     def _over_http(self) -> dict[str, Native]:
-        return {name: native for name, native in self._natives.items() if native.capability.protocol != "grpc"}
+        return {name: native for name, native in self._natives.items()
+                if native.capability.protocol not in ("grpc", "mq")}
 
     async def _serve_grpc(self, host: str) -> None:
         natives = {name: native for name, native in self._natives.items() if native.capability.protocol == "grpc"}
@@ -274,6 +301,18 @@ class AgentReachSDK:
         self.grpc_address = f"[{advertised}]:{bound}" if ":" in advertised else f"{advertised}:{bound}"
         log.info("agent serving gRPC", extra={"agent_id": self.agent_id, "address": self.grpc_address,
                                                "capabilities": sorted(natives)})
+
+    async def _consume(self) -> None:
+        """Start taking the mq capabilities' calls from the broker, before the registry routes any here."""
+        served = [native for native in self._natives.values() if native.capability.protocol == "mq"]
+        if not served:
+            return
+        assert self.broker is not None  # checked when each was declared
+        from agent_reach.redis_broker import RedisBroker  # imported only here: it needs the mq extra (redis)
+
+        self.mq = MqServer(self._dispatcher, self.guard, self.inflight, RedisBroker(self.broker), self.agent_id,
+                           self.mq_visibility_s, self.mq_max_deliveries)
+        await self.mq.start(served)
 
     def _resolve_paths(self) -> None:
         for name, routed in self._routed.items():
@@ -312,7 +351,11 @@ class AgentReachSDK:
     async def heartbeat(self) -> HeartbeatRequest:
         _, health = await self.check_health()
         return HeartbeatRequest(agent_id=self.agent_id, load=self.inflight.load, inflight=self.inflight.count,
-                                health=health, metrics=dict(self.inflight.counters))
+                                health=health, metrics={**self.inflight.counters, **self._mq_counts()})
+
+    def _mq_counts(self) -> dict[str, int]:
+        """What became of mq entries besides plain answers: redeliveries, refusals, dead letters, drops."""
+        return {f"mq_{what}": count for what, count in self.mq.counts.items()} if self.mq is not None else {}
 
     async def _join(self) -> None:
         if self.base_url is None:
@@ -354,6 +397,9 @@ class AgentReachSDK:
         if self._grpc is not None:
             await self._grpc.stop(ABANDON_GRACE)
             self._grpc = self.grpc_address = None
+        if self.mq is not None:
+            await self.mq.close()
+            self.mq = None
         await close(self._runner, self._session)
         self._runner = self._session = None
 

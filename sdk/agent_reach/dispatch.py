@@ -90,7 +90,7 @@ class Reply(NamedTuple):
     body: bytes
 
 
-def _error(request_id: str, code: ErrorCode, message: str) -> Reply:
+def error_reply(request_id: str, code: ErrorCode, message: str) -> Reply:
     return Reply(code.http_status, _encoder.encode(error_frame(request_id, code, message)))
 
 
@@ -109,36 +109,38 @@ class Dispatcher:
 
     async def handle(self, native: Native | None, name: str, body: bytes | None, headers: Mapping[str, str],
                      caller_gone: Callable[[], bool] = lambda: False, out: ChunkOut | None = None,
-                     signed: bytes | None = None) -> Reply:
+                     signed: bytes | None = None, verified: bool = False) -> Reply:
         """Answer one POST to /atp/{name}; ``body`` is None when it exceeded the size the server reads.
 
         ``caller_gone`` tells whether the caller hung up (e.g. the router's first-byte timeout fired
         before our deadline): a result it will never read is reported as a late completion too.
         ``out``: where a streaming handler's chunks are written when the frame asks for a stream; the
         Reply is then the final event's frame once ``out.started``. ``signed``: the bytes the router's
-        signature covers when they are not ``body`` (a gRPC call's message, agent_reach.grpc_wire).
+        signature covers when they are not ``body`` (a gRPC call's message, agent_reach.grpc_wire). ``verified``:
+        the protocol's server checked the signature itself (an mq call is signed for its stream, not for this
+        instance).
         """
         request_id = headers.get(REQUEST_ID_HEADER, "")
         if native is None:
-            return _error(request_id, ErrorCode.UNKNOWN_CAPABILITY, f"This agent has no capability {name!r}")
+            return error_reply(request_id, ErrorCode.UNKNOWN_CAPABILITY, f"This agent has no capability {name!r}")
         limit = native.capability.max_payload_bytes
         if body is None:
-            return _error(request_id, ErrorCode.PAYLOAD_TOO_LARGE, f"Payload over {limit} bytes")
-        refused = self._guard.refusal(name, "POST", headers, body if signed is None else signed)
+            return error_reply(request_id, ErrorCode.PAYLOAD_TOO_LARGE, f"Payload over {limit} bytes")
+        refused = None if verified else self._guard.refusal(name, "POST", headers, body if signed is None else signed)
         if refused is not None:
-            return _error(request_id, ErrorCode.UNAUTHENTICATED, refused)
+            return error_reply(request_id, ErrorCode.UNAUTHENTICATED, refused)
         try:
             frame = _frames.decode(body)
         except msgspec.DecodeError as exc:
-            return _error(request_id, ErrorCode.INVALID_FRAME, f"Not a request frame: {exc}")
+            return error_reply(request_id, ErrorCode.INVALID_FRAME, f"Not a request frame: {exc}")
         if frame.capability not in (None, name):
-            return _error(frame.request_id, ErrorCode.INVALID_FRAME,
+            return error_reply(frame.request_id, ErrorCode.INVALID_FRAME,
                           f"Frame names capability {frame.capability!r} but was sent to {name!r}")
         if _payload_size(frame, body, limit) > limit:
-            return _error(frame.request_id, ErrorCode.PAYLOAD_TOO_LARGE, f"Payload over {limit} bytes")
+            return error_reply(frame.request_id, ErrorCode.PAYLOAD_TOO_LARGE, f"Payload over {limit} bytes")
         if self.inflight.refuses():
             why = "stopping" if self.inflight.draining else f"at its limit of {self.inflight.limit} calls"
-            return _error(frame.request_id, ErrorCode.BUSY, f"Agent {self.agent_id} is {why}")
+            return error_reply(frame.request_id, ErrorCode.BUSY, f"Agent {self.agent_id} is {why}")
         slot = self.inflight.enter(frame.request_id, name)
         try:
             with logs.bind(request_id=frame.request_id, capability=name):
@@ -165,12 +167,13 @@ class Dispatcher:
             raise
         if out is not None and task.cancelled() and caller_gone():  # not the agent's failure: not counted as one
             log.info("caller left a streamed call; handler cancelled")
-            return _error(frame.request_id, ErrorCode.BUSY, "The caller left before the call finished")
+            return error_reply(frame.request_id, ErrorCode.BUSY, "The caller left before the call finished")
         if not task.done():
             task.cancel()
             self.inflight.count_outcome("timeout", call.tokens_reported)
             log.warning("handler overran its deadline; cancelled", extra={"budget_ms": budget_ms})
-            return _error(frame.request_id, ErrorCode.TOTAL_TIMEOUT, f"Handler did not finish within {budget_ms} ms")
+            return error_reply(frame.request_id, ErrorCode.TOTAL_TIMEOUT,
+                               f"Handler did not finish within {budget_ms} ms")
         finished = time.monotonic()
         reply = self._reply(task, call)
         completion_url = headers.get(COMPLETION_URL_HEADER)
@@ -201,11 +204,11 @@ class Dispatcher:
 
     def _outcome(self, task: asyncio.Task[Any], call: CallContext) -> tuple[str, Reply]:
         if task.cancelled():
-            return "error", _error(call.request_id, ErrorCode.BUSY, "Agent stopped before the call finished")
+            return "error", error_reply(call.request_id, ErrorCode.BUSY, "Agent stopped before the call finished")
         failure = task.exception()
         if failure is not None and not isinstance(failure, BusinessFailure):
             log.error("handler raised", exc_info=failure)
-            return "error", _error(call.request_id, ErrorCode.AGENT_ERROR, f"{type(failure).__name__}: {failure}")
+            return "error", error_reply(call.request_id, ErrorCode.AGENT_ERROR, f"{type(failure).__name__}: {failure}")
         update = {**call.context_update, "tokens_used": call.tokens_spent} if call.tokens_spent else call.context_update
         if failure is None:
             outcome, frame = "ok", ResponseFrame(request_id=call.request_id, status="success", result=task.result(),
@@ -218,7 +221,7 @@ class Dispatcher:
             return outcome, Reply(200, _encoder.encode(frame))
         except (TypeError, msgspec.EncodeError) as exc:
             log.error("handler answered something that is not JSON", extra={"error": str(exc)})
-            return "error", _error(call.request_id, ErrorCode.AGENT_ERROR, f"Answer is not JSON-encodable: {exc}")
+            return "error", error_reply(call.request_id, ErrorCode.AGENT_ERROR, f"Answer is not JSON-encodable: {exc}")
 
     def abandon(self) -> int:
         """Cancel every handler still running (the drain deadline passed); each caller gets BUSY."""

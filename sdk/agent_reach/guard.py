@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping
 
 from agent_reach.headers import DIRECT_HEADER, REQUEST_ID_HEADER, SIGNATURE_HEADER
-from agent_reach.signing import DEFAULT_WINDOW_S, accepted
+from agent_reach.signing import DEFAULT_WINDOW_S, Signed, accepted
 
 log = logging.getLogger("agentreach.sdk")
 
@@ -97,3 +97,12 @@ class CallGuard:
                 reason = "replayed: this signed request was already accepted"
         log.warning("call_refused", extra={"capability": capability, "request_id": request_id, "reason": reason})
         return f"Agent {self.agent_id} refused the call: {reason}"
+
+    def signed_for(self, destination: str, method: str, path: str, headers: Mapping[str, str],
+                   body: bytes) -> Signed | str:
+        """The signature when ``headers`` sign this call to ``destination`` (a message queue's request stream:
+        whichever instance takes it), else why not; the replay check is the caller's (the stream's instances
+        share their nonces in the broker, agent_reach.mq_serving). Only while ``active``."""
+        assert self.key is not None
+        return accepted(headers.get(SIGNATURE_HEADER), self.key, destination, method, path,
+                        headers.get(REQUEST_ID_HEADER, ""), body, window_s=self.window_s)

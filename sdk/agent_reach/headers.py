@@ -22,3 +22,11 @@ TRACEPARENT_HEADER = "traceparent"
 TRACESTATE_HEADER = "tracestate"
 # A client's API key, a registration token or the admin key (auth.headers reads it; Bearer works too).
 API_KEY_HEADER = "X-API-Key"
+# Message-queue calls (agent_reach.mq_wire): the stream an answer goes to, and the call's deadline (unix ms).
+REPLY_TO_HEADER = "X-Reach-Reply-To"
+DEADLINE_HEADER = "X-Reach-Deadline-Ms"
+# On an mq answer: the consumer (agent instance) that took the call, and how many times it was delivered.
+CONSUMER_HEADER = "X-Reach-Consumer"
+DELIVERIES_HEADER = "X-Reach-Deliveries"
+# On an mq answer to a call the agent dead-lettered (delivered too many times): the answer is no handler's.
+DEAD_LETTERED_HEADER = "X-Reach-Dead-Lettered"
