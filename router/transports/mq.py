@@ -1,13 +1,18 @@
 """Message-queue agents (``protocol: "mq"``, agent_reach.mq_wire): a call is appended to the capability's request
 stream on the router's broker (``--broker``), taken by one instance of the capability's consumer group, and
-answered on this router's own reply stream, which one reader task reads and hands out by request_id.
+answered on this router's own reply stream, which one reader task reads and hands out by call id.
 
-The timeouts: connect bounds reaching the broker and appending the call (unsent if it fails: failing over is
-safe), first byte the first entry answering it, idle the gap between chunks, total the whole call; the deadline
-travels in the call (an instance drops it unread once past). A call given up (a timeout, the caller gone) is
-cancelled on the stream (agent_reach.broker.Broker.cancel). An instance that dies holding a call has it claimed
-by a sibling after its visibility timeout: the call is answered once, by the first instance to answer it; what
-any other instance sends for it (a slow instance whose call was claimed meanwhile) is dropped and counted.
+Each attempt at a call is an entry of its own, with an id of its own (the envelope's; the call's request_id
+travels in X-Request-Id): a retry on the same stream is never taken for the attempt given up before it.
+
+The timeouts: connect bounds reaching the broker and appending the call (a broker that cannot be reached:
+unsent, failing over is safe; an append the broker did not confirm in time may be on it, so it counts as sent and
+is retried only when idempotent), first byte the first entry answering it, idle the gap between chunks, total the
+whole call; the deadline travels in the call (an instance drops it unread once past). An attempt given up (a
+timeout, the caller gone) is cancelled on the stream (agent_reach.broker.Broker.cancel). An instance that dies
+holding a call has it claimed by a sibling after its visibility timeout: the call is answered once, by the first
+instance to answer it; what any other instance sends for it (a slow instance whose call was claimed meanwhile) is
+dropped and counted.
 """
 
 from __future__ import annotations
@@ -114,36 +119,36 @@ class MqTransport:
                                                       f"{timeouts.connect_s * 1000:.0f} ms")
         if isinstance(broker, str):
             return _unsent(ErrorCode.AGENT_ERROR, broker)
-        if frame.request_id in self._calls:
-            return _unsent(ErrorCode.AGENT_ERROR, "a call with this request_id is in flight already")
         body, _ = self._dialect.request(frame, int(timeouts.total_s * 1000))
-        waiting = self._calls[frame.request_id] = _Waiting()
+        call_id = uuid.uuid4().hex
+        waiting = self._calls[call_id] = _Waiting()
         try:
             try:
                 async with asyncio.timeout(timeouts.connect_s):
-                    await broker.publish(stream, self._message(stream, frame.request_id, body, timeouts,
+                    await broker.publish(stream, self._message(stream, call_id, frame.request_id, body, timeouts,
                                                                signing_key, span))
             except TimeoutError:
-                self._cancel(broker, stream, frame.request_id, timeouts)  # in case it did arrive: dropped unread
-                return _unsent(ErrorCode.CONNECT_TIMEOUT, f"the call was not on the broker within "
-                                                          f"{timeouts.connect_s * 1000:.0f} ms")
+                self._cancel(broker, stream, call_id, timeouts)  # in case it did arrive: dropped unread
+                return AgentAnswer(error_code=ErrorCode.CONNECT_TIMEOUT,
+                                   message=f"the broker did not confirm the call within {timeouts.connect_s * 1000:.0f}"
+                                           " ms (it may be on the broker: cancelled, and dropped past its deadline)")
             except BrokerDown as exc:
                 return _unsent(ErrorCode.AGENT_ERROR, str(exc))
             except asyncio.CancelledError:  # the caller left while the call was being appended
-                self._cancel(broker, stream, frame.request_id, timeouts)
+                self._cancel(broker, stream, call_id, timeouts)
                 raise
             try:
                 return await exchange.answer(waiting.queue, relay, self._dialect)
             finally:
                 if not exchange.ended:  # the router gave up (a timeout, the caller gone, the cap)
-                    self._cancel(broker, stream, frame.request_id, timeouts)
+                    self._cancel(broker, stream, call_id, timeouts)
         finally:
-            del self._calls[frame.request_id]
-            self._answered[frame.request_id] = None
+            del self._calls[call_id]
+            self._answered[call_id] = None
             if len(self._answered) > _ANSWERED_KEPT:
                 self._answered.popitem(last=False)
 
-    def _message(self, stream: str, request_id: str, body: bytes, timeouts: ResolvedTimeouts,
+    def _message(self, stream: str, call_id: str, request_id: str, body: bytes, timeouts: ResolvedTimeouts,
                  signing_key: str | None, span: CallSpan) -> bytes:
         headers = {REQUEST_ID_HEADER: request_id, TRACEPARENT_HEADER: span.traceparent,
                    REPLY_TO_HEADER: self.reply_stream,
@@ -154,7 +159,7 @@ class MqTransport:
             headers[SIGNATURE_HEADER] = sign(signing_key, stream, METHOD, self.reply_stream, request_id, body)
         if self.completion_url:
             headers[COMPLETION_URL_HEADER] = self.completion_url
-        return encode(Envelope(type=CALL, id=request_id, headers=headers), body)
+        return encode(Envelope(type=CALL, id=call_id, headers=headers), body)
 
     async def _reach(self, endpoint: str) -> Broker | str:
         """The broker, its reply stream read, when ``endpoint`` is on it; else why the call cannot be sent."""
@@ -174,17 +179,17 @@ class MqTransport:
                 self._reader = asyncio.get_running_loop().create_task(self._read(self._broker))
         return self._broker if self._broker is not None else str(self._refusal)
 
-    def _cancel(self, broker: Broker, stream: str, request_id: str, timeouts: ResolvedTimeouts) -> None:
-        """Tell the stream's instances to stop the call; a task of its own, so a cancelled call still sends it."""
-        task = asyncio.get_running_loop().create_task(self._tell_cancel(broker, stream, request_id, timeouts))
+    def _cancel(self, broker: Broker, stream: str, call_id: str, timeouts: ResolvedTimeouts) -> None:
+        """Tell the stream's instances to stop the attempt; a task of its own, so a cancelled call still sends it."""
+        task = asyncio.get_running_loop().create_task(self._tell_cancel(broker, stream, call_id, timeouts))
         self._cancels.add(task)
         task.add_done_callback(self._cancels.discard)
 
     @staticmethod
-    async def _tell_cancel(broker: Broker, stream: str, request_id: str, timeouts: ResolvedTimeouts) -> None:
+    async def _tell_cancel(broker: Broker, stream: str, call_id: str, timeouts: ResolvedTimeouts) -> None:
         with contextlib.suppress(BrokerDown, TimeoutError):
             async with asyncio.timeout(max(timeouts.connect_s, 0.5)):
-                await broker.cancel(stream, request_id, timeouts.total_s)
+                await broker.cancel(stream, call_id, timeouts.total_s)
 
     async def _read(self, broker: Broker) -> None:
         """Hand each entry of the reply stream to its call; a broker that fails is read again after a back-off
@@ -220,10 +225,10 @@ class MqTransport:
             waiting.queue.put_nowait((envelope, body))
         elif envelope.id in self._answered or waiting is not None:
             self.counts["duplicates"] += 1
-            log.info("mq_duplicate_dropped", extra={"request_id": envelope.id, "consumer": consumer,
+            log.info("mq_duplicate_dropped", extra={"call_id": envelope.id, "consumer": consumer,
                                                     "type": envelope.type})
         else:
-            log.warning("mq_reply_refused", extra={"request_id": envelope.id, "why": f"a {envelope.type!r} "
+            log.warning("mq_reply_refused", extra={"call_id": envelope.id, "why": f"a {envelope.type!r} "
                                                    "entry for no call this router sent"})
 
     def _count_reply(self, headers: dict[str, Any]) -> None:

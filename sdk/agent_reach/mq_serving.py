@@ -7,9 +7,11 @@ call, names no reply stream or deadline, or, on an agent holding a registration 
 another stream or reply stream, or a replay (a nonce another entry used: the stream's instances share their
 nonces in the broker). A call past its deadline, or cancelled before it was taken, is dropped unread. A call
 delivered more than ``max_deliveries`` times (each instance taking it died) is dead-lettered and answered
-AGENT_ERROR. The entries an instance runs are held (their idle time reset) every third of the visibility
-timeout; an entry idle longer (its instance died) is claimed by a sibling. A cancel on the stream's cancel
-channel cancels the call's task: the handler sees CancelledError at its next await.
+AGENT_ERROR. A call runs with what is left of its deadline (its ``timeout_hint`` cut to it: the time it waited
+in the stream is spent). The entries an instance runs are held (their idle time reset) every third of the
+visibility timeout; an entry idle longer (its instance died) is claimed by a sibling. A cancel on the stream's
+cancel channel names the call's id (one attempt: the envelope's id, not its request_id) and cancels its task: the
+handler sees CancelledError at its next await.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from typing import Any
 
 import msgspec
 
-from agent_reach.atp import ErrorCode
+from agent_reach import peer_json
+from agent_reach.atp import ErrorCode, RequestFrame
 from agent_reach.broker import Broker, BrokerDown, Entry
 from agent_reach.dispatch import Dispatcher, Native, Reply, error_reply
 from agent_reach.guard import CallGuard
@@ -34,6 +37,7 @@ from agent_reach.headers import (
     DEADLINE_HEADER,
     DELIVERIES_HEADER,
     REPLY_TO_HEADER,
+    REQUEST_ID_HEADER,
 )
 from agent_reach.inflight import Inflight
 from agent_reach.mq_wire import GROUP, METHOD, STREAM, nonce_key, parse_endpoint
@@ -52,6 +56,7 @@ _READ_BLOCK_S = 1.0
 _BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)
 
 _encoder = msgspec.json.Encoder()
+_frames = peer_json.Decoder(RequestFrame)
 
 
 class MqChunks:
@@ -90,7 +95,7 @@ class MqServer:
         self.consumer = consumer
         self.visibility_s = visibility_s
         self.max_deliveries = max_deliveries
-        # Entries being served, by entry id (stream, request id, task); request ids the router cancelled.
+        # Entries being served, by entry id (stream, call id, task); call ids the router cancelled.
         self.running: dict[str, tuple[str, str, asyncio.Task[None]]] = {}
         self.told_to_cancel: set[str] = set()
         # What became of entries besides plain answers, for the heartbeat's metrics (mq_<what>).
@@ -161,11 +166,11 @@ class MqServer:
         failures = 0
         while True:
             try:
-                async for request_id in self.broker.cancels(streams):
+                async for call_id in self.broker.cancels(streams):
                     failures = 0
                     for _, running_id, task in self.running.values():
-                        if running_id == request_id:
-                            self.told_to_cancel.add(request_id)
+                        if running_id == call_id:
+                            self.told_to_cancel.add(call_id)
                             task.cancel()
             except BrokerDown as exc:
                 failures = await _backed_off(failures, "cancel channels", exc)
@@ -186,7 +191,7 @@ class MqServer:
         except _Refused as refused:
             self.counts["refused"] += 1
             log.warning("mq_message_refused", extra={"capability": name, "entry": entry.id,
-                                                     "request_id": refused.args[1], "why": refused.args[0]})
+                                                     "call_id": refused.args[1], "why": refused.args[0]})
             with contextlib.suppress(BrokerDown):
                 await self.broker.dead_letter(stream, GROUP, entry, refused.args[0])
         except BrokerDown as exc:  # unacked: it is delivered again once its visibility timeout passes
@@ -194,18 +199,19 @@ class MqServer:
 
     async def _answer(self, stream: str, native: Native, entry: Entry) -> None:
         envelope, body = self._checked(stream, entry)
-        request_id, headers = envelope.id, envelope.headers
-        reply_to = headers[REPLY_TO_HEADER]
-        self.running[entry.id] = (stream, request_id, self.running[entry.id][2])
+        call_id, headers = envelope.id, envelope.headers
+        request_id, reply_to = headers.get(REQUEST_ID_HEADER, ""), headers[REPLY_TO_HEADER]
+        self.running[entry.id] = (stream, call_id, self.running[entry.id][2])
         if self.guard.active:
             signed = self.guard.signed_for(stream, METHOD, reply_to, headers, body)
             if isinstance(signed, str):
-                raise _Refused(signed, request_id)
+                raise _Refused(signed, call_id)
             if not await self.broker.first_use(nonce_key(stream, signed.nonce), entry.id, 2 * self.guard.window_s):
-                raise _Refused("replayed: another entry carried this signature", request_id)
+                raise _Refused("replayed: another entry carried this signature", call_id)
         answer_headers = {CONSUMER_HEADER: self.consumer, DELIVERIES_HEADER: str(entry.deliveries)}
-        if time.time() * 1000 >= int(headers[DEADLINE_HEADER]):
-            await self._drop(stream, entry, "mq_call_expired", "expired", request_id)
+        left_ms = int(headers[DEADLINE_HEADER]) - int(time.time() * 1000)
+        if left_ms <= 0:
+            await self._drop(stream, entry, "mq_call_expired", "expired", call_id)
             return
         if entry.deliveries > self.max_deliveries:
             why = f"dead-lettered after {entry.deliveries - 1} deliveries (each instance taking it died)"
@@ -214,24 +220,24 @@ class MqServer:
                                                       "deliveries": entry.deliveries - 1})
             await self.broker.dead_letter(stream, GROUP, entry, why)
             reply = error_reply(request_id, ErrorCode.AGENT_ERROR, why)
-            await self._reply(reply_to, request_id, reply, {**answer_headers, DEAD_LETTERED_HEADER: "1"})
+            await self._reply(reply_to, call_id, reply, {**answer_headers, DEAD_LETTERED_HEADER: "1"})
             return
-        if await self.broker.cancelled(stream, request_id):
-            await self._drop(stream, entry, "mq_call_cancelled_unread", "cancelled", request_id)
+        if await self.broker.cancelled(stream, call_id):
+            await self._drop(stream, entry, "mq_call_cancelled_unread", "cancelled", call_id)
             return
         try:
-            reply = await self.dispatcher.handle(native, native.capability.name, body, headers,
-                                                 caller_gone=lambda: request_id in self.told_to_cancel,
-                                                 out=MqChunks(self.broker, reply_to, request_id, answer_headers),
+            reply = await self.dispatcher.handle(native, native.capability.name, _within(body, left_ms), headers,
+                                                 caller_gone=lambda: call_id in self.told_to_cancel,
+                                                 out=MqChunks(self.broker, reply_to, call_id, answer_headers),
                                                  verified=True)
         except asyncio.CancelledError:
-            if request_id not in self.told_to_cancel:
+            if call_id not in self.told_to_cancel:
                 raise  # the agent is stopping: unacked, a sibling claims it
-            await self._drop(stream, entry, "mq_call_cancelled", "cancelled", request_id)
+            await self._drop(stream, entry, "mq_call_cancelled", "cancelled", call_id)
             return
         finally:
-            self.told_to_cancel.discard(request_id)
-        await self._reply(reply_to, request_id, reply, answer_headers)
+            self.told_to_cancel.discard(call_id)
+        await self._reply(reply_to, call_id, reply, answer_headers)
         await self.broker.done(stream, GROUP, entry.id)
 
     def _checked(self, stream: str, entry: Entry) -> tuple[Envelope, bytes]:
@@ -249,14 +255,26 @@ class MqServer:
             raise _Refused(f"no valid {DEADLINE_HEADER}", envelope.id)
         return envelope, body
 
-    async def _drop(self, stream: str, entry: Entry, event: str, counted: str, request_id: str) -> None:
+    async def _drop(self, stream: str, entry: Entry, event: str, counted: str, call_id: str) -> None:
         self.counts[counted] += 1
-        log.info(event, extra={"stream": stream, "entry": entry.id, "request_id": request_id})
+        log.info(event, extra={"stream": stream, "entry": entry.id, "call_id": call_id})
         await self.broker.done(stream, GROUP, entry.id)
 
-    async def _reply(self, reply_to: str, request_id: str, reply: Reply, headers: dict[str, str]) -> None:
-        await self.broker.publish(reply_to, encode(Envelope(type=REPLY, id=request_id, status=reply.status,
+    async def _reply(self, reply_to: str, call_id: str, reply: Reply, headers: dict[str, str]) -> None:
+        await self.broker.publish(reply_to, encode(Envelope(type=REPLY, id=call_id, status=reply.status,
                                                             headers=headers), reply.body))
+
+
+def _within(body: bytes, left_ms: int) -> bytes:
+    """The request frame with its ``timeout_hint`` cut to what is left of the call's deadline; a body that is no
+    frame unchanged (the Dispatcher answers it INVALID_FRAME)."""
+    try:
+        frame = _frames.decode(body)
+    except msgspec.DecodeError:
+        return body
+    if frame.timeout_hint is not None and frame.timeout_hint <= left_ms:
+        return body
+    return _encoder.encode(msgspec.structs.replace(frame, timeout_hint=left_ms))
 
 
 async def _backed_off(failures: int, what: str, exc: BaseException) -> int:

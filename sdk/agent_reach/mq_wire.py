@@ -5,13 +5,15 @@ A capability's endpoint names the broker and the capability's request stream: ``
 stream in one consumer group (``GROUP``), so the instances share its calls. An entry carries one message in the
 field ``m``: the WebSocket protocol's envelope and body (agent_reach.socket_wire), unchanged:
 
-    router → stream        {"type":"call","id":R,"headers":{..., X-Reach-Reply-To, X-Reach-Deadline-Ms}}\\n<frame>
-    agent  → reply stream  {"type":"chunk","id":R,"headers":{X-Reach-Consumer,...}}\\n<chunk>
-                           {"type":"reply","id":R,"status":200,"headers":{X-Reach-Consumer,...}}\\n<frame>
+    router → stream        {"type":"call","id":C,"headers":{..., X-Reach-Reply-To, X-Reach-Deadline-Ms}}\\n<frame>
+    agent  → reply stream  {"type":"chunk","id":C,"headers":{X-Reach-Consumer,...}}\\n<chunk>
+                           {"type":"reply","id":C,"status":200,"headers":{X-Reach-Consumer,...}}\\n<frame>
 
-The reply stream is the router's own (one per router process). A call the router gives up on is cancelled on
-the stream's cancel channel (for the instance running it) and by a key (for an instance yet to take it). A call
-that was delivered more than an agent's ``max_deliveries`` times goes to the stream's dead-letter stream.
+``C`` is the call's id, one per attempt (a retry on the same stream is another entry with another id); the
+request_id travels in X-Request-Id and the frame. The reply stream is the router's own (one per router
+process). An attempt the router gives up on is cancelled by its call id on the stream's cancel channel (for the
+instance running it) and by a key (for an instance yet to take it). A call that was delivered more than an
+agent's ``max_deliveries`` times goes to the stream's dead-letter stream.
 """
 
 from __future__ import annotations
@@ -73,8 +75,8 @@ def cancel_channel(stream: str) -> str:
     return f"{stream}.cancel"
 
 
-def cancelled_key(stream: str, request_id: str) -> str:
-    return f"{stream}.cancelled.{request_id}"
+def cancelled_key(stream: str, call_id: str) -> str:
+    return f"{stream}.cancelled.{call_id}"
 
 
 def nonce_key(stream: str, nonce: str) -> str:
