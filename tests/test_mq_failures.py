@@ -333,3 +333,38 @@ async def test_garbage_in_the_reply_stream_disturbs_no_call(mq_mesh, make_agent,
     answers = await asyncio.gather(*calls)
     assert [(answer.status, answer.body["result"]) for answer in answers] == [(200, n) for n in range(5)]
     assert (await mq_mesh.call("mq.replies", "later")).status == 200
+
+
+async def test_a_caller_leaving_while_the_mq_handler_is_silent_cancels_it(mq_mesh, make_agent, http, redis_server):
+    """No chunk is coming to notice the hang-up by: the router's cancel on the stream's channel stops it."""
+    agent = make_agent("mq-left", mq_mesh.registry.url, broker=redis_server.url)
+    cancelled: list[float] = []
+
+    @agent.capability("mq.left", protocol="mq")
+    async def ticks(payload, ctx):
+        try:
+            yield 0
+            yield 1
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(time.monotonic())
+            raise
+
+    await agent.start()
+    await mq_mesh.until_state("mq-left")
+    left: list[float] = []
+
+    async def leave(streamed) -> bool:
+        if len(streamed.chunks) < 2:
+            return False
+        left.append(time.monotonic())
+        return True
+
+    streamed = await read_stream(http, f"{mq_mesh.url}/atp", {"capability": "mq.left", "request_id": "left-1"},
+                                 on_chunk=leave)
+    assert [chunk["data"] for chunk in streamed.chunks] == [0, 1]
+    await wait_for(lambda: cancelled, timeout=2.0, what="the silent handler to be cancelled")
+    assert cancelled[0] - left[0] < 1.0
+    await wait_for(lambda: agent.mq.counts["cancelled"] == 1, timeout=2.0, what="the cancel to be counted")
+    assert (await mq_mesh.get("/traces/left-1"))["call"]["error_code"] == "CANCELLED"
+    assert await redis_server.pending(stream_of("mq-left", "mq.left")) == []
