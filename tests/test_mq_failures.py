@@ -368,3 +368,46 @@ async def test_a_caller_leaving_while_the_mq_handler_is_silent_cancels_it(mq_mes
     await wait_for(lambda: agent.mq.counts["cancelled"] == 1, timeout=2.0, what="the cancel to be counted")
     assert (await mq_mesh.get("/traces/left-1"))["call"]["error_code"] == "CANCELLED"
     assert await redis_server.pending(stream_of("mq-left", "mq.left")) == []
+
+
+async def test_a_claimed_call_is_dead_lettered_by_its_own_delivery_count_however_much_the_claimer_holds(
+        mq_mesh, make_agent, redis_server):
+    """The claimer holds older entries than the one it claims: the count read is the claimed entry's own."""
+    agent = make_agent("mq-claimer", mq_mesh.registry.url, broker=redis_server.url, max_inflight=5,
+                       mq_visibility_s=0.6, mq_max_deliveries=2)
+    stream = stream_of("mq-claimer", "mq.claimed")
+    releases = {f"hold-{n}": asyncio.Event() for n in range(5)}
+    ran: list[Any] = []
+
+    @agent.capability("mq.claimed", protocol="mq")
+    async def held(payload, ctx):
+        ran.append(payload)
+        if payload in releases:
+            await releases[payload].wait()
+        return payload
+
+    await agent.start()
+    await mq_mesh.until_state("mq-claimer")
+    await mq_mesh.put_policy("mq.claimed", {"timeout": {"first_byte_ms": 15_000, "total_ms": 20_000}})
+    holding = [asyncio.create_task(mq_mesh.call("mq.claimed", name)) for name in releases]
+    await wait_for(lambda: len(ran) == 5, timeout=5, what="the agent to be full")
+    poisoned = asyncio.create_task(mq_mesh.call("mq.claimed", "poison"))
+    async def queued() -> bool:
+        return await redis_server.client.xlen(stream) == 6
+
+    await wait_for(queued, timeout=5, what="the call queued, untaken")
+    # Two consumers take it and die holding it: it was delivered twice.
+    await redis_server.client.xreadgroup("agentreach", "dead-1", {stream: ">"}, count=1)
+    [entry_id] = [row["message_id"] for row in await redis_server.pending(stream)
+                  if row["consumer"] == b"dead-1"]
+    await redis_server.client.xclaim(stream, "agentreach", "dead-2", 0, [entry_id])
+    releases["hold-0"].set()
+    try:
+        answer = await poisoned
+    finally:
+        for release in releases.values():
+            release.set()
+    assert (answer.status, answer.body.get("error_code")) == (502, "AGENT_ERROR"), answer.body
+    assert "dead-lettered after 2 deliveries" in answer.body["error_message"]
+    assert "poison" not in ran
+    assert [(await call).status for call in holding] == [200] * 5

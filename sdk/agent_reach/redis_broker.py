@@ -6,6 +6,7 @@ Needs the ``redis`` package (``pip install 'agent-reach-sdk[mq]'``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -99,11 +100,13 @@ class RedisBroker:
         claimed = answer[1]
         if not claimed:
             return []
-        # XAUTOCLAIM counted this delivery; the count itself is read from the pending list.
-        pending: Any = await _guarded(lambda: self._client.xpending_range(stream, group, "-", "+", count * 4,
-                                                                     consumername=consumer))
-        delivered = {_text(row["message_id"]): int(row["times_delivered"]) for row in pending}
-        return [Entry(entry.id, entry.message, delivered.get(entry.id, 2)) for entry in _entries(claimed)]
+        entries = _entries(claimed)
+        # XAUTOCLAIM counted this delivery; each entry's count is read from the pending list, entry by entry (a
+        # range would also hold the older entries this consumer runs, and could end before the claimed ones).
+        rows: Any = await _guarded(lambda: asyncio.gather(*(
+            self._client.xpending_range(stream, group, entry.id, entry.id, 1) for entry in entries)))
+        delivered = {_text(row["message_id"]): int(row["times_delivered"]) for found in rows for row in found}
+        return [Entry(entry.id, entry.message, delivered.get(entry.id, 2)) for entry in entries]
 
     async def done(self, stream: str, group: str, entry_id: str) -> None:
         await self._script(_DONE, [stream], [group, entry_id])
