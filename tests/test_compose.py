@@ -1,5 +1,6 @@
 """compose.yaml, tested as a file: compose accepts it, and the mesh it describes, run as local processes
-with its own commands, environment and healthchecks, routes a call through each router."""
+with its own commands, environment and healthchecks, routes a call through each router, to an HTTP agent and
+to an mq agent on the file's redis broker."""
 
 from __future__ import annotations
 
@@ -13,8 +14,18 @@ from pathlib import Path
 from compose_support import COMPOSE_FILE, ROOT, LocalMesh, entrypoint, resolved
 from conftest import wait_for
 from router_support import capability
+from sdk_support import issue_token, read_log_until, spawn_example
 
 ADMIN_KEY = "ara_compose-test-admin-key"
+
+
+class ComposedMesh(LocalMesh):
+    """LocalMesh, with redis-server's `--bind 0.0.0.0` kept on loopback as `--host 0.0.0.0` is."""
+
+    def command(self, service: str, words: list[str]) -> list[str]:
+        local = super().command(service, words)
+        return ["127.0.0.1" if (before, word) == ("--bind", "0.0.0.0") else word
+                for before, word in zip(["", *local], local, strict=False)]
 
 
 def without_admin_key() -> dict[str, str]:
@@ -58,9 +69,34 @@ async def calls_the_demo_agents(mesh: LocalMesh, http) -> None:
     assert answer["result"] == {"order_id": "A-1002", "status": "packing"}, answer
 
 
+async def calls_an_mq_agent(mesh: LocalMesh, http, api_key: str) -> None:
+    """examples/mq_agent.py on the file's broker, as an agent on the compose network would run it: each router
+    reaches it through redis (the routers' --broker is the broker the agent registered)."""
+    broker = mesh.localise("router1", "redis://redis:6379")
+    assert broker != "redis://redis:6379", "the redis service exposes no port 6379"
+    token = (await issue_token(http, mesh.url("registry1", 8081), ADMIN_KEY, "mq-echo"))["token"]
+    agent = await spawn_example("mq_agent.py", "--registry", mesh.url("registry1", 8081), "--broker", broker,
+                                "--port", "0", "--agent-id", "composed-mq-1", "--token", token)
+    try:
+        await read_log_until(agent, "mq consumer started", timeout=20)
+        for router in ("router1", "router2"):
+            async def routed(router: str = router) -> dict | None:
+                async with http.post(f"{mesh.url(router, 8080)}/atp", headers={"X-API-Key": api_key},
+                                     json={"capability": "demo.mq.echo", "payload": {"text": router}}) as response:
+                    return await response.json() if response.status == 200 else None
+
+            answer = await wait_for(routed, timeout=15, what=f"{router} to route demo.mq.echo")
+            assert answer["result"]["echo"] == {"text": router}, answer
+            assert answer["route"]["instance"] == "composed-mq-1", answer
+    finally:
+        if agent.returncode is None:
+            agent.kill()
+        await agent.wait()
+
+
 async def test_the_composed_mesh_routes_a_call_through_each_router(tmp_path: Path, start_agent, http):
-    mesh = LocalMesh(resolved({"AGENTREACH_ADMIN_KEY": ADMIN_KEY}), tmp_path)
-    assert {"etcd1", "etcd2", "etcd3", "registry1", "registry2", "router1", "router2", "console",
+    mesh = ComposedMesh(resolved({"AGENTREACH_ADMIN_KEY": ADMIN_KEY}), tmp_path)
+    assert {"etcd1", "etcd2", "etcd3", "redis", "registry1", "registry2", "router1", "router2", "console",
             "demo"} == set(mesh.services)
     # What the operator does first (docs/deploy.md): the admin key in the registries' shared keys dir.
     keys = Path(mesh.localise("registry1", "/var/lib/agentreach/keys"))
@@ -77,8 +113,9 @@ async def test_the_composed_mesh_routes_a_call_through_each_router(tmp_path: Pat
             assert response.status == 200, await response.text()
         created = await asyncio.to_thread(
             subprocess.run, [sys.executable, "-m", "agentreach.cli", "clients", "create", "--name", "composed",
-                             "--trust", "internal", "--grant", "echo", "--registry", mesh.url("registry1", 8081),
-                             "--admin-key", ADMIN_KEY], capture_output=True, text=True, cwd=ROOT, timeout=60)
+                             "--trust", "internal", "--grant", "echo", "--grant", "demo.mq.*",
+                             "--registry", mesh.url("registry1", 8081), "--admin-key", ADMIN_KEY],
+            capture_output=True, text=True, cwd=ROOT, timeout=60)
         assert created.returncode == 0, created.stderr
         api_key = json.loads(created.stdout)["api_key"]
         for router in ("router1", "router2"):
@@ -92,5 +129,6 @@ async def test_the_composed_mesh_routes_a_call_through_each_router(tmp_path: Pat
         async with http.get(f"{mesh.url('console', 8090)}/healthz") as response:
             assert response.status == 200
         await calls_the_demo_agents(mesh, http)
+        await calls_an_mq_agent(mesh, http, api_key)
     finally:
         await asyncio.to_thread(mesh.stop)
