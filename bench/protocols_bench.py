@@ -1,7 +1,7 @@
 """Each protocol the router speaks, side by side, one command:
 `python bench/protocols_bench.py [--rounds 5] [--seconds 3] [--concurrency 16]`.
 
-The same echo work reached six ways in one run, rounds alternating the ways (order reversed every other round)
+The same echo work reached ten ways in one run, rounds alternating the ways (order reversed every other round)
 so a burst of load on this shared machine hits them alike:
 
   rest       bench/router_bench.py's echo agent (aiohttp, POST /echo): direct, and through the router
@@ -10,36 +10,46 @@ so a burst of load on this shared machine hits them alike:
              multiplexed on it, as the router does), and through the router
   grpc       the same SDK agent's capability over its gRPC server (bench.grpc): direct (one channel, as the
              router keeps), and through the router
+  mq         the same SDK agent's capability taken from its request stream on a redis-server (bench.mq): direct
+             (a caller appending to the stream and reading a reply stream of its own, one reader handing answers
+             out by call id, as the router does), and through the router (`--broker`)
 
-`agentreach registry` and `agentreach router --auth off --no-audit` run in processes of their own, each agent
-too; the callers are this process (`--concurrency` calls in flight per way, 1 KB payloads). Per way: calls/s
-and the p50 / p99 latency each caller saw; per protocol, the latency the router adds (the median over rounds
-of routed minus direct p50 and p99). Results: a table on stdout and JSON in bench/results/protocols_bench.json.
+`agentreach registry`, `agentreach router --auth off --no-audit --broker` and redis-server (no persistence) run in
+processes of their own, each agent too; the callers are this process (`--concurrency` calls in flight per way,
+1 KB payloads). Per way: calls/s and the p50 / p99 latency each caller saw; per protocol, the latency the router
+adds (the median over rounds of routed minus direct p50 and p99). Results: a table on stdout and JSON in
+bench/results/protocols_bench.json.
 
-Subcommand used by the run: `agent --port P --grpc-port G --registry URL` (the SDK agent serving bench.atp,
-bench.ws and bench.grpc).
+Subcommand used by the run: `agent --port P --grpc-port G --registry URL --broker URL` (the SDK agent serving
+bench.atp, bench.ws, bench.grpc and bench.mq).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import grpc
 import msgspec
+import redis.asyncio as aioredis
 from agent_reach import AgentReachSDK, logs
 from agent_reach.grpc_wire import CALL_METHOD
+from agent_reach.headers import DEADLINE_HEADER, REPLY_TO_HEADER, REQUEST_ID_HEADER
 from agent_reach.proto.agent_pb2 import CallReply, CallRequest
+from agent_reach.redis_broker import RedisBroker
 from agent_reach.socket_wire import Envelope, decode, encode
 
 from common import RESULTS, ROUTER_BENCH, free_port, keep_alive, machine, rank_at, spawn, stop_processes, wait_http
@@ -48,10 +58,13 @@ PAYLOAD = {"text": "x" * 1000}
 Call = Callable[[], Awaitable[None]]
 
 
-def agent_main(port: int, grpc_port: int, registry: str) -> None:
+MQ_STREAM = "agentreach.bench-sdk.bench.mq"  # the SDK's default: agentreach.<service>.<capability>
+
+
+def agent_main(port: int, grpc_port: int, registry: str, broker: str) -> None:
     logs.configure()
     sdk = AgentReachSDK(agent_id="bench-sdk-1", registry_url=registry, zone="bench", service="bench-sdk",
-                        heartbeat_interval=2.0, grpc_port=grpc_port)
+                        heartbeat_interval=2.0, grpc_port=grpc_port, broker=broker)
 
     async def echo(payload: Any, ctx: Any) -> Any:
         return {"echo": payload}
@@ -59,6 +72,7 @@ def agent_main(port: int, grpc_port: int, registry: str) -> None:
     sdk.capability("bench.atp")(echo)
     sdk.capability("bench.ws", protocol="websocket")(echo)
     sdk.capability("bench.grpc", protocol="grpc")(echo)
+    sdk.capability("bench.mq", protocol="mq", stream=MQ_STREAM)(echo)
     sdk.serve("127.0.0.1", port)
 
 
@@ -111,6 +125,74 @@ class GrpcCaller:
         await self.channel.close()
 
 
+class MqCaller:
+    """A caller appending to the agent's request stream and reading its own reply stream, as the router does:
+    one reader hands each answer to its call by id, and drops the entries it read."""
+
+    def __init__(self, broker: str):
+        self.broker = RedisBroker(broker)
+        self.reply_stream = f"bench.replies.{time.monotonic_ns()}"
+        self.waiting: dict[str, asyncio.Future[bytes]] = {}
+        self.ids = itertools.count()
+        self.reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        after = "0-0"
+        while True:
+            entries = await self.broker.read(self.reply_stream, after, 1.0, 512)
+            if entries:
+                after = entries[-1].id
+                await self.broker.forget(self.reply_stream, after, 3600)
+            for entry in entries:
+                envelope, body = decode(entry.message)
+                self.waiting.pop(envelope.id).set_result(body)
+
+    async def call(self) -> None:
+        call_id = f"direct-{next(self.ids)}"
+        body = json.dumps({"capability": "bench.mq", "payload": PAYLOAD, "request_id": call_id}).encode()
+        headers = {REQUEST_ID_HEADER: call_id, REPLY_TO_HEADER: self.reply_stream,
+                   DEADLINE_HEADER: str(int((time.time() + 10) * 1000))}
+        self.waiting[call_id] = asyncio.get_running_loop().create_future()
+        await self.broker.publish(MQ_STREAM, encode(Envelope(type="call", id=call_id, headers=headers), body))
+        answer = json.loads(await asyncio.wait_for(self.waiting[call_id], 10))
+        assert answer["status"] == "success", answer
+
+    async def close(self) -> None:
+        self.reader.cancel()
+        await asyncio.gather(self.reader, return_exceptions=True)
+        await self.broker.close()
+
+
+@contextlib.contextmanager
+def redis_server(port: int, directory: str) -> Iterator[str]:
+    """redis-server on loopback with nothing persisted, until the block ends; its URL."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        sys.exit("protocols_bench.py needs redis-server: apt-get install redis-server")
+    process = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(port), "--dir", directory,
+                                "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    try:
+        yield f"redis://127.0.0.1:{port}"
+    finally:
+        stop_processes([process])
+
+
+async def wait_redis(url: str, timeout: float = 30) -> None:
+    client = aioredis.Redis.from_url(url)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                if await client.ping():
+                    return
+            except (OSError, aioredis.ConnectionError):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{url} did not come up") from None
+            await asyncio.sleep(0.01)
+    finally:
+        await client.aclose()
+
+
 def poster(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> Call:
     data = json.dumps(body).encode()
 
@@ -139,22 +221,24 @@ async def measure(call: Call, seconds: float, concurrency: int) -> dict[str, Any
 
 
 async def run(rounds: int, seconds: float, concurrency: int) -> dict[str, Any]:
-    ports = {name: free_port() for name in ("rest", "sdk", "grpc", "registry", "router")}
+    ports = {name: free_port() for name in ("rest", "sdk", "grpc", "registry", "router", "redis")}
     registry, router = (f"http://127.0.0.1:{ports[name]}" for name in ("registry", "router"))
     rest, sdk = (f"http://127.0.0.1:{ports[name]}" for name in ("rest", "sdk"))
-    with tempfile.TemporaryDirectory() as data_dir:
+    with tempfile.TemporaryDirectory() as data_dir, redis_server(ports["redis"], data_dir) as broker:
         processes = [
             spawn("-m", "agentreach.cli", "registry", "--port", str(ports["registry"]), "--data-dir", data_dir,
                   "--log-level", "warning", "--auth", "off", "--silence-timeout", "3600"),
             spawn("-m", "agentreach.cli", "router", "--port", str(ports["router"]), "--registry", registry,
-                  "--log-level", "warning", "--auth", "off", "--data-dir", data_dir, "--no-audit"),
+                  "--log-level", "warning", "--auth", "off", "--data-dir", data_dir, "--no-audit",
+                  "--broker", broker),
             spawn(str(ROUTER_BENCH), "echo", "--port", str(ports["rest"])),
         ]
         beating: asyncio.Task[None] | None = None
         try:
             await wait_http(f"{registry}/healthz")
+            await wait_redis(broker)
             processes.append(spawn(__file__, "agent", "--port", str(ports["sdk"]), "--grpc-port", str(ports["grpc"]),
-                                   "--registry", registry))
+                                   "--registry", registry, "--broker", broker))
             for url in (f"{router}/healthz", f"{rest}/healthz", f"{sdk}/healthz"):
                 await wait_http(url)
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
@@ -166,6 +250,7 @@ async def run(rounds: int, seconds: float, concurrency: int) -> dict[str, Any]:
                 socket = SocketCaller(session, f"{sdk}/ws/bench.ws")
                 await socket.open()
                 channel = GrpcCaller(f"127.0.0.1:{ports['grpc']}")
+                queue = MqCaller(broker)
                 ways = {
                     "rest.direct": poster(session, f"{rest}/echo", PAYLOAD),
                     "rest.router": poster(session, f"{router}/atp", {"capability": "bench.rest", "payload": PAYLOAD}),
@@ -177,6 +262,8 @@ async def run(rounds: int, seconds: float, concurrency: int) -> dict[str, Any]:
                                                                           "payload": PAYLOAD}),
                     "grpc.direct": channel.call,
                     "grpc.router": poster(session, f"{router}/atp", {"capability": "bench.grpc", "payload": PAYLOAD}),
+                    "mq.direct": queue.call,
+                    "mq.router": poster(session, f"{router}/atp", {"capability": "bench.mq", "payload": PAYLOAD}),
                 }
                 await until_routable(ways)
                 results: dict[str, list[dict[str, Any]]] = {way: [] for way in ways}
@@ -186,6 +273,7 @@ async def run(rounds: int, seconds: float, concurrency: int) -> dict[str, Any]:
                         results[way].append(await measure(ways[way], seconds, concurrency))
                 await socket.close()
                 await channel.close()
+                await queue.close()
         finally:
             if beating is not None:
                 beating.cancel()
@@ -242,12 +330,13 @@ def main() -> None:
     agent.add_argument("--port", type=int, required=True)
     agent.add_argument("--grpc-port", type=int, required=True)
     agent.add_argument("--registry", required=True)
+    agent.add_argument("--broker", required=True)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--concurrency", type=int, default=16)
     args = parser.parse_args()
     if args.command == "agent":
-        agent_main(args.port, args.grpc_port, args.registry)
+        agent_main(args.port, args.grpc_port, args.registry, args.broker)
         return
     summary = asyncio.run(run(args.rounds, args.seconds, args.concurrency))
     report(summary)
