@@ -1,9 +1,10 @@
 """An agent the router reaches through a message broker (``protocol="mq"``, Redis Streams): `demo.mq.echo`
-echoes its payload, streaming it word by word to a caller that asks for a stream. The agent only dials out (to
-the registry and the broker), so it can run where the router cannot reach it. Every instance started with the
-same --service reads one request stream in one consumer group: the calls are shared, and a call an instance
-died holding goes to a sibling. Nothing else differs from an HTTP agent: the same handler, signature checks,
-deadlines and drain (docs/protocols.md).
+echoes its payload, streaming it word by word to a caller that asks for a stream. The router never dials the
+agent: the agent takes its calls from the broker and answers there. Every instance started with the same
+--service reads one request stream in one consumer group: the calls are shared, and a call an instance died
+holding goes to a sibling. Every instance of one service must join with the same registration token (the router
+signs a call with the key of the instance it picked, and any instance may take it). Nothing else differs from an
+HTTP agent: the same handler, signature checks, deadlines and drain (docs/protocols.md).
 
     redis-server --port 6379 --save '' --appendonly no     # the broker (or: docker run -p 6379:6379 redis:7)
     agentreach up --broker redis://127.0.0.1:6379          # the mesh, auth on (same directory from here on)
@@ -33,7 +34,9 @@ def build(agent_id: str, registry_url: str, broker: str, service: str, heartbeat
     sdk = AgentReachSDK(agent_id=agent_id, registry_url=registry_url, zone="local", service=service,
                         registration_token=token, heartbeat_interval=heartbeat_interval, broker=broker)
 
-    @sdk.capability("demo.mq.echo", protocol="mq", idempotent=True, timeout_sla_ms=10_000,
+    # The SLA outlasts the visibility timeout (10 s) and a sweep (a third of it): a call whose instance died has
+    # time to be claimed and answered by a sibling before the router gives up on it.
+    @sdk.capability("demo.mq.echo", protocol="mq", idempotent=True, timeout_sla_ms=20_000,
                     description="Echo the payload back through the message broker; streamed word by word on request",
                     examples=['{"text": "hello over a broker"}'])
     async def echo(payload: Any, ctx: Any) -> AsyncIterator[dict[str, Any]]:
