@@ -9,6 +9,7 @@ from agent_reach.registration import Capability, RegisterRequest, known_metadata
 from yarl import URL
 
 from mesh.records import InstanceRecord
+from mesh.schemas import schema_problem
 from weblayer.errors import ApiError, from_decode_error
 
 # A health URL with this scheme names a gRPC agent's host:port, probed with grpc.health.v1.Health.
@@ -85,6 +86,12 @@ def _health_url(request: RegisterRequest, capabilities: list[Capability], base: 
     return str(origin.with_path("/healthz"))
 
 
+def _check_schemas(capability: Capability, field: str) -> None:
+    for name, schema in (("input_schema", capability.input_schema), ("output_schema", capability.output_schema)):
+        if isinstance(schema, dict) and (problem := schema_problem(schema)) is not None:
+            raise ApiError(400, "invalid_schema", f"{name} of {capability.name!r} {problem}", f"{field}.{name}")
+
+
 def build_record(request: RegisterRequest, now: float, token_id: str | None = None) -> InstanceRecord:
     """Validate what the schema cannot (URLs, duplicates, known metadata) and resolve endpoints."""
     try:
@@ -102,6 +109,7 @@ def build_record(request: RegisterRequest, now: float, token_id: str | None = No
                 f"capabilities[{position}].name",
             )
         seen.add(capability.name)
+        _check_schemas(capability, f"capabilities[{position}]")
         endpoint = _endpoint(capability, base, f"capabilities[{position}].endpoint")
         capabilities.append(msgspec.structs.replace(capability, endpoint=endpoint))
     health_url = _health_url(request, capabilities, base)

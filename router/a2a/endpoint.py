@@ -23,7 +23,7 @@ from agent_reach.headers import REQUEST_ID_HEADER, TRACEPARENT_HEADER, TRACESTAT
 from agent_reach.sse import EventWriter, on_disconnect
 from aiohttp import web
 
-from router.a2a.card import capability_card, catalog_card, skill_of
+from router.a2a.card import capability_card, catalog_card, schemas_of, skill_of
 from router.a2a.tasks import COMPLETED, REJECTED, WORKING, TaskBook, TaskEntry
 from router.a2a.translate import (
     RESULT_ARTIFACT,
@@ -168,9 +168,11 @@ class A2AEndpoint:
     async def catalog(self, request: web.Request) -> web.Response:
         caller = self._reader(request)
         mirror = self.router.mirror
-        skills = [skill_of(name, offers) for name in mirror.capability_names()
-                  if (offers := mirror.offers(name)) is not None and self._callable(caller, name)]
-        return json_response(catalog_card(skills, self._base_url(request), self.auth is not None))
+        shown = [(name, offers) for name in mirror.capability_names()
+                 if (offers := mirror.offers(name)) is not None and self._callable(caller, name)]
+        schemas = {key: value for name, offers in shown for key, value in schemas_of(name, offers).items()}
+        return json_response(catalog_card([skill_of(name, offers) for name, offers in shown], self._base_url(request),
+                                          self.auth is not None, schemas))
 
     # JSON-RPC
 
