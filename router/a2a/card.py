@@ -28,20 +28,20 @@ def _order(offer: Offer) -> tuple[bool, Any, str]:
     return parsed is not None, parsed or (), offer.version
 
 
-def _newest(offers: list[Offer]) -> Offer:
+def newest_offer(offers: list[Offer]) -> Offer:
     return max(offers, key=_order)
 
 
 def skill_of(name: str, offers: list[Offer]) -> dict[str, Any]:
     """A capability as a skill: the description and examples of its newest registration."""
-    newest = _newest(offers).capability
+    newest = newest_offer(offers).capability
     return {"id": name, "name": name, "description": newest.description or f"The mesh capability {name}",
             "tags": [name.split(".")[0]], "examples": list(newest.examples)}
 
 
 def schemas_of(name: str, offers: list[Offer]) -> dict[str, Any]:
     """The schemas the newest registration declares, as the extension lists them (empty: none declared)."""
-    newest = _newest(offers).capability
+    newest = newest_offer(offers).capability
     declared = {key: schema for key, schema in (("input_schema", newest.input_schema),
                                                 ("output_schema", newest.output_schema)) if isinstance(schema, dict)}
     return {name: declared} if declared else {}
@@ -82,7 +82,7 @@ def _card(name: str, description: str, version: str, endpoint: str, skills: list
 
 def capability_card(name: str, offers: list[Offer], base_url: str, auth: bool) -> dict[str, Any]:
     skill = skill_of(name, offers)
-    version = _newest(offers).version
+    version = newest_offer(offers).version
     return _card(name, skill["description"], version, f"{base_url}/a2a/{name}", [skill], base_url, auth,
                  schemas_of(name, offers))
 
