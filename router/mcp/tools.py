@@ -65,9 +65,11 @@ def _meta(frame: ResponseFrame | ErrorFrame) -> dict[str, Any]:
 
 
 def success(frame: ResponseFrame) -> dict[str, Any]:
-    result: dict[str, Any] = {"content": _text(frame.result), "isError": False, "_meta": _meta(frame)}
-    if isinstance(frame.result, dict):
-        result["structuredContent"] = frame.result
+    # An agent's answer may be passed on undecoded (msgspec.Raw): decoded here, where its shape matters.
+    value = msgspec.json.decode(frame.result) if isinstance(frame.result, msgspec.Raw) else frame.result
+    result: dict[str, Any] = {"content": _text(value), "isError": False, "_meta": _meta(frame)}
+    if isinstance(value, dict):
+        result["structuredContent"] = value
     return result
 
 
