@@ -14,6 +14,8 @@ from weblayer.errors import ApiError, from_decode_error
 
 # A health URL with this scheme names a gRPC agent's host:port, probed with grpc.health.v1.Health.
 GRPC_HEALTH_SCHEME = "grpc"
+# A health URL with this prefix names an MCP server's URL, probed with an MCP ping (mesh/mcp_client.py).
+MCP_HEALTH_PREFIX = "mcp+"
 
 
 def _absolute_url(value: str, field: str, schemes: tuple[str, ...] = ("http", "https")) -> URL:
@@ -64,7 +66,11 @@ def _endpoint(capability: Capability, base: URL | None, field: str) -> str:
         return _grpc_target(capability.endpoint, field)
     if capability.protocol == "mq":
         return _mq_endpoint(capability.endpoint, field)
-    return str(_resolve_endpoint(capability.endpoint, base, field))
+    resolved = _resolve_endpoint(capability.endpoint, base, field)
+    if capability.protocol == "mcp" and not resolved.fragment:
+        raise ApiError(400, "invalid_endpoint", "An mcp endpoint is the server's URL with the tool's name as its "
+                       "fragment (http://host:port/mcp#tool)", field)
+    return str(resolved)
 
 
 def _health_url(request: RegisterRequest, capabilities: list[Capability], base: URL | None) -> str:
@@ -78,6 +84,8 @@ def _health_url(request: RegisterRequest, capabilities: list[Capability], base: 
         return capabilities[0].endpoint  # an A2A agent is probed through its card
     if capabilities[0].protocol == "grpc":
         return f"{GRPC_HEALTH_SCHEME}://{capabilities[0].endpoint}"
+    if capabilities[0].protocol == "mcp":  # an MCP server is probed with an MCP ping
+        return MCP_HEALTH_PREFIX + str(URL(capabilities[0].endpoint).with_fragment(None))
     served = [URL(capability.endpoint) for capability in capabilities if capability.protocol not in ("mq", "grpc")]
     origin = served[0].origin() if served else base.origin() if base is not None else None
     if origin is None:

@@ -16,7 +16,7 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*\Z"
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=NAME_PATTERN)]
 Url = Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
 Label = Annotated[str, msgspec.Meta(max_length=256)]
-Protocol = Literal["atp", "rest", "a2a", "websocket", "grpc", "mq"]
+Protocol = Literal["atp", "rest", "a2a", "websocket", "grpc", "mq", "mcp"]
 RoutingPolicy = Literal["least_load", "hash", "affinity", "scored"]
 TrustLevel = Literal["internal", "user_authorized", "public"]
 
