@@ -16,15 +16,15 @@ import json
 import os
 import re
 import sys
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import aiohttp
 import msgspec
-from agent_reach import peer_json
 from agent_reach.headers import API_KEY_HEADER
 from agent_reach.registration import Capability, RegisterRequest
 
-from agentreach.admin import TIMEOUT, CommandFailed, add_key_flags, refusal
+from agentreach.admin import TIMEOUT, CommandFailed, add_key_flags, registry_answer
 from agentreach.credentials import admin_key, default_registry
 from router.a2a.outbound import AgentCardView, CardError, fetch_card, jsonrpc_url
 
@@ -46,11 +46,7 @@ def add_command(commands: Any) -> None:
     add.add_argument("--capability", default=None, help="the capability name (default: the service's)")
     add.add_argument("--agent-id", default=None, help="its instance id (default: SERVICE-a2a- and a hash of the URL)")
     add.add_argument("--timeout-sla-ms", type=int, default=30_000, help="the capability's SLA (default: 30000)")
-    add.add_argument("--registry", default=default_registry(), metavar="URL",
-                     help="the registry (default: $AGENTREACH_REGISTRY, else http://127.0.0.1:8081)")
-    add.add_argument("--token", default=os.environ.get(TOKEN_ENV), metavar="TOKEN",
-                     help=f"a registration token for the service (default: ${TOKEN_ENV}); else the admin key")
-    add_key_flags(add)
+    add_joining_flags(add)
 
 
 def card_url_of(url: str) -> str:
@@ -81,6 +77,20 @@ def registration_for(card_url: str, card: AgentCardView, service: str, capabilit
         raise CommandFailed(f"cannot register this agent: {exc}", 2) from None
 
 
+async def register(session: aiohttp.ClientSession, registry: str, request: RegisterRequest,
+                   credentials: dict[str, str]) -> Any:
+    """POST the registration; the registry's answer (CommandFailed for a refusal or no registry)."""
+    url = f"{registry.rstrip('/')}/register"
+    try:
+        # Never followed: a redirect would carry the credential to wherever it points.
+        async with session.post(url, data=msgspec.json.encode(request), allow_redirects=False,
+                                headers={"Content-Type": "application/json", **credentials}) as response:
+            status, body = response.status, await response.read()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise CommandFailed(f"cannot reach the registry at {registry}: {exc}") from None
+    return registry_answer(registry, status, body)
+
+
 async def _add(args: argparse.Namespace, credentials: dict[str, str]) -> dict[str, Any]:
     card_url = card_url_of(args.url)
     async with aiohttp.ClientSession(timeout=TIMEOUT) as session:
@@ -91,26 +101,28 @@ async def _add(args: argparse.Namespace, credentials: dict[str, str]) -> dict[st
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise CommandFailed(f"cannot read the card at {card_url}: {str(exc) or type(exc).__name__}") from None
         request = registration_for(card_url, card, args.service, args.capability, args.agent_id, args.timeout_sla_ms)
-        url = f"{args.registry.rstrip('/')}/register"
-        try:
-            # Never followed: a redirect would carry the credential to wherever it points.
-            async with session.post(url, data=msgspec.json.encode(request), allow_redirects=False,
-                                    headers={"Content-Type": "application/json", **credentials}) as response:
-                status, body = response.status, await response.read()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise CommandFailed(f"cannot reach the registry at {args.registry}: {exc}") from None
-    if status >= 400:
-        raise CommandFailed(refusal(status, body))
-    try:
-        registered = peer_json.decode(body)
-    except ValueError:
-        raise CommandFailed(f"the registry at {args.registry} answered something that is not JSON") from None
+        registered = await register(session, args.registry, request, credentials)
     return {"agent_id": request.agent_id, "service": request.service, "capability": request.capabilities[0].name,
             "card": card_url, "endpoint": jsonrpc_url(card), "agent": card.name,
             "registry": registered}
 
 
+def add_joining_flags(add: Any) -> None:
+    """Where the instance joins and with what credential: the same for every `agentreach X add`."""
+    add.add_argument("--registry", default=default_registry(), metavar="URL",
+                     help="the registry (default: $AGENTREACH_REGISTRY, else http://127.0.0.1:8081)")
+    add.add_argument("--token", default=os.environ.get(TOKEN_ENV), metavar="TOKEN",
+                     help=f"a registration token for the service (default: ${TOKEN_ENV}); else the admin key")
+    add_key_flags(add)
+
+
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    return run_add(args, parser, _add)
+
+
+def run_add(args: argparse.Namespace, parser: argparse.ArgumentParser,
+            add: Callable[[argparse.Namespace, dict[str, str]], Coroutine[Any, Any, dict[str, Any]]]) -> int:
+    """Check the URLs, resolve the credential, run ``add`` and print what it registered."""
     if not args.registry.startswith(("http://", "https://")):
         parser.error(f"--registry must be an http:// or https:// URL, got {args.registry!r}")
     if not args.url.startswith(("http://", "https://")):
@@ -118,7 +130,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     key = None if args.token else admin_key(args.admin_key, args.data_dir)
     credentials = {"Authorization": f"Bearer {args.token}"} if args.token else {API_KEY_HEADER: key} if key else {}
     try:
-        answer = asyncio.run(_add(args, credentials))
+        answer = asyncio.run(add(args, credentials))
     except CommandFailed as failure:
         print(f"agentreach: {failure}", file=sys.stderr)
         return failure.code

@@ -175,7 +175,11 @@ async def exchange(registry: str, key: str | None, call: Call,
 
 
 async def send(registry: str, key: str, call: Call) -> Any:
-    status, body = await exchange(registry, key, call)
+    return registry_answer(registry, *await exchange(registry, key, call))
+
+
+def registry_answer(registry: str, status: int, body: bytes) -> Any:
+    """The registry's JSON answer; CommandFailed for a refusal or an answer that is not JSON."""
     if status >= 400:
         raise CommandFailed(refusal(status, body))
     try:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from agent_reach import logs
 
-from agentreach import a2a_cli, admin, demo, status
+from agentreach import a2a_cli, admin, demo, mcp_cli, status
 from agentreach.knobs import (
     NoAdminKey,
     add_admin_key,
@@ -100,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     admin.add_commands(commands)
     status.add_command(commands)
     a2a_cli.add_command(commands)
+    mcp_cli.add_command(commands)
     demo.add_command(commands)
     return parser
 
@@ -130,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         return status.run(args, parser)
     if args.command == "a2a":
         return a2a_cli.run(args, parser)
+    if args.command == "mcp":
+        return mcp_cli.run(args, parser)
     logs.configure(args.log_level)
     _tune_gc()
     _warn_if_auth_off(args)

@@ -8,11 +8,13 @@ import logging
 import aiohttp
 from agent_reach.exhaustion import Throttle, local_exhaustion
 
+from mesh import mcp_client
 from mesh.grpc_dial import serving
+from mesh.mcp_client import McpFailure
 from mesh.records import InstanceRecord
 from registry.cluster import Membership
 from registry.lifecycle import EvictionPlan, Status, plan_evictions, record_check
-from registry.records import GRPC_HEALTH_SCHEME
+from registry.records import GRPC_HEALTH_SCHEME, MCP_HEALTH_PREFIX
 from registry.service import Registry
 from registry.store import Fenced
 from wal import WalUnavailable
@@ -23,9 +25,9 @@ PROBE_CONCURRENCY = 64
 
 
 def never_beats(record: InstanceRecord) -> bool:
-    """An instance of A2A agents only: they send no heartbeats, so every sweep probes them (their health
-    URL is their card), and a passing probe is their heartbeat."""
-    return all(capability.protocol == "a2a" for capability in record.capabilities)
+    """An instance of A2A agents or MCP servers only: they send no heartbeats, so every sweep probes them
+    (through an A2A card, with an MCP ping), and a passing probe is their heartbeat."""
+    return all(capability.protocol in ("a2a", "mcp") for capability in record.capabilities)
 
 
 class HealthChecker:
@@ -62,8 +64,13 @@ class HealthChecker:
             if url.startswith(f"{GRPC_HEALTH_SCHEME}://"):
                 return await serving(self._registry.egress, url.removeprefix(f"{GRPC_HEALTH_SCHEME}://"), timeout_s)
             try:
+                if url.startswith(MCP_HEALTH_PREFIX):
+                    await mcp_client.ping(self._session, url.removeprefix(MCP_HEALTH_PREFIX), timeout)
+                    return True
                 async with self._session.get(url, timeout=timeout, allow_redirects=False) as response:
                     return 200 <= response.status < 300
+            except McpFailure:
+                return False
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 return None if local_exhaustion(exc) is not None else False
 

@@ -9,10 +9,13 @@ from agent_reach.registration import Capability, RegisterRequest, known_metadata
 from yarl import URL
 
 from mesh.records import InstanceRecord
+from mesh.schemas import schema_problem
 from weblayer.errors import ApiError, from_decode_error
 
 # A health URL with this scheme names a gRPC agent's host:port, probed with grpc.health.v1.Health.
 GRPC_HEALTH_SCHEME = "grpc"
+# A health URL with this prefix names an MCP server's URL, probed with an MCP ping (mesh/mcp_client.py).
+MCP_HEALTH_PREFIX = "mcp+"
 
 
 def _absolute_url(value: str, field: str, schemes: tuple[str, ...] = ("http", "https")) -> URL:
@@ -63,7 +66,11 @@ def _endpoint(capability: Capability, base: URL | None, field: str) -> str:
         return _grpc_target(capability.endpoint, field)
     if capability.protocol == "mq":
         return _mq_endpoint(capability.endpoint, field)
-    return str(_resolve_endpoint(capability.endpoint, base, field))
+    resolved = _resolve_endpoint(capability.endpoint, base, field)
+    if capability.protocol == "mcp" and not resolved.fragment:
+        raise ApiError(400, "invalid_endpoint", "An mcp endpoint is the server's URL with the tool's name as its "
+                       "fragment (http://host:port/mcp#tool)", field)
+    return str(resolved)
 
 
 def _health_url(request: RegisterRequest, capabilities: list[Capability], base: URL | None) -> str:
@@ -77,12 +84,20 @@ def _health_url(request: RegisterRequest, capabilities: list[Capability], base: 
         return capabilities[0].endpoint  # an A2A agent is probed through its card
     if capabilities[0].protocol == "grpc":
         return f"{GRPC_HEALTH_SCHEME}://{capabilities[0].endpoint}"
+    if capabilities[0].protocol == "mcp":  # an MCP server is probed with an MCP ping
+        return MCP_HEALTH_PREFIX + str(URL(capabilities[0].endpoint).with_fragment(None))
     served = [URL(capability.endpoint) for capability in capabilities if capability.protocol not in ("mq", "grpc")]
     origin = served[0].origin() if served else base.origin() if base is not None else None
     if origin is None:
         raise ApiError(400, "invalid_url", "An agent serving only mq capabilities needs a health_url or a base_url "
                        "for the registry to probe", "health_url")
     return str(origin.with_path("/healthz"))
+
+
+def _check_schemas(capability: Capability, field: str) -> None:
+    for name, schema in (("input_schema", capability.input_schema), ("output_schema", capability.output_schema)):
+        if isinstance(schema, dict) and (problem := schema_problem(schema)) is not None:
+            raise ApiError(400, "invalid_schema", f"{name} of {capability.name!r} {problem}", f"{field}.{name}")
 
 
 def build_record(request: RegisterRequest, now: float, token_id: str | None = None) -> InstanceRecord:
@@ -102,6 +117,7 @@ def build_record(request: RegisterRequest, now: float, token_id: str | None = No
                 f"capabilities[{position}].name",
             )
         seen.add(capability.name)
+        _check_schemas(capability, f"capabilities[{position}]")
         endpoint = _endpoint(capability, base, f"capabilities[{position}].endpoint")
         capabilities.append(msgspec.structs.replace(capability, endpoint=endpoint))
     health_url = _health_url(request, capabilities, base)

@@ -171,6 +171,12 @@ def authorize(caller: Caller, capability: str, offers: list[Offer] | None) -> Re
     return None
 
 
+def may_call(caller: Caller | Unauthenticated | None, offers: list[Offer] | None, capability: str) -> bool:
+    """Whether a catalog (A2A cards, MCP tools) shows ``capability`` to ``caller``: offered, and authorized
+    when authentication is on (a refused credential is turned away before any catalog is read)."""
+    return offers is not None and (not isinstance(caller, Caller) or authorize(caller, capability, offers) is None)
+
+
 def _remember(cache: dict[str, _V], key: str, value: _V) -> None:
     if len(cache) >= MAX_CACHED:
         del cache[next(iter(cache))]

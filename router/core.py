@@ -24,6 +24,7 @@ from agent_reach.usage import priced
 
 from mesh.alerts import AlertConfig
 from mesh.policy import DEFAULT_POLICY, Policy, SplitShare
+from mesh.schemas import Validators
 from router.audit import AuditLog, call_entry
 from router.auth import Caller, Refusal, Unauthenticated, authorize
 from router.budgets import NO_TICKET, REPORT_SECONDS, UNBOUNDED_CALLS, UNBOUNDED_WAIT_SECONDS, Budgets, Ticket
@@ -152,6 +153,7 @@ class Router:
         self.degradations = DegradationAlerts()
         self.traces = TraceStore(successes_per_second=settings.traced_successes_per_second)
         self.usage = UsageLedger()
+        self.schemas = Validators()  # capabilities' input_schemas, compiled once per version
         # Set by the server when it keeps an audit trail: every call, refusals included, gets a row.
         self.audit: AuditLog | None = None
         # Set by the server when it can report confirmed intents to the registry.
@@ -380,6 +382,10 @@ class Router:
             return self._error(frame, ErrorCode.PAYLOAD_TOO_LARGE,
                                f"Payload is {size} bytes; {routed!r} accepts at most {declared.max_payload_bytes}",
                                RouteFacts(capability=routed, timeout_sla_ms=declared.timeout_sla_ms), started)
+        if declared.input_schema is not msgspec.UNSET and (problem := self.schemas.problem(
+                routed, declared.version, declared.input_schema, frame.payload)) is not None:
+            return self._error(frame, ErrorCode.INVALID_PAYLOAD, problem.message, RouteFacts(capability=routed),
+                               started, field=problem.field)
         now = time.monotonic()
         capability_breaker = self.book.breaker("", routed, routed_policy.circuit_breaker)
         if capability_breaker.allow(now):
@@ -701,9 +707,9 @@ class Router:
         return CallResult(frame=error, route=route, plan=attempts.plan)
 
     def _error(self, frame: RequestFrame, code: ErrorCode, message: str, route: RouteFacts,
-               started: float, *, ledgered: bool = True) -> CallResult:
+               started: float, *, ledgered: bool = True, field: str | None = None) -> CallResult:
         route.overhead_ms = round((time.monotonic() - started) * 1000, 3)
-        error = error_frame(frame.request_id, code, message)
+        error = error_frame(frame.request_id, code, message, field)
         error.route = route
         return CallResult(frame=error, route=route, ledgered=ledgered)
 

@@ -24,6 +24,7 @@ from router.transports.atp import AtpDialect
 from router.transports.base import DEFAULT_MAX_ANSWER_BYTES, Transport
 from router.transports.grpc import GrpcTransport
 from router.transports.http import HttpTransport
+from router.transports.mcp import McpTransport
 from router.transports.mq import MqTransport
 from router.transports.rest import RestDialect
 from router.transports.websocket import WebSocketTransport
@@ -40,11 +41,12 @@ class Forwarder:
         self._sockets = WebSocketTransport(session)
         self._channels = GrpcTransport(egress)
         self.queues = MqTransport(broker, egress)
-        self._reporting: list[HttpTransport | WebSocketTransport | GrpcTransport | MqTransport] = [
+        self._reporting: list[HttpTransport | WebSocketTransport | GrpcTransport | MqTransport | McpTransport] = [
             HttpTransport(session, AtpDialect()), HttpTransport(session, RestDialect()),
-            HttpTransport(session, A2ADialect(A2AAgents(session))), self._sockets, self._channels, self.queues]
-        self.transports: dict[Protocol, Transport] = dict(zip(("atp", "rest", "a2a", "websocket", "grpc", "mq"),
-                                                              self._reporting, strict=True))
+            HttpTransport(session, A2ADialect(A2AAgents(session))), self._sockets, self._channels, self.queues,
+            McpTransport(session)]
+        self.transports: dict[Protocol, Transport] = dict(zip(
+            ("atp", "rest", "a2a", "websocket", "grpc", "mq", "mcp"), self._reporting, strict=True))
         self.completion_url = completion_url
         # Attempts by protocol and what each came to (an ErrorCode's value, or "ok"), for /metrics.
         self.attempts: Counter[tuple[str, str]] = Counter()

@@ -14,6 +14,8 @@ from typing import Any
 
 import msgspec
 from agent_reach.context import format_traceparent, new_span_id, new_trace_id
+from agent_reach.headers import TRACEPARENT_HEADER, TRACESTATE_HEADER
+from multidict import CIMultiDictProxy
 
 # Version 00 only, lowercase hex (W3C Trace Context, level 1, section 3.2).
 _TRACEPARENT = re.compile(r"00-(?P<trace>[0-9a-f]{32})-(?P<span>[0-9a-f]{16})-(?P<flags>[0-9a-f]{2})")
@@ -58,6 +60,13 @@ def parent_span(traceparent: str, tracestate: str) -> ParentSpan | None:
     if not state or len(state) > MAX_TRACESTATE or not _TRACESTATE.fullmatch(state):
         state = None
     return ParentSpan(trace_id=match["trace"], span_id=match["span"], flags=match["flags"], tracestate=state)
+
+
+def parent_of(headers: CIMultiDictProxy[str]) -> ParentSpan | None:
+    """The caller's span from a request's ``traceparent`` / ``tracestate`` headers (None: none, or invalid)."""
+    if TRACEPARENT_HEADER not in headers:
+        return None
+    return parent_span(headers[TRACEPARENT_HEADER], ",".join(headers.getall(TRACESTATE_HEADER, ())))
 
 
 def w3c_id(text: str, size: int) -> str:

@@ -3,6 +3,7 @@ ports (or free ones, rewritten into each example), started as real processes."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -112,6 +113,19 @@ async def doc_mesh(http: aiohttp.ClientSession, cwd: Path, *up_args: str) -> Asy
             process.terminate()
         for process in (up, echo):
             process.wait(timeout=20)
+
+
+async def run(command: list[str]) -> subprocess.CompletedProcess:
+    return await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=60)
+
+
+async def check_curl(mesh: DocMesh, example: str, status: str, promised: list[str]) -> None:
+    """Run one curl example on our ports: it must answer ``status`` and name everything ``promised``."""
+    result = await run(["bash", "-c", mesh.on_our_ports(example)])
+    got = result.stdout.splitlines()[0] if result.stdout else result.stderr
+    assert got.startswith(f"HTTP/1.1 {status} "), f"{example}\n-> {result.stdout}{result.stderr}"
+    for each in promised:
+        assert each in result.stdout, f"{example}\n-> {result.stdout}"
 
 
 def promised_codes(shown: str) -> list[str]:

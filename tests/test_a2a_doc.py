@@ -3,20 +3,14 @@ answers the status shown, with the codes shown), and its a2a-sdk snippet prints 
 
 from __future__ import annotations
 
-import asyncio
 import re
-import subprocess
 import sys
 
-from doc_support import ROOT, doc_mesh, promised_codes
+from doc_support import ROOT, check_curl, doc_mesh, promised_codes, run
 
 DOC = ROOT / "docs" / "a2a.md"
 CURL = re.compile(r"```bash\n(curl [^`]*?)\n```\s*```http\nHTTP/1\.1 (\d{3})([^`]*?)```", re.S)
 PYTHON = re.compile(r"```python\n(.*?)```", re.S)
-
-
-async def run(command: list[str]) -> subprocess.CompletedProcess:
-    return await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=60)
 
 
 async def test_the_a2a_doc_runs_as_pasted_against_agentreach_up(http, tmp_path):
@@ -26,11 +20,8 @@ async def test_the_a2a_doc_runs_as_pasted_against_agentreach_up(http, tmp_path):
     assert len(examples) >= 10
     async with doc_mesh(http, ROOT, "--data-dir", str(tmp_path / "data"), "--auth", "off") as mesh:
         for example, status, shown in examples:
-            result = await run(["bash", "-c", mesh.on_our_ports(example)])
-            got = result.stdout.splitlines()[0] if result.stdout else result.stderr
-            assert got.startswith(f"HTTP/1.1 {status} "), f"{example}\n-> {result.stdout}{result.stderr}"
-            for promised in [*promised_codes(shown), *re.findall(r'"state":"[A-Za-z_]+"', shown)]:
-                assert promised in result.stdout, f"{example}\n-> {result.stdout}"
+            await check_curl(mesh, example, status, [*promised_codes(shown),
+                                                     *re.findall(r'"state":"[A-Za-z_]+"', shown)])
         printed = await run([sys.executable, "-c", mesh.on_our_ports(snippet)])
     assert printed.returncode == 0, printed.stderr
     assert printed.stdout.strip() == "TASK_STATE_COMPLETED [{'echo': 'hello'}]"

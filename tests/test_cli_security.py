@@ -32,7 +32,12 @@ def environment(auth: str | None = None) -> dict[str, str]:
 async def agentreach(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run the command in a thread, so registries served by this test's event loop keep answering."""
     return await asyncio.to_thread(subprocess.run, [*AGENTREACH, *args], capture_output=True, text=True, cwd=cwd,
-                                   env={**(env or environment()), "PYTHONPATH": str(ROOT)}, timeout=60)
+                                   env={**(env or environment()), "PYTHONPATH": _pythonpath()}, timeout=60)
+
+
+def _pythonpath() -> str:
+    """This checkout first, then whatever path the tests run with (a worktree's own SDK, say)."""
+    return os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
 
 
 async def admin(*args: str, registry: Any, **options: Any) -> Any:

@@ -19,11 +19,11 @@ from typing import Any
 import msgspec
 from agent_reach import logs, peer_json
 from agent_reach.atp import ErrorCode, ErrorFrame, RequestFrame
-from agent_reach.headers import REQUEST_ID_HEADER, TRACEPARENT_HEADER, TRACESTATE_HEADER
+from agent_reach.headers import REQUEST_ID_HEADER
 from agent_reach.sse import EventWriter, on_disconnect
 from aiohttp import web
 
-from router.a2a.card import capability_card, catalog_card, skill_of
+from router.a2a.card import capability_card, catalog_card, schemas_of, skill_of
 from router.a2a.tasks import COMPLETED, REJECTED, WORKING, TaskBook, TaskEntry
 from router.a2a.translate import (
     RESULT_ARTIFACT,
@@ -57,10 +57,10 @@ from router.a2a.wire import (
     SendParams,
     TaskRef,
 )
-from router.auth import Authenticator, Caller, Unauthenticated, authorize
+from router.auth import Authenticator, Caller, Unauthenticated, may_call
 from router.core import CallResult, Router
 from router.streaming import Relay
-from router.tracecontext import ParentSpan, parent_span
+from router.tracecontext import ParentSpan, parent_of
 from weblayer.errors import ApiError, from_decode_error
 from weblayer.responses import json_response
 
@@ -150,8 +150,7 @@ class A2AEndpoint:
         return caller
 
     def _callable(self, caller: Identity, name: str) -> bool:
-        offers = self.router.mirror.offers(name)
-        return offers is not None and (not isinstance(caller, Caller) or authorize(caller, name, offers) is None)
+        return may_call(caller, self.router.mirror.offers(name), name)
 
     @staticmethod
     def _base_url(request: web.Request) -> str:
@@ -168,9 +167,11 @@ class A2AEndpoint:
     async def catalog(self, request: web.Request) -> web.Response:
         caller = self._reader(request)
         mirror = self.router.mirror
-        skills = [skill_of(name, offers) for name in mirror.capability_names()
-                  if (offers := mirror.offers(name)) is not None and self._callable(caller, name)]
-        return json_response(catalog_card(skills, self._base_url(request), self.auth is not None))
+        shown = [(name, offers) for name in mirror.capability_names()
+                 if (offers := mirror.offers(name)) is not None and self._callable(caller, name)]
+        schemas = {key: value for name, offers in shown for key, value in schemas_of(name, offers).items()}
+        return json_response(catalog_card([skill_of(name, offers) for name, offers in shown], self._base_url(request),
+                                          self.auth is not None, schemas))
 
     # JSON-RPC
 
@@ -264,9 +265,7 @@ class A2AEndpoint:
 
     @staticmethod
     def _parent(request: web.Request) -> ParentSpan | None:
-        headers = request.headers
-        return parent_span(headers[TRACEPARENT_HEADER], ",".join(headers.getall(TRACESTATE_HEADER, ()))) \
-            if TRACEPARENT_HEADER in headers else None
+        return parent_of(request.headers)
 
     async def _send(self, request: web.Request, rpc_id: Any, params: SendParams, dialect: Dialect, caller: Identity,
                     stream: bool) -> web.StreamResponse:

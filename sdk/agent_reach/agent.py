@@ -137,6 +137,7 @@ class AgentReachSDK:
                    timeout_sla_ms: int = 30_000, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
                    idempotent: bool = False, trust_level: TrustLevel | None = None,
                    protocol: NativeProtocol = "atp", stream: str | None = None,
+                   input_schema: dict[str, Any] | None = None, output_schema: dict[str, Any] | None = None,
                    **prices: float) -> Callable[[Handler], Handler]:
         """Serve ``async def handler(payload, ctx)`` as capability ``name`` over ATP; a handler that is an
         async generator streams its answer, one chunk per ``yield`` (agent_reach.dispatch). ``protocol``:
@@ -145,14 +146,18 @@ class AgentReachSDK:
         (``grpc``, agent_reach.grpc_wire; the ``grpc`` extra), or calls taken from the request stream
         ``stream`` on the agent's ``broker`` (``mq``, agent_reach.mq_wire; by default
         ``agentreach.<service>.<name>``, shared by the service's instances); the handler is the same. ``prices``:
-        ``cost_per_call``, ``cost_per_1k_input_tokens``, ``cost_per_1k_output_tokens`` (agent_reach.usage)."""
+        ``cost_per_call``, ``cost_per_1k_input_tokens``, ``cost_per_1k_output_tokens`` (agent_reach.usage).
+        ``input_schema`` / ``output_schema``: JSON Schemas of the payload and the answer; the router refuses a
+        payload that fails the input_schema, and A2A cards and MCP tools show both."""
+        schemas = {key: schema for key, schema in (("input_schema", input_schema), ("output_schema", output_schema))
+                   if schema is not None}
         if protocol not in NATIVE_PROTOCOLS:
             raise ValueError(f"protocol must be one of {sorted(NATIVE_PROTOCOLS)}, not {protocol!r}")
         capability = _declare(name, endpoint=self._native_endpoint(name, protocol, stream), protocol=protocol,
                               version=version,
                               description=description, examples=list(examples), timeout_sla_ms=timeout_sla_ms,
                               max_payload_bytes=max_payload_bytes, idempotent=idempotent, trust_level=trust_level,
-                              **prices)
+                              **schemas, **prices)
 
         def decorate(handler: Handler) -> Handler:
             if not (inspect.iscoroutinefunction(handler) or inspect.isasyncgenfunction(handler)):

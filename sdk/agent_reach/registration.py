@@ -16,13 +16,16 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*\Z"
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=NAME_PATTERN)]
 Url = Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]
 Label = Annotated[str, msgspec.Meta(max_length=256)]
-Protocol = Literal["atp", "rest", "a2a", "websocket", "grpc", "mq"]
+Protocol = Literal["atp", "rest", "a2a", "websocket", "grpc", "mq", "mcp"]
 RoutingPolicy = Literal["least_load", "hash", "affinity", "scored"]
 TrustLevel = Literal["internal", "user_authorized", "public"]
 
 # What msgspec (and so the WAL and the watch feed) can encode: a bigger int is refused at the edge.
 Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 MetadataValue = str | Int64 | float | bool
+# A JSON Schema object (draft 2020-12 unless its $schema says otherwise); the registry checks it is one
+# (mesh/schemas.py), the router validates payloads against an input_schema.
+Schema = Annotated[dict[str, Any], msgspec.Meta(max_length=1024)]
 # A price, unit-free (agent_reach/usage.py); bounded so a cost summed over many calls stays finite.
 Price = Annotated[float, msgspec.Meta(ge=0, le=1e12)]
 
@@ -48,6 +51,9 @@ class Capability(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     cost_per_call: Price | UnsetType = UNSET
     cost_per_1k_input_tokens: Price | UnsetType = UNSET
     cost_per_1k_output_tokens: Price | UnsetType = UNSET
+    # What the payload and the answer look like (JSON Schema); UNSET like the prices, for the same reason.
+    input_schema: Schema | UnsetType = UNSET
+    output_schema: Schema | UnsetType = UNSET
 
 
 class KnownMetadata(msgspec.Struct, kw_only=True):

@@ -1,0 +1,18 @@
+"""The official MCP SDK's client (Streamable HTTP) against the real router: one connected with given headers."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import httpx2
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+
+@contextlib.asynccontextmanager
+async def mcp_client(url: str, headers: dict[str, str] | None = None) -> AsyncIterator[Client]:
+    """An MCP client connected (initialized) to the server at ``url``, sending ``headers`` on every request."""
+    async with httpx2.AsyncClient(headers=headers or {}, timeout=30) as http, \
+            Client(streamable_http_client(url, http_client=http)) as client:
+        yield client
