@@ -203,6 +203,17 @@ def poster(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> Ca
     return call
 
 
+async def alternating(ways: dict[str, Call], rounds: int, seconds: float,
+                      concurrency: int) -> dict[str, list[dict[str, Any]]]:
+    """Each way measured once per round, the order reversed every other round so no way always goes first."""
+    results: dict[str, list[dict[str, Any]]] = {way: [] for way in ways}
+    order = list(ways)
+    for n in range(rounds):
+        for way in order if n % 2 == 0 else reversed(order):
+            results[way].append(await measure(ways[way], seconds, concurrency))
+    return results
+
+
 async def measure(call: Call, seconds: float, concurrency: int) -> dict[str, Any]:
     latencies: list[float] = []
     ends_at = time.monotonic() + seconds
@@ -266,11 +277,7 @@ async def run(rounds: int, seconds: float, concurrency: int) -> dict[str, Any]:
                     "mq.router": poster(session, f"{router}/atp", {"capability": "bench.mq", "payload": PAYLOAD}),
                 }
                 await until_routable(ways)
-                results: dict[str, list[dict[str, Any]]] = {way: [] for way in ways}
-                order = list(ways)
-                for n in range(rounds):
-                    for way in order if n % 2 == 0 else reversed(order):
-                        results[way].append(await measure(ways[way], seconds, concurrency))
+                results = await alternating(ways, rounds, seconds, concurrency)
                 await socket.close()
                 await channel.close()
                 await queue.close()

@@ -48,6 +48,7 @@ from router.auth import Authenticator, Caller, Unauthenticated
 from router.core import CallResult, Router
 from router.inspection import alerts, audit_entries, reach, rule_stats, scores, trace, traces, usage
 from router.mcp.endpoint import McpEndpoint
+from router.mcp.metrics import McpCollector
 from router.metrics import RouterCollector
 from router.oauth_api import admin_refusal, jwks, rotate_keys, token
 from router.streaming import CallerStream, Relay
@@ -380,8 +381,10 @@ def create_app(router: Router, *, max_body: int = DEFAULT_MAX_BODY, auth: Authen
     app = web.Application(client_max_size=max_body)
     app[ROUTER_KEY] = router
     app[METRICS_KEY] = router_metrics(router, connections)
+    mcp = McpEndpoint(router, auth, checked)
+    app[METRICS_KEY].register(McpCollector(mcp.sessions))
     open_routes = [("POST", "/atp", Atp(router, auth, max_body).handle), *OPEN,
-                   *A2AEndpoint(router, auth, checked).routes(), *McpEndpoint(router, auth, checked).routes()]
+                   *A2AEndpoint(router, auth, checked).routes(), *mcp.routes()]
     admin_routes = list(ADMIN_ONLY)
     if router.audit is not None:
         app[AUDIT_KEY] = router.audit

@@ -7,6 +7,7 @@ which routers are live, and so this router's share of every limit.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 
@@ -59,6 +60,7 @@ class RegistryMirror:
         self.states: dict[str, InstanceState] = {}
         # offers() answers per capability, built on first use after any change; never mutate them.
         self._offer_lists: dict[str, list[Offer]] = {}
+        self._changed = asyncio.Event()
 
     @property
     def instances(self) -> dict[str, InstanceRecord]:
@@ -80,6 +82,8 @@ class RegistryMirror:
             return
         if not isinstance(event, Ping):
             self._offer_lists.clear()
+            self._changed.set()
+            self._changed = asyncio.Event()
         if isinstance(event, Reset):
             self._reset(event)
         elif isinstance(event, Put):
@@ -94,6 +98,11 @@ class RegistryMirror:
             self.states.update(event.states)
         elif isinstance(event, Ping):
             pass
+
+    async def next_change(self) -> None:
+        """Returns once records or instance states change (not on pings or router lists): for watchers that
+        re-derive something from the view, such as an MCP session's tool list, without polling it."""
+        await self._changed.wait()
 
     def _reset(self, event: Reset) -> None:
         self.keys = KeySpace()

@@ -115,8 +115,8 @@ async def doc_mesh(http: aiohttp.ClientSession, cwd: Path, *up_args: str) -> Asy
             process.wait(timeout=20)
 
 
-async def run(command: list[str]) -> subprocess.CompletedProcess:
-    return await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=60)
+async def run(command: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=60, env=env)
 
 
 async def check_curl(mesh: DocMesh, example: str, status: str, promised: list[str]) -> None:

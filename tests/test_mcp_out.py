@@ -185,8 +185,8 @@ async def test_sessions_belong_to_the_client_that_began_them(tools_mesh):
     async with mesh.http.delete(f"{mesh.url}/mcp", headers={**headers, "Mcp-Session-Id": session}) as response:
         assert response.status == 204
     assert (await rpc(mesh, headers, ping, session=session))[0] == 404
-    async with mesh.http.get(f"{mesh.url}/mcp", headers=headers) as response:
-        assert response.status == 405
+    async with mesh.http.get(f"{mesh.url}/mcp", headers={**headers, "Mcp-Session-Id": session}) as response:
+        assert response.status == 404  # an ended session has no stream either
 
 
 async def test_a_caller_leaving_a_streamed_tool_call_cancels_it(start_mesh, make_agent):

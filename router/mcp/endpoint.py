@@ -5,8 +5,9 @@
 (an ATP call through ``Router.call`` with the caller's credentials, so grants, trust, budgets, rate
 limits, audit and reach are /atp's). A notification or a response is accepted with 202. A call given a
 ``progressToken`` streams: the answer is server-sent events, a ``notifications/progress`` per chunk, then
-the result. ``GET /mcp`` (the server-to-client stream) is not offered (405, as the spec allows): the router
-sends nothing unasked. ``DELETE /mcp`` ends a session.
+the result. ``GET /mcp`` with a session opens that session's stream of what the router sends unasked:
+``notifications/tools/list_changed`` whenever the tools the caller may call change (a capability comes or
+goes, a schema or the caller's grants change). ``DELETE /mcp`` ends a session and closes its stream.
 
 Errors are JSON-RPC errors: a message that is no JSON-RPC request -32700/-32600 (HTTP 400), an unknown
 method -32601, bad params, an unknown or forbidden tool, oversized arguments, a schema violation -32602,
@@ -17,7 +18,7 @@ with ``isError``. Without a valid credential (auth on): HTTP 401 naming the meta
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -29,7 +30,7 @@ from yarl import URL
 
 from router.auth import Authenticator, Caller, Unauthenticated, may_call
 from router.core import CallResult, Router
-from router.mcp.sessions import Sessions
+from router.mcp.sessions import Session, Sessions
 from router.mcp.tools import business_failure, is_business_failure, payload_of, success, tool_of
 from router.streaming import Relay
 from router.tracecontext import parent_of
@@ -47,6 +48,7 @@ METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 ATP_ERROR = -32000  # any other ATP refusal, its error frame in `data` (as on /atp's JSON-RPC)
 SESSION_NOT_FOUND = -32001
+KEEPALIVE_SECONDS = 15.0  # a comment line on an idle stream, so proxies keep it and a gone reader shows
 
 # What the caller got wrong about the tool or its arguments: the spec's invalid params.
 CALLER_CODES = frozenset({ErrorCode.INVALID_FRAME, ErrorCode.INVALID_PAYLOAD, ErrorCode.PAYLOAD_TOO_LARGE,
@@ -164,10 +166,54 @@ class McpEndpoint:
                            headers={"WWW-Authenticate": challenge})
         return caller
 
-    async def stream(self, request: web.Request) -> web.Response:
-        self._caller(request)
-        raise ApiError(405, "method_not_allowed", "This server sends nothing unasked: no GET stream; POST requests",
-                       headers={"Allow": "POST, DELETE"})
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        """The session's stream (one per session): a list_changed notification each time the caller's tools
+        differ from what they were when the stream opened or last notified. The view changes only through
+        the feed, so the stream wakes on the mirror's changes, never by polling."""
+        caller = self._caller(request)
+        session_id = request.headers.get(SESSION_HEADER)
+        if session_id is None:
+            raise ApiError(400, "missing_session", f"GET /mcp needs the {SESSION_HEADER} that initialize gave",
+                           SESSION_HEADER)
+        owner = _owner(caller)
+        session = self.sessions.find(session_id, owner)
+        if session is None:
+            raise ApiError(404, "unknown_session", "No such session: initialize a new one", SESSION_HEADER)
+        if session.streaming:
+            raise ApiError(409, "stream_open", "This session's stream is already open", SESSION_HEADER)
+        session.streaming = True
+        response = web.StreamResponse(headers=STREAM_HEADERS)
+        watch = asyncio.ensure_future(self._watch(request, response, caller, session, session_id))
+        try:
+            with on_disconnect(request, watch.cancel):
+                await watch
+        except (asyncio.CancelledError, ConnectionError):
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+        finally:
+            session.streaming = False
+        return response
+
+    async def _watch(self, request: web.Request, response: web.StreamResponse, caller: Identity,
+                     session: Session, session_id: str) -> None:
+        await response.prepare(request)
+        owner = _owner(caller)
+        listed = _encoder.encode(self._tools(caller))
+        while True:
+            await _first_of(self.router.mirror.next_change(), session.ended.wait(), KEEPALIVE_SECONDS)
+            if self.sessions.find(session_id, owner) is None:
+                return
+            if self.auth is not None:
+                caller = self.auth.authenticate(request.headers)
+                if isinstance(caller, Unauthenticated):
+                    return  # the credential expired or was revoked: the client must come back with a new one
+            tools = _encoder.encode(self._tools(caller))
+            if tools != listed:
+                await response.write(_event({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}))
+                listed = tools
+            else:
+                await response.write(b": keepalive\n\n")
 
     async def delete(self, request: web.Request) -> web.Response:
         caller = self._caller(request)
@@ -246,7 +292,7 @@ class McpEndpoint:
             raise McpError(INVALID_PARAMS, "params.protocolVersion must be a string")
         version = asked if asked in PROTOCOL_VERSIONS else PROTOCOL_VERSIONS[0]
         session_id = self.sessions.begin(_owner(caller), version)
-        result = {"protocolVersion": version, "capabilities": {"tools": {"listChanged": False}},
+        result = {"protocolVersion": version, "capabilities": {"tools": {"listChanged": True}},
                   "serverInfo": SERVER_INFO, "instructions": INSTRUCTIONS}
         return json_response(_answer(rpc_id, result), headers={SESSION_HEADER: session_id})
 
@@ -293,6 +339,16 @@ class McpEndpoint:
         if is_business_failure(frame):
             return _answer(rpc_id, business_failure(frame))
         return _error_body(rpc_id, _refusal(frame))
+
+
+async def _first_of(first: Awaitable[Any], second: Awaitable[Any], timeout: float) -> None:
+    """Returns when either awaitable is done or ``timeout`` passes; the other is cancelled."""
+    waiters = {asyncio.ensure_future(first), asyncio.ensure_future(second)}
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
 
 
 def _owner(caller: Identity) -> str | None:
