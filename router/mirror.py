@@ -61,6 +61,7 @@ class RegistryMirror:
         # offers() answers per capability, built on first use after any change; never mutate them.
         self._offer_lists: dict[str, list[Offer]] = {}
         self._changed = asyncio.Event()
+        self.changes = 0  # counts the changes next_change reports: what is derived from the view is keyed by it
 
     @property
     def instances(self) -> dict[str, InstanceRecord]:
@@ -82,6 +83,7 @@ class RegistryMirror:
             return
         if not isinstance(event, Ping):
             self._offer_lists.clear()
+            self.changes += 1
             self._changed.set()
             self._changed = asyncio.Event()
         if isinstance(event, Reset):

@@ -12,6 +12,7 @@ from mcp import types
 
 from mcp_support import mcp_client
 from oauth_support import bearer, token_for
+from router.mcp import endpoint
 from router_support import wait_for
 
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -142,3 +143,20 @@ async def test_the_sdk_client_receives_the_notification(mcp_mesh):
         await mesh.register("tools-2", [offered("tools.second")], service="tools")
         await asyncio.wait_for(changed.wait(), 5)
         assert {tool.name for tool in (await client.list_tools()).tools} == {"tools.first", "tools.second"}
+
+
+async def test_one_client_cannot_hold_more_than_its_share_of_streams(mcp_mesh, open_stream, monkeypatch):
+    monkeypatch.setattr(endpoint, "MAX_STREAMS_PER_CLIENT", 2)
+    mesh, granted, other = mcp_mesh
+    headers = {"X-API-Key": granted["api_key"]}
+    sessions = [await begin(mesh, headers) for _ in range(3)]
+    first = await open_stream(headers, sessions[0])
+    await open_stream(headers, sessions[1])
+    async with mesh.http.get(f"{mesh.url}/mcp", headers={**headers, "Mcp-Session-Id": sessions[2]}) as response:
+        assert (response.status, (await response.json())["error"]) == (429, "too_many_streams")
+    other_headers = {"X-API-Key": other["api_key"]}
+    await open_stream(other_headers, await begin(mesh, other_headers))  # another client is not held back
+    async with mesh.http.delete(f"{mesh.url}/mcp", headers={**headers, "Mcp-Session-Id": sessions[0]}) as response:
+        assert response.status == 204
+    await asyncio.wait_for(first.reader, 5)
+    await open_stream(headers, sessions[2])  # a closed stream's place is free again

@@ -49,6 +49,8 @@ INVALID_PARAMS = -32602
 ATP_ERROR = -32000  # any other ATP refusal, its error frame in `data` (as on /atp's JSON-RPC)
 SESSION_NOT_FOUND = -32001
 KEEPALIVE_SECONDS = 15.0  # a comment line on an idle stream, so proxies keep it and a gone reader shows
+MAX_STREAMS = 1000  # open at once: each is a connection held and a tool list derived at each change
+MAX_STREAMS_PER_CLIENT = 32
 
 # What the caller got wrong about the tool or its arguments: the spec's invalid params.
 CALLER_CODES = frozenset({ErrorCode.INVALID_FRAME, ErrorCode.INVALID_PAYLOAD, ErrorCode.PAYLOAD_TOO_LARGE,
@@ -133,6 +135,9 @@ class McpEndpoint:
         self.auth = auth
         self.check = check
         self.sessions = Sessions()
+        # The tool lists at view change _listed_at, by the (trust level, grants) that decide them.
+        self._listed: dict[tuple[str, tuple[str, ...]] | None, bytes] = {}
+        self._listed_at = -1
 
     def routes(self) -> list[tuple[str, str, Any]]:
         routes = [("POST", "/mcp", self.post), ("GET", "/mcp", self.stream), ("DELETE", "/mcp", self.delete)]
@@ -181,6 +186,10 @@ class McpEndpoint:
             raise ApiError(404, "unknown_session", "No such session: initialize a new one", SESSION_HEADER)
         if session.streaming:
             raise ApiError(409, "stream_open", "This session's stream is already open", SESSION_HEADER)
+        if self.sessions.streaming >= MAX_STREAMS or \
+                (owner is not None and self.sessions.streaming_for(owner) >= MAX_STREAMS_PER_CLIENT):
+            raise ApiError(429, "too_many_streams", "Too many MCP streams are open: close one, or list tools "
+                                                    "again instead of waiting for notifications", SESSION_HEADER)
         session.streaming = True
         response = web.StreamResponse(headers=STREAM_HEADERS)
         watch = asyncio.ensure_future(self._watch(request, response, caller, session, session_id))
@@ -199,7 +208,7 @@ class McpEndpoint:
                      session: Session, session_id: str) -> None:
         await response.prepare(request)
         owner = _owner(caller)
-        listed = _encoder.encode(self._tools(caller))
+        listed = self._tool_list(caller)
         while True:
             await _first_of(self.router.mirror.next_change(), session.ended.wait(), KEEPALIVE_SECONDS)
             if self.sessions.find(session_id, owner) is None:
@@ -208,7 +217,7 @@ class McpEndpoint:
                 caller = self.auth.authenticate(request.headers)
                 if isinstance(caller, Unauthenticated):
                     return  # the credential expired or was revoked: the client must come back with a new one
-            tools = _encoder.encode(self._tools(caller))
+            tools = self._tool_list(caller)
             if tools != listed:
                 await response.write(_event({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}))
                 listed = tools
@@ -295,6 +304,19 @@ class McpEndpoint:
         result = {"protocolVersion": version, "capabilities": {"tools": {"listChanged": True}},
                   "serverInfo": SERVER_INFO, "instructions": INSTRUCTIONS}
         return json_response(_answer(rpc_id, result), headers={SESSION_HEADER: session_id})
+
+    def _tool_list(self, caller: Identity) -> bytes:
+        """The caller's tools as JSON, derived once per change of the view for all the streams whose callers
+        hold the same grants and trust (all that decides which tools one sees), not once per stream."""
+        changes = self.router.mirror.changes
+        if self._listed_at != changes:
+            self._listed.clear()
+            self._listed_at = changes
+        seen_as = (caller.trust_level, tuple(caller.grants)) if isinstance(caller, Caller) else None
+        listed = self._listed.get(seen_as)
+        if listed is None:
+            listed = self._listed[seen_as] = _encoder.encode(self._tools(caller))
+        return listed
 
     def _tools(self, caller: Identity) -> list[dict[str, Any]]:
         mirror = self.router.mirror

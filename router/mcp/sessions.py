@@ -43,6 +43,9 @@ class Sessions:
         """How many sessions have their stream open."""
         return sum(session.streaming for session in self._sessions.values())
 
+    def streaming_for(self, owner: str) -> int:
+        return sum(session.streaming and session.owner == owner for session in self._sessions.values())
+
     def begin(self, owner: str | None, protocol_version: str) -> str:
         self._expire(time.monotonic())
         while len(self._sessions) >= self.max_sessions:
