@@ -54,16 +54,16 @@ async def client_1x(url: str, headers: dict[str, str] | None = None, *calls: dic
 
 
 @pytest.fixture
-async def start_server_1x(tmp_path: Path) -> AsyncIterator[Callable[[str], Awaitable[str]]]:
+async def start_server_1x(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[str]]]:
     """Start FastMCP servers (tests/mcp1x/server.py) on loopback; each one's URL once it accepts connections."""
     processes: list[asyncio.subprocess.Process] = []
 
-    async def start(name: str) -> str:
+    async def start(name: str, *options: str) -> str:
         port = free_port()
         with (tmp_path / f"{name}.log").open("wb") as log:
             processes.append(
                 await asyncio.create_subprocess_exec(
-                    python_1x(), SCRIPTS / "server.py", str(port), name, env=ENV, stdout=log, stderr=log
+                    python_1x(), SCRIPTS / "server.py", str(port), name, *options, env=ENV, stdout=log, stderr=log
                 )
             )
 
@@ -127,22 +127,32 @@ async def test_the_1x_client_without_the_grant_sees_no_tool_and_a_direct_call_is
     assert calls == []
 
 
-async def test_a_1x_server_added_with_mcp_add_is_called_by_atp_and_1x_mcp_callers(start_mesh, start_server_1x):
+async def initialized_as(http, url: str) -> tuple[str, bool]:
+    """How a server answers initialize: its content type, and whether it names a session."""
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    }
+    async with http.post(url, json=body, headers={"Accept": "application/json, text/event-stream"}) as response:
+        assert response.status == 200, await response.text()
+        return response.content_type, "Mcp-Session-Id" in response.headers
+
+
+@pytest.mark.parametrize(
+    ("options", "answers"),
+    [((), ("text/event-stream", True)), (("--stateless-json",), ("application/json", False))],
+    ids=["sessions-sse", "stateless-json"],
+)
+async def test_a_1x_server_added_with_mcp_add_is_called_by_atp_and_1x_mcp_callers(
+    start_mesh, start_server_1x, options, answers
+):
     mesh = await start_mesh(health_interval=0.2)
-    url = await start_server_1x("calc-1x")
-    result = await agentreach(
-        "mcp",
-        "add",
-        url,
-        "--service",
-        "calc",
-        "--prefix",
-        "calc.",
-        "--registry",
-        mesh.registry.url,
-        "--data-dir",
-        "/nonexistent",
-    )
+    url = await start_server_1x("calc-1x", *options)
+    assert await initialized_as(mesh.http, url) == answers
+    registry = ["--registry", mesh.registry.url, "--data-dir", "/nonexistent"]
+    result = await agentreach("mcp", "add", url, "--service", "calc", "--prefix", "calc.", *registry)
     assert result.returncode == 0, result.stderr
     added = json.loads(result.stdout)
     assert sorted(added["capabilities"]) == ["calc.add", "calc.echo"]
