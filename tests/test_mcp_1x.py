@@ -1,6 +1,7 @@
 """The mcp SDK's widely deployed 1.x line against the mesh, both ways: its client (ClientSession over
 streamablehttp_client) through the router's /mcp with a bearer token, plain and streaming, and its FastMCP
-server added with `agentreach mcp add` and called through the router. The main venv has the 2.x line, so the
+server added with `agentreach mcp add` and called through the router, two of them failing over, a killed one
+evicted (its MCP ping unanswered). The main venv has the 2.x line, so the
 1.x side runs in .venv-mcp1 (made by scripts/install-test-tools) as subprocesses: tests/mcp1x/."""
 
 from __future__ import annotations
@@ -53,22 +54,34 @@ async def client_1x(url: str, headers: dict[str, str] | None = None, *calls: dic
     return seen
 
 
-@pytest.fixture
-async def start_server_1x(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[str]]]:
-    """Start FastMCP servers (tests/mcp1x/server.py) on loopback; each one's URL once it accepts connections."""
-    processes: list[asyncio.subprocess.Process] = []
+class Server1x:
+    """A FastMCP server process (tests/mcp1x/server.py) serving at ``url``."""
 
-    async def start(name: str, *options: str) -> str:
-        port = free_port()
-        with (tmp_path / f"{name}.log").open("wb") as log:
-            processes.append(
-                await asyncio.create_subprocess_exec(
-                    python_1x(), SCRIPTS / "server.py", str(port), name, *options, env=ENV, stdout=log, stderr=log
-                )
+    def __init__(self, process: asyncio.subprocess.Process, url: str):
+        self.process, self.url = process, url
+
+    async def kill(self) -> None:
+        """Stop it; returns once the process has exited (its port refuses connections)."""
+        with contextlib.suppress(ProcessLookupError):
+            self.process.terminate()
+        await self.process.wait()
+
+
+@pytest.fixture
+async def start_server_1x(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Server1x]]]:
+    """Start FastMCP servers on loopback, each returned once it accepts connections; all stopped at teardown."""
+    servers: list[Server1x] = []
+
+    async def start(name: str, *options: str) -> Server1x:
+        port, log_path = free_port(), tmp_path / f"{name}.log"
+        with log_path.open("wb") as log:
+            process = await asyncio.create_subprocess_exec(
+                python_1x(), SCRIPTS / "server.py", str(port), name, *options, env=ENV, stdout=log, stderr=log
             )
+        servers.append(Server1x(process, f"http://127.0.0.1:{port}/mcp"))
 
         async def accepting() -> bool:
-            assert processes[-1].returncode is None, (tmp_path / f"{name}.log").read_text()
+            assert process.returncode is None, log_path.read_text()
             try:
                 _, writer = await asyncio.open_connection("127.0.0.1", port)
             except OSError:
@@ -77,13 +90,19 @@ async def start_server_1x(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitab
             return True
 
         await wait_for(accepting, timeout=30, what=f"the 1.x MCP server {name} to listen")
-        return f"http://127.0.0.1:{port}/mcp"
+        return servers[-1]
 
     yield start
-    for process in processes:
-        with contextlib.suppress(ProcessLookupError):
-            process.terminate()
-        await process.wait()
+    for server in servers:
+        await server.kill()
+
+
+async def add_server(mesh, url: str, *extra: str) -> dict[str, Any]:
+    """`agentreach mcp add` the server at ``url`` as service calc (capabilities calc.*); its JSON answer."""
+    registry = ["--registry", mesh.registry.url, "--data-dir", "/nonexistent"]
+    result = await agentreach("mcp", "add", url, "--service", "calc", "--prefix", "calc.", *registry, *extra)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
 
 
 def results(seen: dict[str, Any]) -> list[dict[str, Any]]:
@@ -149,12 +168,9 @@ async def test_a_1x_server_added_with_mcp_add_is_called_by_atp_and_1x_mcp_caller
     start_mesh, start_server_1x, options, answers
 ):
     mesh = await start_mesh(health_interval=0.2)
-    url = await start_server_1x("calc-1x", *options)
+    url = (await start_server_1x("calc-1x", *options)).url
     assert await initialized_as(mesh.http, url) == answers
-    registry = ["--registry", mesh.registry.url, "--data-dir", "/nonexistent"]
-    result = await agentreach("mcp", "add", url, "--service", "calc", "--prefix", "calc.", *registry)
-    assert result.returncode == 0, result.stderr
-    added = json.loads(result.stdout)
+    added = await add_server(mesh, url)
     assert sorted(added["capabilities"]) == ["calc.add", "calc.echo"]
     await mesh.until_state(added["agent_id"])  # the registry's MCP ping reaches the 1.x server
     answer = await mesh.call("calc.add", {"a": 2, "b": 3})
@@ -166,3 +182,22 @@ async def test_a_1x_server_added_with_mcp_add_is_called_by_atp_and_1x_mcp_caller
     assert (refused.status, refused.body["error_code"], refused.body["field"]) == (400, "INVALID_PAYLOAD", "payload.b")
     seen = await client_1x(f"{mesh.url}/mcp", None, {"tool": "calc.add", "arguments": {"a": 4, "b": 5}})
     assert results(seen)[0]["structuredContent"] == {"sum": 9, "server": "calc-1x"}
+
+
+async def test_two_1x_servers_fail_over_and_a_killed_one_is_evicted(start_mesh, start_server_1x):
+    mesh = await start_mesh(health_interval=0.2, silence_timeout=1.0, evict_after=2)
+    first, second = await start_server_1x("calc-a"), await start_server_1x("calc-b")
+    one = (await add_server(mesh, first.url, "--agent-id", "calc-a"))["agent_id"]
+    two = (await add_server(mesh, second.url, "--agent-id", "calc-b"))["agent_id"]
+    await mesh.ready(one, two)
+    served = {(await mesh.call("calc.add", {"a": 1, "b": 1})).body["result"]["server"] for _ in range(8)}
+    assert served == {"calc-a", "calc-b"}
+    await first.kill()
+    answers = [await mesh.call("calc.add", {"a": 1, "b": 1}) for _ in range(6)]
+    assert {(a.status, a.body["result"]["server"]) for a in answers} == {(200, "calc-b")}
+    await wait_for(
+        lambda: mesh.registry.registry.status(one, mesh.registry.registry.clock()).value == "evicted",
+        timeout=15,
+        what="the killed 1.x MCP server to be evicted",
+    )
+    assert mesh.registry.registry.status(two, mesh.registry.registry.clock()).value == "healthy"
