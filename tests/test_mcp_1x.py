@@ -1,8 +1,8 @@
 """The mcp SDK's widely deployed 1.x line against the mesh, both ways: its client (ClientSession over
 streamablehttp_client) through the router's /mcp with a bearer token, plain and streaming, and its FastMCP
 server added with `agentreach mcp add` and called through the router, two of them failing over, a killed one
-evicted (its MCP ping unanswered). The main venv has the 2.x line, so the
-1.x side runs in .venv-mcp1 (made by scripts/install-test-tools) as subprocesses: tests/mcp1x/."""
+evicted (its MCP ping unanswered). The main venv has the 2.x line, so the 1.x side runs in .venv-mcp1 (made by
+scripts/install-test-tools) as subprocesses: tests/mcp1x/."""
 
 from __future__ import annotations
 
