@@ -17,6 +17,7 @@ from agentreach.knobs import (
     add_agent_networks,
     add_auth_switch,
     add_connection_knobs,
+    add_otlp_endpoint,
     add_registry_knobs,
     add_router_knobs,
     check_router_knobs,
@@ -76,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_router_knobs(router)
     add_agent_networks(router)  # `up` and `registry` have it among the registry's knobs: one rule for both
     add_connection_knobs(router)
+    add_otlp_endpoint(router)
 
     console = commands.add_parser("console", help="run the operators' console",
                                   description="Serve the dashboard and its JSON API, watching a registry and a router.")
@@ -89,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_auth_switch(console, "require operators to sign in with the admin key")
     add_admin_key(console)
     add_connection_knobs(console)
+    add_otlp_endpoint(console)
     console.add_argument("--log-level", default="info", help="debug, info, warning or error (default: info)")
 
     wal = commands.add_parser("wal", help="inspect the write-ahead log", description="Write-ahead log tools.")

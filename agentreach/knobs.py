@@ -102,7 +102,26 @@ def connection_limits(args: argparse.Namespace) -> Limits:
     return Limits() if per_peer is None else Limits(max_connections_per_peer=per_peer)
 
 
+def add_otlp_endpoint(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--otlp-endpoint", type=http_url, default=None, metavar="URL",
+                        help="export traces over OTLP/HTTP to the collector at URL (URL/v1/traces); the standard "
+                             "OTEL_EXPORTER_OTLP_ENDPOINT and OTEL_* variables are honoured too (default: none, "
+                             "nothing exported)")
+
+
+def http_url(text: str) -> str:
+    """An http:// or https:// URL naming a host."""
+    try:
+        url = URL(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a URL: {exc}") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise argparse.ArgumentTypeError(f"expected http://host:port, got {text!r}")
+    return text
+
+
 def add_registry_knobs(parser: argparse.ArgumentParser) -> None:
+    add_otlp_endpoint(parser)
     parser.add_argument("--data-dir", type=Path, default=Path(".agentreach"),
                         help="where the WAL and snapshots live (default: ./.agentreach)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
@@ -189,7 +208,8 @@ def registry_settings(args: argparse.Namespace, port: int, parser: argparse.Argu
                             etcd_endpoints=_etcd_endpoints(args, parser), etcd_prefix=args.etcd_prefix,
                             advertise_url=args.advertise_url and args.advertise_url.rstrip("/"),
                             node_ttl=args.node_ttl, example_evaluation=args.example_evaluation,
-                            agent_networks=args.agent_networks, connections=connection_limits(args))
+                            agent_networks=args.agent_networks, connections=connection_limits(args),
+                            otlp_endpoint=args.otlp_endpoint)
 
 
 def add_router_knobs(parser: argparse.ArgumentParser) -> None:
@@ -275,10 +295,11 @@ def router_settings(args: argparse.Namespace, port: int, registry_url: str | Non
                                 audit_path=args.data_dir / "audit.db" if args.audit else None,
                                 audit_retention_days=args.audit_retention_days,
                                 audit_batch_rows=args.audit_batch_rows, agent_networks=args.agent_networks,
-                                connections=connection_limits(args), broker=args.broker)
+                                connections=connection_limits(args), broker=args.broker,
+                                otlp_endpoint=args.otlp_endpoint)
 
 
 def console_settings(args: argparse.Namespace, port: int, registry_url: str, router_url: str) -> ConsoleSettings:
     return ConsoleSettings(host=args.host, port=port, registry_url=registry_url, router_url=router_url,
                            data_dir=args.data_dir, auth=args.auth, admin_key=required_admin_key(args),
-                           connections=connection_limits(args))
+                           connections=connection_limits(args), otlp_endpoint=args.otlp_endpoint)

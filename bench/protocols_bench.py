@@ -52,7 +52,19 @@ from agent_reach.proto.agent_pb2 import CallReply, CallRequest
 from agent_reach.redis_broker import RedisBroker
 from agent_reach.socket_wire import Envelope, decode, encode
 
-from common import RESULTS, ROUTER_BENCH, free_port, keep_alive, machine, rank_at, spawn, stop_processes, wait_http
+from common import (
+    RESULTS,
+    ROUTER_BENCH,
+    cpu_seconds,
+    family_cpu_seconds,
+    free_port,
+    keep_alive,
+    machine,
+    rank_at,
+    spawn,
+    stop_processes,
+    wait_http,
+)
 
 PAYLOAD = {"text": "x" * 1000}
 Call = Callable[[], Awaitable[None]]
@@ -203,14 +215,22 @@ def poster(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> Ca
     return call
 
 
-async def alternating(ways: dict[str, Call], rounds: int, seconds: float,
-                      concurrency: int) -> dict[str, list[dict[str, Any]]]:
-    """Each way measured once per round, the order reversed every other round so no way always goes first."""
+async def alternating(ways: dict[str, Call], rounds: int, seconds: float, concurrency: int,
+                      pids: dict[str, int] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Each way measured once per round, the order reversed every other round so no way always goes first;
+    with ``pids``, each run also has the CPU a call cost the way's process (``own_cpu_us``) and the process
+    with its children (``cpu_us``: an audit writer, an exporter)."""
     results: dict[str, list[dict[str, Any]]] = {way: [] for way in ways}
     order = list(ways)
     for n in range(rounds):
         for way in order if n % 2 == 0 else reversed(order):
-            results[way].append(await measure(ways[way], seconds, concurrency))
+            pid = pids.get(way) if pids is not None else None
+            before = (cpu_seconds(pid), family_cpu_seconds(pid)) if pid is not None else (0.0, 0.0)
+            run = await measure(ways[way], seconds, concurrency)
+            if pid is not None:
+                run["own_cpu_us"] = (cpu_seconds(pid) - before[0]) / run["calls"] * 1e6
+                run["cpu_us"] = (family_cpu_seconds(pid) - before[1]) / run["calls"] * 1e6
+            results[way].append(run)
     return results
 
 

@@ -23,6 +23,7 @@ from console.signin import Gatekeeper, Sessions
 from console.store import ConsoleStore
 from console.upstream import Upstream
 from registry.access import read_admin_key
+from weblayer import otel
 
 log = logging.getLogger("agentreach.console")
 
@@ -42,6 +43,8 @@ class ConsoleSettings(msgspec.Struct, kw_only=True):
     poll_interval: float = 1.0
     # What the listener holds its connections to: deadlines, the cap (agent_reach.connections).
     connections: Limits = msgspec.field(default_factory=Limits)
+    # The OTLP/HTTP collector traces go to (weblayer/otel.py); None: the OTEL_* variables decide.
+    otlp_endpoint: str | None = None
 
 
 class ConsoleServer:
@@ -56,6 +59,7 @@ class ConsoleServer:
         self._runner: web.AppRunner | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
+        self.otlp: otel.Otlp | None = None
         self.port = settings.port
         # The listener's connections, counted for /metrics.
         self.connections = Gate(settings.connections)
@@ -84,6 +88,8 @@ class ConsoleServer:
                          Gatekeeper(sessions, registry))
         app = api.app()
         app.on_response_prepare.append(security_headers)
+        self.otlp = otel.start("agentreach-console", settings.otlp_endpoint)
+        otel.trace_requests(app, self.otlp)
         self._runner, self.port = await listen(app, settings.host, settings.port, gate=self.connections)
         log.info("console listening", extra={"url": self.url, "registry": config.registry_url,
                                             "router": config.router_url, "auth": settings.auth,
@@ -97,3 +103,4 @@ class ConsoleServer:
         self.hub.close()
         await close(self._runner, self._session)
         await self.store.close()
+        await otel.stop(self.otlp)

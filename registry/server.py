@@ -26,6 +26,7 @@ from registry.service import Registry
 from registry.store import WalStore
 from registry.watch import WatchHub
 from wal import ReplayReport
+from weblayer import otel
 
 if TYPE_CHECKING:
     from semantic.judge import ExampleJudge
@@ -75,6 +76,8 @@ class RegistrySettings(msgspec.Struct, kw_only=True):
     agent_networks: tuple[str, ...] = ()
     # What the listener holds its connections to: deadlines, the cap (agent_reach.connections).
     connections: Limits = msgspec.field(default_factory=Limits)
+    # The OTLP/HTTP collector traces go to (weblayer/otel.py); None: the OTEL_* variables decide.
+    otlp_endpoint: str | None = None
 
 
 class RegistryServer:
@@ -100,6 +103,7 @@ class RegistryServer:
         self.new_admin_key: str | None = None
         self._stopped = False
         self._judge: ExampleJudge | None = None
+        self.otlp: otel.Otlp | None = None
         # The listener's connections, counted for /metrics.
         self.connections = Gate(settings.connections)
 
@@ -143,6 +147,8 @@ class RegistryServer:
                                                                                  self.membership.leads))]
         app = create_app(self.registry, checker, self.hub, max_body=self.settings.max_body, auth=self.settings.auth,
                          data_dir=self.settings.data_dir, membership=self.membership, connections=self.connections)
+        self.otlp = otel.start("agentreach-registry", self.settings.otlp_endpoint)
+        otel.trace_requests(app, self.otlp)
         self._runner, self.port = await listen(app, self.settings.host, self.settings.port, gate=self.connections)
         if isinstance(self.membership, EtcdMembership):
             await self.membership.start(self.settings.advertise_url or self.url)
@@ -174,3 +180,4 @@ class RegistryServer:
         if self._judge is not None:
             self._judge.close()
         await self.store.close()
+        await otel.stop(self.otlp)

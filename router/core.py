@@ -56,6 +56,7 @@ from semantic.outcome import IntentMatch, IntentRefusal
 
 if TYPE_CHECKING:
     from router.intents import SemanticRouter
+    from router.otel import CallExport
 
 log = logging.getLogger("agentreach.router")
 
@@ -156,6 +157,8 @@ class Router:
         self.schemas = Validators()  # capabilities' input_schemas, compiled once per version
         # Set by the server when it keeps an audit trail: every call, refusals included, gets a row.
         self.audit: AuditLog | None = None
+        # Set by the server when it exports traces over OTLP (--otlp-endpoint): every call's spans, as it ends.
+        self.export: CallExport | None = None
         # Set by the server when it can report confirmed intents to the registry.
         self.confirmations: ConfirmationQueue | None = None
         self.client_limits = ClientLimits(self.limit_share)
@@ -309,7 +312,7 @@ class Router:
         """Keep the call's trace (sampled under load, see TraceStore), and its audit row when an
         audit trail is kept (every call, refusals included); ``result`` None: the call was cancelled."""
         keep = self.traces.wants(outcome == "success", started_at)
-        if not keep and self.audit is None:
+        if not keep and self.audit is None and self.export is None:
             return
         route = result.route if result is not None else RouteFacts()
         answer = result.frame if result is not None else None
@@ -321,8 +324,8 @@ class Router:
         usage = answer.usage if isinstance(answer, ResponseFrame) else None
         relay = flight.relay
         capability, trace_id = frame.capability or "", str(frame.context["trace_id"])
-        if keep:
-            self.traces.add(CallTrace(
+        if keep or self.export is not None:
+            trace = CallTrace(
                 request_id=frame.request_id, capability=capability, trace_id=trace_id,
                 started_at=started_at, parent_request_id=parent_request_id, caller=client_id,
                 payload_bytes=len(payload), timeout_hint=frame.timeout_hint,
@@ -332,7 +335,11 @@ class Router:
                 explored=route.explored, budget=route.budget, attempts=flight.tried, outcome=outcome,
                 error_code=error_code, total_ms=total_ms, overhead_ms=route.overhead_ms or 0.0, usage=usage,
                 span_id=flight.span.span_id, parent_span_id=flight.span.parent_span_id, streamed=relay.streaming,
-                chunks=relay.chunks, chunk_bytes=relay.bytes))
+                chunks=relay.chunks, chunk_bytes=relay.bytes)
+            if keep:
+                self.traces.add(trace)
+            if self.export is not None:
+                self.export.export(trace, flight.span)
         if self.audit is not None:
             known = caller if isinstance(caller, Caller) else None
             self.audit.record(call_entry(
@@ -575,11 +582,13 @@ class Router:
                 self.decisions["failover"] += 1
             offer = by_id[candidate.agent_id]
             # Recorded before sending: a call cut short while the agent has it still names the agent.
+            span = flight.span.child()
             attempt = AttemptTrace(
                 instance=candidate.agent_id, endpoint=offer.capability.endpoint, protocol=offer.capability.protocol,
-                started_ms=round((now - started) * 1000, 3), elapsed_ms=0.0, message="no answer: the call ended first")
+                started_ms=round((now - started) * 1000, 3), elapsed_ms=0.0, message="no answer: the call ended first",
+                span_id=span.span_id)
             flight.tried.append(attempt)
-            answer = await self._send(frame, capability, offer, timeouts, remaining, flight.span, flight.relay)
+            answer = await self._send(frame, capability, offer, timeouts, remaining, span, flight.relay)
             attempt.elapsed_ms, attempt.message = round(answer.elapsed_ms, 3), answer.message
             attempt.error_code = answer.error_code
             state.attempts += 1

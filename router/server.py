@@ -30,11 +30,13 @@ from router.forward import Forwarder
 from router.keyring import KeyRing
 from router.mirror import RegistryMirror
 from router.oauth import TokenIssuer
+from router.otel import CallExport
 from router.publish import PublishKeys, PublishRefused, publish_over_http
 from router.rollback import WritePolicy, write_policy_over_http
 from router.worker_views import Views, WorkerViews
 from semantic.confirmations import ConfirmationQueue, ReportConfirmation, report_over_http
 from semantic.settings import SemanticSettings, SemanticUnavailable
+from weblayer import otel
 
 if TYPE_CHECKING:
     from router.intents import SemanticRouter
@@ -82,6 +84,8 @@ class RouterServerSettings(msgspec.Struct, kw_only=True):
     broker: str | None = None
     # What the listener holds its connections to: deadlines, the cap (agent_reach.connections).
     connections: Limits = msgspec.field(default_factory=Limits)
+    # The OTLP/HTTP collector traces go to (weblayer/otel.py); None: the OTEL_* variables decide.
+    otlp_endpoint: str | None = None
 
 
 class RouterServer:
@@ -117,6 +121,7 @@ class RouterServer:
         self.semantic: SemanticRouter | None = None
         self.auth: Authenticator | None = None
         self._views: Views | None = None
+        self.export: CallExport | None = None
         # The listener's connections, counted for /metrics.
         self.connections = Gate(settings.connections)
 
@@ -149,6 +154,10 @@ class RouterServer:
             self.semantic = await SemanticRouter.create(self.mirror, self.settings.semantic)
         self.router = Router(self.mirror, forwarder, self.settings.routing, semantic=self.semantic)
         self.router.releases.write = self._policy_writer()
+        if otel.wanted(self.settings.otlp_endpoint):
+            self.export = CallExport("agentreach-router", self.settings.otlp_endpoint)
+            await self.export.start()
+            self.router.export = self.export
         self.router.budgets.lease_budget = self._budget_leaser()
         confirmations = self._confirmations()
         if confirmations is not None:
@@ -284,3 +293,6 @@ class RouterServer:
             await self.audit.stop()
         if self.semantic is not None:
             self.semantic.close()
+        if self.export is not None:
+            # After the server closed: calls still in progress while it closed have their spans.
+            await self.export.stop()

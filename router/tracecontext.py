@@ -49,6 +49,11 @@ class CallSpan(msgspec.Struct, frozen=True, gc=False):
     def traceparent(self) -> str:
         return format_traceparent(self.trace_id, self.span_id, self.flags)
 
+    def child(self) -> CallSpan:
+        """A span under this one, in the same trace: each attempt's, which is what its agent is sent."""
+        return CallSpan(trace_id=self.trace_id, span_id=new_span_id(), parent_span_id=self.span_id,
+                        flags=self.flags, tracestate=self.tracestate)
+
 
 def parent_span(traceparent: str, tracestate: str) -> ParentSpan | None:
     """The caller's span from its headers (``tracestate`` its header lines joined by commas, "" when

@@ -30,6 +30,7 @@ class AttemptTrace(msgspec.Struct, kw_only=True, gc=False):
     elapsed_ms: float
     error_code: ErrorCode | None = None
     message: str = ""
+    span_id: str = ""  # the attempt's W3C span, the parent the agent was sent in its traceparent
 
 
 class CallTrace(msgspec.Struct, kw_only=True, gc=False):

@@ -124,7 +124,7 @@ async def test_calls_refused_before_routing_are_audited_too(start_mesh, start_ag
 
 # Item 15: the caller's W3C trace is continued.
 
-async def test_a_caller_traceparent_is_continued_with_the_router_as_child_span(mesh, start_agent):
+async def test_a_caller_traceparent_is_continued_with_the_router_and_its_attempt_as_child_spans(mesh, start_agent):
     agent = await start_agent("w3c")
     await mesh.add(agent, "echo")
     state = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"
@@ -137,7 +137,9 @@ async def test_a_caller_traceparent_is_continued_with_the_router_as_child_span(m
     assert agent.received[-1].headers["tracestate"] == state
     assert json.loads(agent.received[-1].headers["X-Reach-Context"])["trace_id"] == CALLER_TRACE
     call = (await mesh.get("/traces/w3c-1"))["call"]
-    assert (call["trace_id"], call["span_id"], call["parent_span_id"]) == (CALLER_TRACE, span, CALLER_SPAN)
+    # The agent's parent is its attempt's span, itself a child of the router's span of the call.
+    assert (call["trace_id"], call["parent_span_id"]) == (CALLER_TRACE, CALLER_SPAN)
+    assert call["attempts"][0]["span_id"] == span != call["span_id"]
 
     await mesh.call("echo", {}, request_id="w3c-2", headers={"traceparent": TRACEPARENT})
     assert received_traceparent(agent)[2] not in (span, CALLER_SPAN), "every call is a new span"

@@ -34,7 +34,10 @@ async def test_a_call_is_traced_with_its_decision_and_attempts(mesh, start_agent
     assert call["payload_bytes"] == len(b'{"x":1}')
     # The agent received the trace id, so its own nested calls can join the tree.
     assert json.loads(agent.received[-1].headers["X-Reach-Context"])["trace_id"] == call["trace_id"]
-    assert agent.received[-1].headers["traceparent"] == f"00-{call['trace_id']}-{call['span_id']}-01"
+    # Its traceparent names the attempt's span (a child of the call's), so the agent's span hangs under it.
+    attempt_span = call["attempts"][0]["span_id"]
+    assert agent.received[-1].headers["traceparent"] == f"00-{call['trace_id']}-{attempt_span}-01"
+    assert len(attempt_span) == 16 and attempt_span != call["span_id"]
 
 
 async def test_nested_calls_form_a_tree(mesh, start_agent):
