@@ -29,6 +29,7 @@ from router.audit import AuditLog, call_entry
 from router.auth import Caller, Refusal, Unauthenticated, authorize
 from router.budgets import NO_TICKET, REPORT_SECONDS, UNBOUNDED_CALLS, UNBOUNDED_WAIT_SECONDS, Budgets, Ticket
 from router.canary import assign, share_point
+from router.candidate import Candidate, Score
 from router.degradation import DegradationAlerts
 from router.forward import Forwarder
 from router.instances import InstanceBook
@@ -39,8 +40,8 @@ from router.ratelimit import ClientLimits
 from router.reach import Outcome, ReachLedger
 from router.rollback import Releases
 from router.rules import CallerFacts, CandidatesOf, Decision, decide, minute_of_week, ordered, serviceable
-from router.scoring import InstanceScore, Score, explain, reference_cost, scoring_of
-from router.selection import Candidate, RouteRefusal, choose_policy, plan_route, session_hash_key
+from router.scoring import InstanceScore, explain, reference_cost, scoring_of
+from router.selection import RouteRefusal, choose_policy, plan_route, session_hash_key
 from router.shadow import RuleBook
 from router.sticky import StickyTable, sticky_key
 from router.streaming import Relay
