@@ -35,9 +35,10 @@ from agent_reach.atp import ErrorCode
 
 from common import RESULTS, ROOT, rank_at
 from mesh.policy import DEFAULT_EXPLORE_SHARE
+from router.candidate import Candidate
 from router.measurements import Measurements
 from router.scoring import Scoring
-from router.selection import Candidate, RoutePlan, plan_route
+from router.selection import RoutePlan, plan_route
 from router.transports.answer import AgentAnswer
 
 SLA_MS = 1000

@@ -45,7 +45,8 @@ from router import jsonrpc
 from router.a2a.endpoint import A2AEndpoint
 from router.app_keys import AUDIT_KEY, AUTH_KEY, METRICS_KEY, ROUTER_KEY
 from router.auth import Authenticator, Caller, Unauthenticated
-from router.core import CallResult, Router
+from router.call import CallResult
+from router.core import Router
 from router.inspection import alerts, audit_entries, reach, rule_stats, scores, trace, traces, usage
 from router.mcp.endpoint import McpEndpoint
 from router.mcp.metrics import McpCollector
@@ -318,7 +319,7 @@ async def completions(request: web.Request) -> web.Response:
     except msgspec.MsgspecError as exc:
         raise ApiError(400, "invalid_completion", str(exc)) from None
     with logs.bind(request_id=note.request_id):
-        known = request.app[ROUTER_KEY].late_completion(note.request_id, note.agent_id, note.finished_ms)
+        known = request.app[ROUTER_KEY].failover.late_completion(note.request_id, note.agent_id, note.finished_ms)
     return json_response({"request_id": note.request_id, "known": known})
 
 

@@ -42,7 +42,7 @@ async def scores(request: web.Request) -> web.Response:
 
 
 def scores_of(router: Router, capability: str) -> Scores:
-    found = router.scores(capability)
+    found = router.choice.scores(capability)
     if found is None:
         raise ApiError(404, "unknown_capability", f"No instance offers capability {capability!r}", "capability")
     policy_name, instances = found

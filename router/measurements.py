@@ -10,7 +10,7 @@ share measurements.
   that it was longer than the deadline: it counts as ``TIMED_OUT_FACTOR`` (2) times its elapsed time, so an
   instance that keeps timing out soon averages past its SLA (twice in a row from a fast start).
 - errors: the share of failures among the last ``ERROR_WINDOW`` counted attempts, counted by the breakers'
-  rule (router/outcome.py ``verdict``): timeouts, connection failures, agent errors and business errors are
+  rule (router/verdicts.py ``verdict``): timeouts, connection failures, agent errors and business errors are
   failures; busy answers, the caller's errors (its refused request, its own shorter deadline) and the
   router's own failure are not counted at all.
 
@@ -23,8 +23,8 @@ from collections import deque
 
 from agent_reach.atp import ErrorCode
 
-from router.outcome import verdict
 from router.transports.answer import AgentAnswer
+from router.verdicts import verdict
 
 LATENCY_ALPHA = 0.3
 ERROR_WINDOW = 20

@@ -17,7 +17,8 @@ import msgspec
 from msgspec import UnsetType
 
 from mesh.policy import WEEKDAYS, Hours, Rule, RuleTarget
-from router.selection import HEALTHY, Candidate, versions_filter
+from router.candidate import Candidate
+from router.selection import HEALTHY, versions_filter
 
 Action = Literal["route", "degrade", "refuse"]
 

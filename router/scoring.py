@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import math
 import random
-from typing import TYPE_CHECKING
 
 import msgspec
 from agent_reach.atp import ScoreParts
@@ -36,21 +35,11 @@ from agent_reach.registration import Capability
 from agent_reach.usage import Usage, call_cost
 
 from mesh.policy import DEFAULT_EXPLORE_SHARE, DEFAULT_WEIGHTS, Policy, ScoreWeights
-
-if TYPE_CHECKING:
-    from router.selection import Candidate
+from router.candidate import Candidate, Score
 
 LOAD_BOUND = 10.0
 MAX_EXPLORATION = 0.5
 REFERENCE_USAGE = Usage(input_tokens=1000, output_tokens=1000)
-
-
-class Score(msgspec.Struct, kw_only=True, frozen=True):
-    """One instance's score for one call; ``explored``: it goes first as an exploration pick, not on merit."""
-
-    total: float
-    parts: ScoreParts
-    explored: bool = False
 
 
 class Scoring(msgspec.Struct, kw_only=True, frozen=True):

@@ -18,44 +18,18 @@ from typing import Any
 import msgspec
 from agent_reach.atp import BudgetRoute, ErrorCode
 from agent_reach.hint import matches_hint, unsatisfied_hint
-from agent_reach.registration import Protocol, RoutingPolicy
+from agent_reach.registration import RoutingPolicy
 from agent_reach.versions import parse_constraint, parse_version, satisfies
 
+from router.candidate import Candidate
 from router.hashring import HashRing
-from router.measurements import Measured
-from router.scoring import Score, Scoring, by_score, meets_sla
+from router.scoring import Scoring, by_score, meets_sla
 
 HEALTHY = "healthy"
 DEGRADED_STATES = frozenset({"pending", "demoted"})
 # Economy's tolerance: reference prices within this share above the cheapest count as the cheapest, so
 # instances priced alike but for rounding share the calls rather than the lowest taking them all.
 ECONOMY_PRICE_BAND = 0.05
-
-
-class Candidate(msgspec.Struct, kw_only=True):
-    """One instance of the capability as the router sees it at the moment of the call."""
-
-    agent_id: str
-    endpoint: str
-    protocol: Protocol
-    # "healthy", "pending" or "demoted" as the registry's feed says it: plain text on the wire, so a state a
-    # newer registry adds is carried (and never routed to) rather than failing the feed.
-    state: str
-    load: float = 0.0  # reported by the agent, 0..1
-    inflight: int = 0  # router-side in-flight calls right now
-    metadata: dict[str, Any] = {}  # zone, env, team, model, max_qps, routing_policy, ...
-    max_qps: float = 0.0  # 0 = unlimited
-    available: bool = True  # False: breaker open or passively ejected (the I/O side decides)
-    has_capacity: bool = True  # False: its max_qps token bucket is empty right now
-    version: str = ""  # its version of the capability (agent_reach.versions.instance_version)
-    # What the scored policy weighs (router/scoring.py): this router's figures (None: never measured), the price
-    # of a reference call (None: none declared), the quality posted for it (None: none), the capability's SLA;
-    # ``score`` is set by the scored order.
-    measured: Measured | None = None
-    cost: float | None = None
-    quality: float | None = None
-    sla_ms: int = 30_000
-    score: Score | None = None
 
 
 class RoutePlan(msgspec.Struct, kw_only=True):

@@ -241,7 +241,7 @@ class Views:
 
     async def _own_scores(self, request: web.Request) -> web.Response:
         """A capability the registry only now added or removed may be unknown here yet: no rows."""
-        found = self._router.scores(request.match_info["capability"])
+        found = self._router.choice.scores(request.match_info["capability"])
         return _msgpack(found[1] if found is not None else [])
 
     async def _own_alerts(self, request: web.Request) -> web.Response:

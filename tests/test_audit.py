@@ -15,9 +15,11 @@ from agent_reach.serving import listen
 from aiohttp import web
 
 from conftest import wait_for
-from router.api import AUDIT_KEY, audit_entries, guarded
+from router.api import guarded
+from router.app_keys import AUDIT_KEY
 from router.audit import AuditEntry, AuditFilter, AuditLog, call_entry
 from router.audit_query import FilterError, parse_filters
+from router.inspection import audit_entries
 from router.traces import AttemptTrace
 
 DAY = 86_400.0

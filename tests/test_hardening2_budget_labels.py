@@ -14,9 +14,10 @@ from collections import Counter
 import pytest
 
 from agent_support import Agent
+from router.candidate import Candidate
 from router.forward import AgentAnswer
 from router.measurements import Measurements
-from router.selection import ECONOMY_PRICE_BAND, Candidate, RoutePlan, plan_route
+from router.selection import ECONOMY_PRICE_BAND, RoutePlan, plan_route
 from router_support import Answer, Mesh
 
 CALLS = 40

@@ -13,8 +13,8 @@ from conftest import wait_for
 from mesh.policy import Policy, PolicyError, Rule, validate_policy
 from mesh.records import decode_value, encode_value, policy_key
 from router.audit import AuditFilter, AuditLog
+from router.candidate import Candidate
 from router.rules import CallerFacts, Decision, decide, minute_of_week, ordered, shadow_verdicts
-from router.selection import Candidate
 from router_support import Mesh
 
 

@@ -9,7 +9,8 @@ import pytest
 from agent_reach import ReachClient, ReachError, SyncReachClient
 from agent_reach.versions import check_constraint, instance_version, parse_constraint, parse_version, satisfies
 
-from router.selection import Candidate, RouteRefusal, plan_route
+from router.candidate import Candidate
+from router.selection import RouteRefusal, plan_route
 from router_support import Mesh
 from sdk_support import refused_url, wait_state
 

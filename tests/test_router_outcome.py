@@ -7,8 +7,9 @@ from mesh.policy import BreakerConfig
 from router.breaker import CircuitBreaker
 from router.forward import AgentAnswer
 from router.instances import InstanceBook
-from router.outcome import Observer, Reading, Step, hurried, read, verdict
+from router.outcome import Observer, Step, hurried
 from router.timeouts import ResolvedTimeouts
+from router.verdicts import Reading, read, verdict
 
 NOW = 100.0
 OWN = ResolvedTimeouts(connect_s=1.0, first_byte_s=2.0, total_s=5.0)

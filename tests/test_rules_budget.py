@@ -13,8 +13,8 @@ from agent_reach.usage import Usage
 from mesh.policy import Policy, Rule
 from mesh.records import encode_value
 from router.budgets import Budgets, Ticket
+from router.candidate import Candidate
 from router.rules import CallerFacts, decide, ordered
-from router.selection import Candidate
 from router_support import Mesh
 from test_budgets_period import registry, spender  # noqa: F401 (a fixture)
 from test_budgets_routers import metered  # noqa: F401 (a fixture)

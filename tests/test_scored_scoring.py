@@ -11,10 +11,11 @@ import pytest
 from agent_reach.atp import BusinessError, ErrorCode
 
 from mesh.policy import Policy, ScoreWeights
+from router.candidate import Candidate
 from router.forward import AgentAnswer
 from router.measurements import ERROR_WINDOW, LATENCY_ALPHA, TIMED_OUT_FACTOR, Measurements
 from router.scoring import MAX_EXPLORATION, Scoring, by_score, scoring_of
-from router.selection import Candidate, RoutePlan, plan_route
+from router.selection import RoutePlan, plan_route
 
 
 def ok(ms: float) -> AgentAnswer:

@@ -58,7 +58,8 @@ from router.a2a.wire import (
     TaskRef,
 )
 from router.auth import Authenticator, Caller, Unauthenticated, may_call
-from router.core import CallResult, Router
+from router.call import CallResult
+from router.core import Router
 from router.streaming import Relay
 from router.tracecontext import ParentSpan, parent_of
 from weblayer.errors import ApiError, from_decode_error

@@ -29,7 +29,8 @@ from aiohttp import web
 from yarl import URL
 
 from router.auth import Authenticator, Caller, Unauthenticated, may_call
-from router.core import CallResult, Router
+from router.call import CallResult
+from router.core import Router
 from router.mcp.sessions import Session, Sessions
 from router.mcp.tools import business_failure, is_business_failure, payload_of, success, tool_of
 from router.streaming import Relay
