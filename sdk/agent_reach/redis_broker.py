@@ -134,5 +134,7 @@ class RedisBroker:
                 if message is not None and message.get("type") == "message":
                     yield _text(message["data"])
         finally:
+            # Typed here: redis-py annotates aclose from 8.2 only, and the SDK takes 5.0 and later.
+            close: Callable[[], Awaitable[None]] = pubsub.aclose
             with contextlib.suppress(Exception):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await close()
