@@ -33,10 +33,12 @@ from registry.gate import Gate
 from registry.gossip import SIGNATURE_HEADER
 from registry.health import HealthChecker
 from registry.metrics import metrics_registry, render
+from registry.openapi import registry_document
 from registry.quality import Quality
 from registry.service import Registry
 from registry.watch import WatchHub
 from wal import WalUnavailable
+from weblayer import openapi
 from weblayer.errors import ApiError
 from weblayer.guard import admin_only
 from weblayer.middleware import errors_as_json
@@ -477,4 +479,6 @@ def create_app(registry: Registry, checker: HealthChecker | None = None, hub: Wa
         app.router.add_route(method, path, handler)
     for method, path, handler in admin_routes:
         app.router.add_route(method, path, admin_only(handler, gate.admin_refusal))
+    spec = registry_document(ROTATE_ADMIN_KEY in admin_routes)
+    app.router.add_route("GET", openapi.OPENAPI_JSON, openapi.handler(spec))
     return app
