@@ -23,7 +23,6 @@ VERSION = "0.1.0"  # pyproject.toml's
 # The credentials, as a client sends them: the same key in either header (bearer also carries a router's JWT).
 API_KEY = {"type": "apiKey", "in": "header", "name": "X-API-Key"}
 BEARER = {"type": "http", "scheme": "bearer"}
-ERROR_SCHEMA = "ErrorBody"
 _PATH_PARAMETER = re.compile(r"{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::[^{}]*)?}")
 _REASONS = {
     200: "OK",
@@ -64,7 +63,8 @@ class Body:
     schema: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
-# What an operation answers with a status: a type msgspec describes, a Body, or None (no body).
+# What an operation answers with a status: a type msgspec describes, a Body, a tuple of those (any one of
+# them, all JSON), or None (no body).
 Answer = Any
 
 
@@ -84,6 +84,8 @@ class Operation:
     security: Sequence[str] = ()
     parameters: Sequence[Mapping[str, Any]] = ()
     tags: Sequence[str] = ()
+    # What its errors answer (the error envelope when None): a call's are ATP error frames.
+    error_answer: Answer = None
 
 
 def query(
@@ -113,19 +115,31 @@ def openapi_path(path: str) -> str:
     return _PATH_PARAMETER.sub(lambda match: "{" + match.group("name") + "}", path)
 
 
+def _alternatives(answer: Answer) -> tuple[Any, ...]:
+    return answer if isinstance(answer, tuple) else (answer,)
+
+
 def _struct_types(operations: Iterable[Operation]) -> list[Any]:
     kinds: list[Any] = [ErrorBody]
     for operation in operations:
-        for answer in (operation.request, *operation.answers.values()):
-            if answer is not None and not isinstance(answer, Body) and answer not in kinds:
-                kinds.append(answer)
+        for answer in (operation.request, operation.error_answer, *operation.answers.values()):
+            for kind in _alternatives(answer):
+                if kind is not None and not isinstance(kind, Body) and kind not in kinds:
+                    kinds.append(kind)
     return kinds
 
 
-def _content(answer: Answer, schemas: Mapping[Any, dict[str, Any]]) -> dict[str, Any]:
+def _schema(answer: Answer, schemas: Mapping[Any, dict[str, Any]]) -> dict[str, Any]:
+    if isinstance(answer, tuple):
+        return {"anyOf": [_schema(kind, schemas) for kind in answer]}
     if isinstance(answer, Body):
-        return {answer.media_type: {"schema": {"description": answer.description, **answer.schema}}}
-    return {"application/json": {"schema": schemas[answer]}}
+        return {"description": answer.description, **answer.schema}
+    return schemas[answer]
+
+
+def _content(answer: Answer, schemas: Mapping[Any, dict[str, Any]]) -> dict[str, Any]:
+    media_type = answer.media_type if isinstance(answer, Body) else "application/json"
+    return {media_type: {"schema": _schema(answer, schemas)}}
 
 
 def _path_schema(kind: Any) -> dict[str, Any]:
@@ -147,7 +161,7 @@ def _operation(operation: Operation, schemas: Mapping[Any, dict[str, Any]]) -> d
     for status in sorted(errors - operation.answers.keys()):
         responses[str(status)] = {
             "description": _REASONS.get(status, "Error"),
-            "content": {"application/json": {"schema": schemas[ErrorBody]}},
+            "content": _content(operation.error_answer or ErrorBody, schemas),
         }
     parameters = [
         {"name": name, "in": "path", "required": True, "schema": _path_schema(operation.path_types.get(name))}
