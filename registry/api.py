@@ -42,7 +42,7 @@ from weblayer import openapi
 from weblayer.errors import ApiError
 from weblayer.guard import admin_only
 from weblayer.middleware import errors_as_json
-from weblayer.reading import bounded_int, converted, read_json
+from weblayer.reading import bounded_int, converted, read_json, whole_number
 from weblayer.responses import json_response
 
 log = logging.getLogger("agentreach.registry.api")
@@ -57,6 +57,8 @@ DATA_DIR_KEY = web.AppKey("data_dir", Path)
 # On every answer of a node that cannot reach etcd: seconds since its view was last known current.
 STALE_HEADER = "X-AgentReach-View-Stale"
 CLUSTER_KEY = web.AppKey("cluster", Membership)
+# A revision is a 64-bit count: at most 19 digits.
+REVISION_DIGITS = 19
 
 
 def storage_outage(exc: Exception) -> ApiError | None:
@@ -75,9 +77,10 @@ def since_revision(request: web.Request) -> int | None:
     raw = request.query.get("since")
     if raw is None:
         return None
-    if not raw.isdigit():
-        raise ApiError(400, "invalid_field", f"since must be a revision number, got {raw!r}", "since")
-    return int(raw)
+    revision = whole_number(raw, REVISION_DIGITS)
+    if revision is None:
+        raise ApiError(400, "invalid_field", f"since must be a revision number, got {raw[:40]!r}", "since")
+    return revision
 
 
 def announced_router(request: web.Request) -> str | None:

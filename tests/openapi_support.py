@@ -17,6 +17,7 @@ import schemathesis
 from aiohttp import web
 from openapi_spec_validator import validate
 from openapi_spec_validator.validation import OpenAPIV31SpecValidator
+from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
@@ -61,7 +62,7 @@ async def served_document(http: aiohttp.ClientSession, url: str) -> dict[str, An
     return spec
 
 
-def _fuzz_operation(operation: Any, url: str, headers: dict[str, str]) -> None:
+def _fuzz_operation(operation: Any, url: str, headers: dict[str, str], mode: GenerationMode) -> None:
     @hypothesis.settings(
         max_examples=MAX_EXAMPLES,
         deadline=None,
@@ -70,7 +71,7 @@ def _fuzz_operation(operation: Any, url: str, headers: dict[str, str]) -> None:
         suppress_health_check=list(hypothesis.HealthCheck),
         phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],
     )
-    @hypothesis.given(case=operation.as_strategy())
+    @hypothesis.given(case=operation.as_strategy(generation_mode=mode))
     def check(case: Any) -> None:
         case.call_and_validate(base_url=url, headers=headers, timeout=10, checks=CHECKS)
 
@@ -89,10 +90,14 @@ def _fuzz(url: str, credentials: Credentials) -> tuple[list[str], set[tuple[str,
         if headers is None or time.monotonic() > deadline:
             continue
         fuzzed.add((operation.method.upper(), operation.path))
-        try:
-            _fuzz_operation(operation, url, dict(headers))
-        except Exception as exc:  # every operation's failure is reported, not only the first
-            failures.append(f"{operation.method.upper()} {operation.path}: {exc}")
+        # Negative cases need something to get wrong: a parameter or a body.
+        raw = operation.definition.raw
+        modes = list(GenerationMode) if raw.get("parameters") or "requestBody" in raw else [GenerationMode.POSITIVE]
+        for mode in modes:
+            try:
+                _fuzz_operation(operation, url, dict(headers), mode)
+            except Exception as exc:  # every operation's failure is reported, not only the first
+                failures.append(f"{operation.method.upper()} {operation.path} ({mode}): {exc}")
     return failures, fuzzed
 
 
