@@ -44,7 +44,8 @@ SECURITY_SCHEMES = {
         "description": "A signed-in browser's session (POST /api/session)",
     },
 }
-# Relayed from the registry or the router as they answered, their errors included.
+# Relayed from the registry or the router as they answered, their errors included (405 too: a method the
+# registry does not serve on a relayed path).
 UPSTREAM_ERRORS = (400, 404, 409, 502)
 HOURS = query("hours", "How many hours of history", {"type": "integer", "minimum": 1, "maximum": 24 * 7})
 RELAYED = Body(
@@ -92,7 +93,7 @@ def _admin(method: str, path: str, summary: str, answers: dict[int, Any], **fiel
 
 
 def _relayed(method: str, path: str, summary: str, **fields: Any) -> Operation:
-    return _admin(method, path, summary, {200: RELAYED}, errors=UPSTREAM_ERRORS, **fields)
+    return _admin(method, path, summary, {200: RELAYED}, errors=(*UPSTREAM_ERRORS, 405), **fields)
 
 
 OPERATIONS = [
@@ -238,7 +239,6 @@ def console_document() -> dict[str, Any]:
     """Built once per process: every console serves the same one."""
     return document(
         "Agent Reach console",
-        "0.1.0",
         "The operators' dashboard's JSON API. Errors answer "
         "{error, message, field}; relayed ones as the registry or the router answered them.",
         OPERATIONS,

@@ -367,7 +367,6 @@ def registry_document(rotates_admin_key: bool) -> dict[str, Any]:
     operations = [*OPERATIONS, ROTATE_ADMIN_KEY] if rotates_admin_key else OPERATIONS
     return document(
         "Agent Reach registry",
-        "0.1.0",
         "Agents register and heartbeat here; operators manage "
         "policies, callers and tokens. Errors answer {error, message, field}.",
         operations,

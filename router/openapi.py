@@ -62,6 +62,18 @@ class CompletionNoted(msgspec.Struct):
     known: bool
 
 
+class Health(msgspec.Struct):
+    """GET /healthz: whether the router has loaded the registry, and its share of the cluster's limits."""
+
+    status: str
+    registry_synced: bool
+    revision: int
+    capabilities: int
+    router_id: str
+    routers: int
+    limit_share: float
+
+
 class Usage(msgspec.Struct):
     period: Period
     periods: list[PeriodUsage]
@@ -226,7 +238,7 @@ def _open_operations(completion: type) -> list[Operation]:
             {200: CompletionNoted},
             request=completion,
         ),
-        _open("GET", "/healthz", "Whether the router has loaded the registry", {200: Body("Router health")}),
+        _open("GET", "/healthz", "Whether the router has loaded the registry", {200: Health}),
         _open("GET", "/metrics", "Prometheus metrics", {200: Body("Prometheus text exposition", "text/plain")}),
         self_description(),
     ]
@@ -315,7 +327,6 @@ def router_document(auth: bool, audit: bool) -> dict[str, Any]:
     ]
     return document(
         "Agent Reach router",
-        "0.1.0",
         "Callers reach capabilities here (ATP, JSON-RPC, A2A, MCP); operators inspect routing. Errors answer "
         "{error, message, field}; a call's, an ATP error frame.",
         operations,

@@ -19,7 +19,11 @@ from openapi_spec_validator import validate
 from openapi_spec_validator.validation import OpenAPIV31SpecValidator
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import response_schema_conformance
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from weblayer.openapi import OPENAPI_JSON, openapi_path
 
@@ -27,7 +31,7 @@ from weblayer.openapi import OPENAPI_JSON, openapi_path
 MAX_EXAMPLES = 12
 # Each service's whole run stops starting new operations past this.
 TIME_BOX = 30.0
-CHECKS = [not_a_server_error, response_schema_conformance]
+CHECKS = [not_a_server_error, response_schema_conformance, status_code_conformance, content_type_conformance]
 # schemathesis leaves out the operation that served it the document; served_document checks that one.
 SELF = ("GET", OPENAPI_JSON)
 # Who fuzzes an operation: the headers its requests carry (its credential), None to leave it out.

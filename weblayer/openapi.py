@@ -186,7 +186,6 @@ def _operation(operation: Operation, schemas: Mapping[Any, dict[str, Any]]) -> d
 
 def document(
     title: str,
-    version: str,
     description: str,
     operations: Sequence[Operation],
     security_schemes: Mapping[str, Mapping[str, Any]],
@@ -200,7 +199,7 @@ def document(
         paths.setdefault(openapi_path(operation.path), {})[operation.method.lower()] = _operation(operation, schemas)
     return {
         "openapi": "3.1.0",
-        "info": {"title": title, "version": version, "description": description},
+        "info": {"title": title, "version": VERSION, "description": description},
         "paths": paths,
         "components": {"schemas": components, "securitySchemes": dict(security_schemes)},
     }
