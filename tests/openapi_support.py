@@ -7,6 +7,7 @@ service it calls."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -27,10 +28,11 @@ from schemathesis.specs.openapi.checks import (
 
 from weblayer.openapi import OPENAPI_JSON, openapi_path
 
-# Per operation: enough to reach every answer of a small API, few enough for three services well under 2 min.
-MAX_EXAMPLES = 12
+# Per operation: enough to reach every answer of a small API, few enough for three services well under 2 min
+# (AGENTREACH_FUZZ_EXAMPLES=200 for a deeper run by hand: the time box grows with it).
+MAX_EXAMPLES = int(os.environ.get("AGENTREACH_FUZZ_EXAMPLES", "12"))
 # Each service's whole run stops starting new operations past this.
-TIME_BOX = 30.0
+TIME_BOX = 30.0 * max(1, MAX_EXAMPLES // 12)
 CHECKS = [not_a_server_error, response_schema_conformance, status_code_conformance, content_type_conformance]
 # schemathesis leaves out the operation that served it the document; served_document checks that one.
 SELF = ("GET", OPENAPI_JSON)

@@ -4,7 +4,9 @@ schema."""
 
 from __future__ import annotations
 
+import tomllib
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -14,8 +16,14 @@ from openapi_support import SELF, declared, fuzz, served, served_document
 from registry.api import create_app
 from registry.openapi import ADMIN, AGENT
 from registry.server import RegistryServer
+from weblayer.openapi import VERSION
 
 StartRegistry = Callable[..., Awaitable[RegistryServer]]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_documents_version_is_the_packages() -> None:
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"] == VERSION
 
 
 @pytest.mark.parametrize("auth", [True, False])

@@ -2,7 +2,8 @@
 
 Each operation names the msgspec types its handler decodes its body with and encodes its answers from, so
 the schemas come from the same Structs (``msgspec.json.schema_components``) and cannot drift from what the
-handlers read. Every error status is answered with the one error envelope (weblayer/errors.py).
+handlers read. Every error status is declared with what it answers: the one error envelope (weblayer/errors.py)
+unless the operation names another (an ATP call's error frame, an OAuth error, a JSON-RPC error).
 """
 
 from __future__ import annotations
