@@ -132,6 +132,13 @@ def _admin(method: str, path: str, summary: str, answers: dict[int, Any], **fiel
 
 # A capability in a path is held to the same rules as in a body (registry/api.py's path_capability).
 CAPABILITY_PATH = {"capability": Name}
+# The examples' instance: one of an echo service.
+ECHO_INSTANCE = {
+    "agent_id": "echo-1",
+    "service": "echo",
+    "base_url": "http://127.0.0.1:9001",
+    "capabilities": [{"name": "echo", "endpoint": "/echo", "protocol": "rest"}],
+}
 POLICY_ETAG = "The ETag of the policy the write is based on (* for any)"
 OPERATIONS: list[Operation] = [
     Operation(
@@ -142,6 +149,7 @@ OPERATIONS: list[Operation] = [
         request=RegisterRequest,
         errors=(409, 503),
         security=AGENT,
+        examples={"echo": ECHO_INSTANCE},
         tags=("agents",),
     ),
     Operation(
@@ -152,6 +160,7 @@ OPERATIONS: list[Operation] = [
         request=HeartbeatRequest,
         errors=(404, 503),
         security=AGENT,
+        examples={"echo": {"agent_id": "echo-1", "load": 0.2}},
         tags=("agents",),
     ),
     Operation(
@@ -162,6 +171,7 @@ OPERATIONS: list[Operation] = [
         request=AgentRef,
         errors=(404, 503),
         security=AGENT,
+        examples={"echo": {"agent_id": "echo-1"}},
         tags=("agents",),
     ),
     Operation(
@@ -172,6 +182,7 @@ OPERATIONS: list[Operation] = [
         request=CapabilityRef,
         errors=(404,),
         security=AGENT,
+        examples={"echo": {"capability": "echo"}},
         tags=("agents",),
     ),
     Operation(

@@ -15,6 +15,7 @@ from aiohttp.typedefs import Handler
 from router.app_keys import AUDIT_KEY, AUTH_KEY
 from router.audit import AuditEntry
 from router.inspection import MAX_TRACES_LISTED
+from router.jsonrpc import METHOD
 from router.mcp.endpoint import METADATA_PATH
 from router.merged import AlertsAnswer, RuleStats, Scores, TraceAnswer
 from router.oauth import TokenAnswer
@@ -152,6 +153,18 @@ def _calls() -> list[Operation]:
             error_answer=(ErrorFrame, JSON_RPC),
             security=security,
             parameters=(ROUTE_HEADERS,),
+            examples={
+                "frame": {"capability": "echo", "payload": {"text": "hello"}},
+                "json-rpc": {
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": METHOD,
+                    "params": {"capability": "echo", "payload": "hello"},
+                },
+                "batch": [
+                    {"jsonrpc": "2.0", "id": n, "method": METHOD, "params": {"capability": "echo"}} for n in (1, 2)
+                ],
+            },
             tags=("calls",),
         ),
         Operation(

@@ -16,6 +16,7 @@ import aiohttp
 import hypothesis
 import schemathesis
 from aiohttp import web
+from hypothesis import strategies
 from openapi_spec_validator import validate
 from openapi_spec_validator.validation import OpenAPIV31SpecValidator
 from schemathesis import GenerationMode
@@ -69,6 +70,9 @@ async def served_document(http: aiohttp.ClientSession, url: str) -> dict[str, An
 
 
 def _fuzz_operation(operation: Any, url: str, headers: dict[str, str], mode: GenerationMode) -> None:
+    """Its documented examples first (positive only), then generated cases."""
+    examples = operation.schema.get_strategies_from_examples(operation) if mode is GenerationMode.POSITIVE else []
+
     @hypothesis.settings(
         max_examples=MAX_EXAMPLES,
         deadline=None,
@@ -77,7 +81,7 @@ def _fuzz_operation(operation: Any, url: str, headers: dict[str, str], mode: Gen
         suppress_health_check=list(hypothesis.HealthCheck),
         phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],
     )
-    @hypothesis.given(case=operation.as_strategy(generation_mode=mode))
+    @hypothesis.given(case=strategies.one_of(*examples, operation.as_strategy(generation_mode=mode)))
     def check(case: Any) -> None:
         case.call_and_validate(base_url=url, headers=headers, timeout=10, checks=CHECKS)
 

@@ -40,7 +40,7 @@ async def test_every_route_is_declared(start_registry: StartRegistry, http: aioh
 async def test_schemathesis_finds_nothing(start_registry: StartRegistry, http: aiohttp.ClientSession) -> None:
     registry = await start_registry(auth=True)
     admin = {"X-API-Key": admin_key(registry)}
-    async with http.post(f"{registry.url}/tokens", json={"service": "fuzzed"}, headers=admin) as response:
+    async with http.post(f"{registry.url}/tokens", json={"service": "echo"}, headers=admin) as response:
         assert response.status == 201
         agent = {"X-API-Key": (await response.json())["token"]}
 

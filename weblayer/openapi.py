@@ -87,6 +87,8 @@ class Operation:
     tags: Sequence[str] = ()
     # What its errors answer (the error envelope when None): a call's are ATP error frames.
     error_answer: Answer = None
+    # Request bodies by name, for readers and as the first cases a fuzzer sends.
+    examples: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def query(
@@ -178,10 +180,11 @@ def _operation(operation: Operation, schemas: Mapping[Any, dict[str, Any]]) -> d
     if operation.tags:
         described["tags"] = list(operation.tags)
     if operation.request is not None:
-        described["requestBody"] = {
-            "required": operation.request_required,
-            "content": _content(operation.request, schemas),
-        }
+        content = _content(operation.request, schemas)
+        if operation.examples:
+            for media in content.values():
+                media["examples"] = {name: {"value": value} for name, value in operation.examples.items()}
+        described["requestBody"] = {"required": operation.request_required, "content": content}
     return described
 
 
