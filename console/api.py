@@ -29,6 +29,7 @@ from console.debug_callers import DebugCallers, DebugKey
 from console.hub import Hub
 from console.metrics import render
 from console.models import AgentDetail, ConsoleConfig, DebugResult, PolicyEntry, ReachView, RoutesView, TrafficStat
+from console.openapi import console_document
 from console.rollup import capability_reach
 from console.signin import Gatekeeper
 from console.store import HOUR, ConsoleStore
@@ -37,6 +38,7 @@ from mesh.policy import DEFAULT_POLICY, Policy
 from mesh.policy_writes import policy_etag
 from registry.views import AgentView
 from router.inspection import MAX_TRACES_LISTED
+from weblayer import openapi
 from weblayer.errors import ApiError
 from weblayer.middleware import errors_as_json
 from weblayer.reading import bounded_int
@@ -361,6 +363,7 @@ class ConsoleApi:
         routes.add_get("/", self.index)
         routes.add_get("/healthz", self.healthz)
         routes.add_get("/metrics", self.metrics)
+        routes.add_route("GET", openapi.OPENAPI_JSON, openapi.handler(console_document()))
         routes.add_static("/static", STATIC, append_version=False)
         routes.add_get("/api/config", self.get_config)
         routes.add_get("/api/overview", self.overview)

@@ -33,8 +33,8 @@ log = logging.getLogger("agentreach.console.signin")
 COOKIE = "agentreach_console"
 SESSION_SECONDS = 12 * 3600
 # Reachable without signing in: the page shell and its code, the sign-in endpoint itself, and
-# health and metrics (open on every part of the mesh, for probes and scrapers).
-OPEN_PATHS = ("/", "/api/session", "/healthz", "/metrics")
+# health, metrics and the OpenAPI document (open on every part of the mesh, for probes, scrapers and tools).
+OPEN_PATHS = ("/", "/api/session", "/healthz", "/metrics", "/openapi.json")
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # Tells the page this is the console asking for sign-in, not an upstream refusal it relays.
 SIGN_IN_REQUIRED = {"X-Console-Sign-In": "required"}

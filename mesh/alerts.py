@@ -16,4 +16,4 @@ class AlertConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fiel
 
     reach_threshold: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.98
     consecutive_periods: Annotated[int, msgspec.Meta(ge=1, le=1440)] = 2
-    min_failures: Annotated[int, msgspec.Meta(ge=0)] = 50
+    min_failures: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)] = 50

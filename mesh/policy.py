@@ -50,7 +50,7 @@ class BreakerConfig(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     """When a circuit breaker opens, how long it stays open and how it tests recovery."""
 
     error_threshold_percent: Annotated[float, msgspec.Meta(gt=0, le=100)] = 50
-    min_requests: Annotated[int, msgspec.Meta(ge=1)] = 20
+    min_requests: Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)] = 20
     reset_seconds: Annotated[float, msgspec.Meta(gt=0, le=86_400)] = 30
     # Whole seconds: the breaker counts in 1 s buckets.
     window_seconds: Annotated[int, msgspec.Meta(ge=1, le=3600)] = 60

@@ -33,14 +33,16 @@ from registry.gate import Gate
 from registry.gossip import SIGNATURE_HEADER
 from registry.health import HealthChecker
 from registry.metrics import metrics_registry, render
+from registry.openapi import registry_document
 from registry.quality import Quality
 from registry.service import Registry
 from registry.watch import WatchHub
 from wal import WalUnavailable
+from weblayer import openapi
 from weblayer.errors import ApiError
 from weblayer.guard import admin_only
 from weblayer.middleware import errors_as_json
-from weblayer.reading import bounded_int, converted, read_json
+from weblayer.reading import bounded_int, converted, read_json, whole_number
 from weblayer.responses import json_response
 
 log = logging.getLogger("agentreach.registry.api")
@@ -55,6 +57,8 @@ DATA_DIR_KEY = web.AppKey("data_dir", Path)
 # On every answer of a node that cannot reach etcd: seconds since its view was last known current.
 STALE_HEADER = "X-AgentReach-View-Stale"
 CLUSTER_KEY = web.AppKey("cluster", Membership)
+# A revision is a 64-bit count: at most 19 digits.
+REVISION_DIGITS = 19
 
 
 def storage_outage(exc: Exception) -> ApiError | None:
@@ -73,9 +77,10 @@ def since_revision(request: web.Request) -> int | None:
     raw = request.query.get("since")
     if raw is None:
         return None
-    if not raw.isdigit():
-        raise ApiError(400, "invalid_field", f"since must be a revision number, got {raw!r}", "since")
-    return int(raw)
+    revision = whole_number(raw, REVISION_DIGITS)
+    if revision is None:
+        raise ApiError(400, "invalid_field", f"since must be a revision number, got {raw[:40]!r}", "since")
+    return revision
 
 
 def announced_router(request: web.Request) -> str | None:
@@ -477,4 +482,6 @@ def create_app(registry: Registry, checker: HealthChecker | None = None, hub: Wa
         app.router.add_route(method, path, handler)
     for method, path, handler in admin_routes:
         app.router.add_route(method, path, admin_only(handler, gate.admin_refusal))
+    spec = registry_document(ROTATE_ADMIN_KEY in admin_routes)
+    app.router.add_route("GET", openapi.OPENAPI_JSON, openapi.handler(spec))
     return app

@@ -52,6 +52,7 @@ from router.mcp.endpoint import McpEndpoint
 from router.mcp.metrics import McpCollector
 from router.metrics import RouterCollector
 from router.oauth_api import admin_refusal, jwks, rotate_keys, token
+from router.openapi import OPENAPI_ROUTE
 from router.streaming import CallerStream, Relay
 from router.tracecontext import ParentSpan, parent_span
 from router.transports.rest import MAX_CONTEXT_BYTES
@@ -385,7 +386,7 @@ def create_app(router: Router, *, max_body: int = DEFAULT_MAX_BODY, auth: Authen
     mcp = McpEndpoint(router, auth, checked)
     app[METRICS_KEY].register(McpCollector(mcp.sessions))
     open_routes = [("POST", "/atp", Atp(router, auth, max_body).handle), *OPEN,
-                   *A2AEndpoint(router, auth, checked).routes(), *mcp.routes()]
+                   *A2AEndpoint(router, auth, checked).routes(), *mcp.routes(), OPENAPI_ROUTE]
     admin_routes = list(ADMIN_ONLY)
     if router.audit is not None:
         app[AUDIT_KEY] = router.audit

@@ -44,11 +44,20 @@ def converted(value: Any, kind: type[T], field: str) -> T:
         raise from_decode_error(exc, prefix=field) from None
 
 
+def whole_number(raw: str, most_digits: int) -> int | None:
+    """``raw`` as a whole number of ASCII digits, at most ``most_digits`` of them; None when it is not one.
+    ``isdigit`` alone also holds for '²' (which int() refuses) and for 5000 digits (int() refuses over 4300)."""
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= most_digits):
+        return None
+    return int(raw)
+
+
 def bounded_int(request: web.Request, name: str, default: int, low: int, high: int) -> int:
     """Query parameter ``name`` as a whole number from ``low`` to ``high`` (``default`` when absent)."""
     raw = request.query.get(name)
     if raw is None:
         return default
-    if not raw.isdigit() or not low <= int(raw) <= high:
+    number = whole_number(raw, len(str(high)))
+    if number is None or not low <= number <= high:
         raise ApiError(400, "invalid_field", f"{name} must be a whole number from {low} to {high}", name)
-    return int(raw)
+    return number
