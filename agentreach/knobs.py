@@ -32,6 +32,7 @@ from semantic.settings import SemanticSettings
 
 STORE_ENV = "AGENTREACH_STORE"
 WORKERS_ENV = "AGENTREACH_WORKERS"
+EMBED_MODEL_ENV = "AGENTREACH_EMBED_MODEL"
 MAX_WORKERS = 64
 # More than this many undeclared calls at once per client would make the bound they give no bound.
 MAX_UNBOUNDED_CALLS = 1000
@@ -224,6 +225,15 @@ def add_router_knobs(parser: argparse.ArgumentParser) -> None:
                         help="lowest similarity that may route (default: the model's calibrated value)")
     parser.add_argument("--semantic-margin", type=float, default=None, metavar="SCORE",
                         help="how far the best match must beat the runner-up (default: calibrated)")
+    parser.add_argument("--embed-model", default=os.environ.get(EMBED_MODEL_ENV), metavar="DIR",
+                        help="an operator's sentence-embedding model, a local directory (sentence-transformers or "
+                             "Hugging Face BERT folder with model.safetensors and tokenizer.json): asked about the "
+                             "intents the shipped model refuses as matching nothing, with the threshold and margin "
+                             "`agentreach intents calibrate` stored for it; turns --semantic on (needs the "
+                             f"embed-model extra; default: ${EMBED_MODEL_ENV}, else none)")
+    parser.add_argument("--embed-prompt", default="", metavar="TEXT",
+                        help="put before every text the --embed-model model embeds (a query prefix its model card "
+                             "names, such as 'query: '; default: none)")
     parser.add_argument("--semantic-max-capabilities", type=int, default=64, metavar="N",
                         help="past this many described capabilities, intents are refused: name the "
                              "capability (default: 64)")
@@ -282,9 +292,10 @@ def check_router_knobs(args: argparse.Namespace, parser: argparse.ArgumentParser
 
 def router_settings(args: argparse.Namespace, port: int, registry_url: str | None,
                     registry_key: str | None = None) -> RouterServerSettings:
-    semantic = SemanticSettings(enabled=args.semantic or getattr(args, "demo", False), model=args.semantic_model,
-                                threshold=args.semantic_threshold, margin=args.semantic_margin,
-                                max_capabilities=args.semantic_max_capabilities)
+    semantic = SemanticSettings(enabled=args.semantic or getattr(args, "demo", False) or bool(args.embed_model),
+                                model=args.semantic_model, threshold=args.semantic_threshold,
+                                margin=args.semantic_margin, max_capabilities=args.semantic_max_capabilities,
+                                embed_model=args.embed_model or None, embed_prompt=args.embed_prompt)
     return RouterServerSettings(host=args.host, port=port, registry_url=registry_url, registry_key=registry_key,
                                 routing=RouterSettings(default_policy=args.default_policy,
                                                        traced_successes_per_second=args.traced_successes_per_second,

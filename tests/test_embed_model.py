@@ -1,0 +1,161 @@
+"""An operator's own embedding model (`--embed-model DIR`): the real all-MiniLM-L6-v2 from its PyPI wheel.
+
+Loaded through the router as an operator would start it; its vectors checked against the scores the
+model's own publisher reports, so the numpy forward pass is the model and not an approximation of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from embed_model_support import MODEL_NAME
+from router.core import RouterSettings
+from router.server import RouterServer, RouterServerSettings
+from semantic.embedder import AsyncEmbedder
+from semantic.local_model import LocalModel, ModelDirError
+from semantic.settings import SemanticSettings
+from storage_support import AGENTREACH
+
+# sentence-transformers' documented cosine similarities for all-MiniLM-L6-v2 (its quickstart's pairs).
+PUBLISHED = [
+    ("The cat sits outside", "The dog plays in the garden", 0.2838),
+    ("A man is playing guitar", "A woman watches TV", -0.0327),
+    ("The new movie is awesome", "The new movie is so great", 0.8939),
+]
+
+
+def test_vectors_give_the_similarities_the_model_is_published_with(minilm_dir: Path) -> None:
+    model = LocalModel(minilm_dir)
+    assert model.name == MODEL_NAME and model.dimensions == 384
+    # Batched (padded to the longest) and alone, the vectors are the same.
+    batch = model.encode([text for pair in PUBLISHED for text in pair[:2]])
+    alone = np.concatenate([model.encode([text]) for pair in PUBLISHED for text in pair[:2]])
+    assert np.allclose(batch, alone, atol=1e-5)
+    unit = batch / np.linalg.norm(batch, axis=1, keepdims=True)
+    for i, (_, _, published) in enumerate(PUBLISHED):
+        assert float(unit[2 * i] @ unit[2 * i + 1]) == pytest.approx(published, abs=1e-3)
+
+
+async def test_the_prompt_goes_before_every_text(minilm_dir: Path) -> None:
+    plain = await AsyncEmbedder.load_dir(minilm_dir)
+    prompted = await AsyncEmbedder.load_dir(minilm_dir, prompt="query: ")
+    try:
+        text = "where is my order"
+        assert np.allclose((await prompted.encode([text]))[0], (await plain.encode([f"query: {text}"]))[0], atol=1e-6)
+        assert not np.allclose((await prompted.encode([text]))[0], (await plain.encode([text]))[0], atol=1e-3)
+    finally:
+        plain.close()
+        prompted.close()
+
+
+async def test_the_model_loads_off_the_event_loop(minilm_dir: Path) -> None:
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    embedder = await AsyncEmbedder.load_dir(minilm_dir)
+    task.cancel()
+    embedder.close()
+    assert embedder.dimensions == 384
+    assert ticks > 10  # reading 90 MB of weights and warming up: the loop ran meanwhile
+
+
+def router_settings(embed_model: Path) -> RouterServerSettings:
+    return RouterServerSettings(
+        port=0,
+        routing=RouterSettings(),
+        auth=False,
+        semantic=SemanticSettings(enabled=True, embed_model=str(embed_model)),
+    )
+
+
+async def test_healthz_and_metrics_name_each_model_and_its_vector_size(start_registry, http, minilm_dir: Path):
+    registry = await start_registry(silence_timeout=60, health_interval=60)
+    router = RouterServer(router_settings(minilm_dir), hub=registry.hub)
+    await router.start()
+    try:
+        async with http.get(f"{router.url}/healthz") as response:
+            health = await response.json()
+        assert health["embedding_models"] == [
+            {"model": "use-multilingual", "dimensions": 512, "rule": "model default"},
+            {"model": MODEL_NAME, "dimensions": 384, "rule": "uncalibrated"},
+        ]
+        async with http.get(f"{router.url}/metrics") as response:
+            metrics = await response.text()
+        assert 'agentreach_router_embedding_model{dimensions="512",model="use-multilingual",stage="1"} 1.0' in metrics
+        assert f'agentreach_router_embedding_model{{dimensions="384",model="{MODEL_NAME}",stage="2"}} 1.0' in metrics
+    finally:
+        await router.stop()
+
+
+def broken_copies(minilm_dir: Path, root: Path) -> dict[str, tuple[Path, str]]:
+    """Model directories an operator could point at by mistake, with what the error must say."""
+    cases: dict[str, tuple[Path, str]] = {"missing": (root / "nowhere", "no such directory")}
+    for case, damage, expected in (
+        ("no weights", lambda d: (d / "model.safetensors").unlink(), "no model.safetensors"),
+        ("no tokenizer", lambda d: (d / "tokenizer.json").unlink(), "no tokenizer.json"),
+        ("bad config", lambda d: (d / "config.json").write_text("{not json"), "config.json is not readable"),
+        ("not bert", lambda d: (d / "config.json").write_text(json.dumps({"model_type": "t5"})), "'t5'"),
+        (
+            "cut weights",
+            lambda d: (d / "model.safetensors").write_bytes((minilm_dir / "model.safetensors").read_bytes()[:4096]),
+            "model.safetensors is not readable",
+        ),
+    ):
+        copy = root / case.replace(" ", "-")
+        shutil.copytree(minilm_dir, copy)
+        damage(copy)
+        cases[case] = (copy, expected)
+    return cases
+
+
+async def test_a_missing_or_malformed_model_dir_stops_the_router_at_start_naming_the_path(
+    start_registry, minilm_dir: Path, tmp_path: Path
+):
+    registry = await start_registry(silence_timeout=60, health_interval=60)
+    for case, (directory, expected) in broken_copies(minilm_dir, tmp_path).items():
+        router = RouterServer(router_settings(directory), hub=registry.hub)
+        with pytest.raises(ModelDirError) as raised:
+            await router.start()
+        assert str(raised.value).startswith(f"--embed-model {directory}: "), case
+        assert expected in str(raised.value), (case, str(raised.value))
+
+
+def test_agentreach_refuses_to_start_a_router_whose_model_dir_is_missing(tmp_path: Path) -> None:
+    """As an operator meets it: AGENTREACH_EMBED_MODEL set to a path that is not there."""
+    missing = tmp_path / "models" / MODEL_NAME
+    done = subprocess.run(
+        [
+            *AGENTREACH,
+            "router",
+            "--auth",
+            "off",
+            "--port",
+            "0",
+            "--no-audit",
+            "--registry",
+            "http://127.0.0.1:9",
+            "--data-dir",
+            str(tmp_path),
+        ],
+        env={**os.environ, "AGENTREACH_EMBED_MODEL": str(missing)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert f"agentreach: refusing to start: --embed-model {missing}: no such directory" in done.stderr
