@@ -216,8 +216,22 @@ class SemanticRouter:
             return IntentRefusal(code=ErrorCode.INTENT_UNMATCHED, candidates=[], message=(
                 f"Semantic matching is off: {self._described} capabilities are described, more than the "
                 f"{self.settings.max_capabilities} it is enabled for; name the capability"))
-        decision, stage = await self.stages[0].decide(intent, self.rule)
-        return msgspec.structs.replace(decision, stages=[stage])
+        decision, first = await self.stages[0].decide(intent, self.rule)
+        asked = [first]
+        for stage in self.stages[1:]:
+            # Only "nothing matches well enough" goes on: a route stands, and so does a tie between two.
+            if isinstance(decision, IntentMatch) or decision.code is ErrorCode.INTENT_AMBIGUOUS \
+                    or not decision.candidates:
+                break
+            if stage.rule is not None:  # an operator's model with no calibrated rule yet is not asked
+                decision, facts = await stage.decide(intent, stage.rule)
+                asked.append(facts)
+        if isinstance(decision, IntentRefusal) and len(asked) > 1:
+            earlier = "; ".join(f"{facts.model} {facts.capability!r} at {facts.score}, below {facts.threshold:.3f}"
+                                for facts in asked[:-1])
+            decision = msgspec.structs.replace(decision, message=f"{asked[-1].model}: {decision.message} (asked "
+                                                                 f"first: {earlier})")
+        return msgspec.structs.replace(decision, stages=asked)
 
     async def vector(self, intent: str) -> np.ndarray:
         """The unit vector of ``intent`` under the first stage's model, from its cache or the model."""

@@ -11,16 +11,27 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from agent_reach.atp import ErrorCode
+from agent_reach.registration import Capability
 
 from embed_model_support import MODEL_NAME
+from mesh.intent_rules import IntentRule, intent_rule_key
+from mesh.records import InstanceRecord, instance_key
+from mesh.watch import Put, Reset
 from router.core import RouterSettings
+from router.intents import SemanticRouter
+from router.mirror import RegistryMirror
 from router.server import RouterServer, RouterServerSettings
-from semantic.embedder import AsyncEmbedder
+from semantic.calibrate import load_eval_set
+from semantic.embedder import DEFAULT_MODEL, MODELS, AsyncEmbedder, Embedder
 from semantic.local_model import LocalModel, ModelDirError
+from semantic.matcher import MatchRule, decide
+from semantic.outcome import IntentMatch, IntentRefusal
 from semantic.settings import SemanticSettings
 from storage_support import AGENTREACH
 
@@ -159,3 +170,110 @@ def test_agentreach_refuses_to_start_a_router_whose_model_dir_is_missing(tmp_pat
     )
     assert done.returncode == 2
     assert f"agentreach: refusing to start: --embed-model {missing}: no such directory" in done.stderr
+
+
+EVAL = load_eval_set(Path(__file__).parent / "semantic_eval")
+
+
+def eval_mirror() -> RegistryMirror:
+    """A router's mirror with the evaluation set's capabilities, one instance each."""
+    records = {
+        instance_key(f"agent-{i}"): InstanceRecord(
+            agent_id=f"agent-{i}",
+            service=f"agent-{i}",
+            capabilities=[
+                Capability(
+                    name=c.name, endpoint="http://127.0.0.1:9/call", description=c.description, examples=c.examples
+                )
+            ],
+            health_url="http://127.0.0.1:9/healthz",
+        )
+        for i, c in enumerate(EVAL.capabilities)
+    }
+    mirror = RegistryMirror()
+    mirror.apply(Reset(revision=1, records=records, states={}))
+    return mirror
+
+
+@pytest.fixture(scope="module")
+def shipped() -> Embedder:
+    return MODELS[DEFAULT_MODEL]()
+
+
+@pytest.fixture
+async def cascade(shipped: Embedder, minilm_dir: Path) -> AsyncIterator[SemanticRouter]:
+    mirror = eval_mirror()
+    router = SemanticRouter(
+        mirror,
+        AsyncEmbedder(shipped),
+        SemanticSettings(enabled=True, max_capabilities=100),
+        await AsyncEmbedder.load_dir(minilm_dir),
+    )
+    await router.refresh()
+    yield router
+    router.close()
+
+
+def store_rule(router: SemanticRouter, revision: int, threshold: float, margin: float) -> None:
+    """The registry's feed bringing a calibrated rule for the operator's model, as every router receives it."""
+    rule = IntentRule(threshold=threshold, margin=margin, dimensions=384)
+    router.mirror.apply(Put(revision=revision, key=intent_rule_key(MODEL_NAME), value=rule))
+
+
+async def test_the_operator_model_decides_an_intent_the_shipped_one_refused(cascade: SemanticRouter) -> None:
+    intent = "search return flights to Barcelona"
+    refused = await cascade.resolve(intent)
+    # Uncalibrated, the operator's model is not asked: the shipped model's refusal stands.
+    assert isinstance(refused, IntentRefusal) and refused.code is ErrorCode.INTENT_UNMATCHED
+    assert [stage.model for stage in refused.stages] == ["use-multilingual"]
+    assert cascade.stages[1].decided == {"routed": 0, "unmatched": 0, "ambiguous": 0}
+
+    store_rule(cascade, 2, threshold=0.59, margin=0.2)
+    match = await cascade.resolve(intent)
+    assert isinstance(match, IntentMatch) and match.capability == "flight.search"
+    first, second = match.stages
+    assert first.model == "use-multilingual" and first.outcome == "unmatched" and first.score < first.threshold
+    assert second.model == MODEL_NAME and second.outcome == "routed" and second.capability == "flight.search"
+    assert second.score == match.score and (second.threshold, second.margin) == (0.59, 0.2)
+    assert second.score - second.runner_up >= 0.2
+    # What the shipped model routes by itself never reaches the operator's model.
+    routed = await cascade.resolve("will it rain in Paris tomorrow")
+    assert isinstance(routed, IntentMatch) and [stage.model for stage in routed.stages] == ["use-multilingual"]
+    assert cascade.stages[1].decided["routed"] == 1 and cascade.stages[0].stats().rule == "model default"
+    assert cascade.stages[1].stats().rule == "calibrated"
+
+
+async def test_a_tie_under_the_shipped_model_is_refused_whatever_the_operator_model_would_say(
+    cascade: SemanticRouter,
+) -> None:
+    # Under use-multilingual payment.charge and its runner-up are closer than the margin; all-MiniLM-L6-v2
+    # would pick payment.charge by 0.11, which this rule lets through.
+    intent = "bill the customer's wallet now"
+    store_rule(cascade, 2, threshold=0.59, margin=0.1)
+    refused = await cascade.resolve(intent)
+    assert isinstance(refused, IntentRefusal) and refused.code is ErrorCode.INTENT_AMBIGUOUS
+    assert [(stage.model, stage.outcome) for stage in refused.stages] == [("use-multilingual", "ambiguous")]
+    names, scores = cascade.stages[1].index.scores(await cascade.stages[1].vector(intent))
+    assert isinstance(decide(names, scores, MatchRule(threshold=0.59, margin=0.1)), IntentMatch)
+
+
+async def test_a_refusal_by_both_names_each_model_and_its_scores(cascade: SemanticRouter) -> None:
+    store_rule(cascade, 2, threshold=0.59, margin=0.2)
+    refused = await cascade.resolve("compose a sonnet about autumn leaves")
+    assert isinstance(refused, IntentRefusal) and refused.code is ErrorCode.INTENT_UNMATCHED
+    first, second = refused.stages
+    assert (first.outcome, second.outcome) == ("unmatched", "unmatched")
+    assert refused.message.startswith(f"{MODEL_NAME}: No capability matches")
+    assert f"asked first: use-multilingual {first.capability!r} at {first.score}" in refused.message
+    # The candidates shown are the deciding model's, in its own scale.
+    assert refused.candidates[0].capability == second.capability and refused.candidates[0].score == second.score
+    # A rule stored for another vector size is some other model's of the same name: not taken up.
+    cascade.mirror.apply(
+        Put(
+            revision=3,
+            key=intent_rule_key(MODEL_NAME),
+            value=IntentRule(threshold=0.1, margin=0.0, dimensions=768),
+        )
+    )
+    await cascade.refresh()
+    assert cascade.stages[1].rule is None and cascade.stages[1].source == "uncalibrated"
