@@ -10,7 +10,7 @@ from pathlib import Path
 
 from agent_reach import logs
 
-from agentreach import a2a_cli, admin, demo, mcp_cli, status
+from agentreach import a2a_cli, admin, demo, intents_cli, mcp_cli, status
 from agentreach.knobs import (
     NoAdminKey,
     add_admin_key,
@@ -104,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_command(commands)
     a2a_cli.add_command(commands)
     mcp_cli.add_command(commands)
+    intents_cli.add_command(commands)
     demo.add_command(commands)
     return parser
 
@@ -136,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         return a2a_cli.run(args, parser)
     if args.command == "mcp":
         return mcp_cli.run(args, parser)
+    if args.command == "intents":
+        return intents_cli.run(args, parser)
     logs.configure(args.log_level)
     _tune_gc()
     _warn_if_auth_off(args)
