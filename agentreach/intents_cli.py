@@ -99,7 +99,14 @@ async def _capability_texts(args: argparse.Namespace, key: str | None) -> list[A
                 texts.setdefault(capability["name"], []).extend(
                     [capability.get("description", ""), *capability.get("examples", [])]
                 )
-    return [entry for name, found in sorted(texts.items()) if (entry := capability_text(name, found)).every_text]
+    # As a router indexes them: the declarations and the accepted learned examples (semantic/index.py).
+    entries = []
+    for name, found in sorted(texts.items()):
+        examples = await send(args.registry, key or "", Call("GET", f"/examples/{quote(name, safe='')}"))
+        entry = capability_text(name, found, [e["text"] for e in examples if e["state"] == "accepted"])
+        if entry.every_text:
+            entries.append(entry)
+    return entries
 
 
 async def _calibrate(args: argparse.Namespace, key: str | None) -> dict[str, Any]:
@@ -118,10 +125,10 @@ async def _calibrate(args: argparse.Namespace, key: str | None) -> dict[str, Any
     unknown = sorted({i.label for i in intents if i.label is not None and i.label not in known})
     if unknown:
         raise CommandFailed(f"--set {args.intents}: labelled with capabilities that are not there: {unknown}", 2)
+    # A directory first: one named like a shipped model is still the operator's.
+    shipped = args.model in MODELS and not await asyncio.to_thread(Path(args.model).is_dir)
     embedder = await (
-        AsyncEmbedder.load(args.model)
-        if args.model in MODELS
-        else AsyncEmbedder.load_dir(Path(args.model), args.prompt)
+        AsyncEmbedder.load(args.model) if shipped else AsyncEmbedder.load_dir(Path(args.model), args.prompt)
     )
     try:
         index = CapabilityIndex(embedder)

@@ -198,8 +198,8 @@ class SemanticRouter:
             wanted = described_capabilities(self.mirror.keys)
             self._described = len(wanted)
             for stage in self.stages:
-                stage.follow_rules(self.mirror.keys.intent_rules)
                 await stage.update(wanted if self.active else [])
+                stage.follow_rules(self.mirror.keys.intent_rules)  # once a vector told the model's size
             self._revision = revision
 
     async def follow(self, interval: float = 0.25) -> None:
