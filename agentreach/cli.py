@@ -17,6 +17,7 @@ from agentreach.knobs import (
     add_agent_networks,
     add_auth_switch,
     add_connection_knobs,
+    add_embed_model,
     add_otlp_endpoint,
     add_registry_knobs,
     add_router_knobs,
@@ -75,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_auth_switch(router, "authenticate callers (API keys, OAuth2 client credentials)")
     add_admin_key(router)
     add_router_knobs(router)
+    add_embed_model(router)  # `up` has it among the registry's knobs: one model for its router and its judge
     add_agent_networks(router)  # `up` and `registry` have it among the registry's knobs: one rule for both
     add_connection_knobs(router)
     add_otlp_endpoint(router)

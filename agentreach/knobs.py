@@ -157,6 +157,7 @@ def add_registry_knobs(parser: argparse.ArgumentParser) -> None:
                              "send to a wrong capability: checked at acceptance, with the embed extra")
     add_agent_networks(parser)
     add_connection_knobs(parser)  # `router` and `console` add it on their own: one flag for every server of `up`
+    add_embed_model(parser)  # `router` adds it on its own: `up`'s router and registry judge use the same model
 
 
 def _etcd_endpoints(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
@@ -209,6 +210,7 @@ def registry_settings(args: argparse.Namespace, port: int, parser: argparse.Argu
                             etcd_endpoints=_etcd_endpoints(args, parser), etcd_prefix=args.etcd_prefix,
                             advertise_url=args.advertise_url and args.advertise_url.rstrip("/"),
                             node_ttl=args.node_ttl, example_evaluation=args.example_evaluation,
+                            embed_model=args.embed_model or None, embed_prompt=args.embed_prompt,
                             agent_networks=args.agent_networks, connections=connection_limits(args),
                             otlp_endpoint=args.otlp_endpoint)
 
@@ -225,15 +227,6 @@ def add_router_knobs(parser: argparse.ArgumentParser) -> None:
                         help="lowest similarity that may route (default: the model's calibrated value)")
     parser.add_argument("--semantic-margin", type=float, default=None, metavar="SCORE",
                         help="how far the best match must beat the runner-up (default: calibrated)")
-    parser.add_argument("--embed-model", default=os.environ.get(EMBED_MODEL_ENV), metavar="DIR",
-                        help="an operator's sentence-embedding model, a local directory (sentence-transformers or "
-                             "Hugging Face BERT folder with model.safetensors and tokenizer.json): asked about the "
-                             "intents the shipped model refuses as matching nothing, with the threshold and margin "
-                             "`agentreach intents calibrate` stored for it; turns --semantic on (needs the "
-                             f"embed-model extra; default: ${EMBED_MODEL_ENV}, else none)")
-    parser.add_argument("--embed-prompt", default="", metavar="TEXT",
-                        help="put before every text the --embed-model model embeds (a query prefix its model card "
-                             "names, such as 'query: '; default: none)")
     parser.add_argument("--semantic-max-capabilities", type=int, default=64, metavar="N",
                         help="past this many described capabilities, intents are refused: name the "
                              "capability (default: 64)")
@@ -260,6 +253,20 @@ def add_router_knobs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=os.environ.get(WORKERS_ENV, "1"), metavar="N",
                         help="N router processes sharing the port (SO_REUSEPORT), restarted when one dies; each "
                              f"is a router of its own (default: 1, or ${WORKERS_ENV})")
+
+
+def add_embed_model(parser: argparse.ArgumentParser) -> None:
+    """--embed-model and --embed-prompt: a router's second model, and the one its registry judges examples with."""
+    parser.add_argument("--embed-model", default=os.environ.get(EMBED_MODEL_ENV), metavar="DIR",
+                        help="an operator's sentence-embedding model, a local directory (sentence-transformers or "
+                             "Hugging Face BERT folder with model.safetensors and tokenizer.json): asked about the "
+                             "intents the shipped model refuses as matching nothing, with the threshold and margin "
+                             "`agentreach intents calibrate` stored for it, and by the registry's judge of learned "
+                             "examples; on a router it turns --semantic on; needs the embed-model extra (default: "
+                             f"${EMBED_MODEL_ENV}, else none)")
+    parser.add_argument("--embed-prompt", default="", metavar="TEXT",
+                        help="put before every text the --embed-model model embeds (a query prefix its model card "
+                             "names, such as 'query: '; default: none)")
 
 
 def broker_url(text: str) -> str:

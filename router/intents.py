@@ -25,7 +25,7 @@ from router.mirror import RegistryMirror
 from semantic.cache import LruCache, intent_key
 from semantic.embedder import AsyncEmbedder
 from semantic.index import CapabilityIndex, CapabilityText, described_capabilities
-from semantic.matcher import MatchRule, decide
+from semantic.matcher import MatchRule, asks_next, decide
 from semantic.outcome import IntentMatch, IntentRefusal
 from semantic.settings import SemanticSettings
 
@@ -219,9 +219,7 @@ class SemanticRouter:
         decision, first = await self.stages[0].decide(intent, self.rule)
         asked = [first]
         for stage in self.stages[1:]:
-            # Only "nothing matches well enough" goes on: a route stands, and so does a tie between two.
-            if isinstance(decision, IntentMatch) or decision.code is ErrorCode.INTENT_AMBIGUOUS \
-                    or not decision.candidates:
+            if not asks_next(None if isinstance(decision, IntentMatch) else decision.code, len(decision.candidates)):
                 break
             if stage.rule is not None:  # an operator's model with no calibrated rule yet is not asked
                 decision, facts = await stage.decide(intent, stage.rule)

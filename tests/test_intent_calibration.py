@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
+
+import pytest
 
 from conftest import wait_for
 from embed_model_support import MODEL_NAME
+from registry.server import RegistryServer, RegistrySettings
 from router.core import RouterSettings
 from router.server import RouterServer, RouterServerSettings
 from router_support import Mesh, capability
 from semantic.calibrate import load_eval_set
+from semantic.local_model import ModelDirError
 from semantic.settings import SemanticSettings
 from storage_support import AGENTREACH
 
@@ -157,3 +162,53 @@ async def test_calibrate_reports_without_storing_on_a_dry_run(minilm_dir: Path, 
     report = json.loads(done.stdout)
     assert report["stored"] is False
     assert report["rule"]["threshold"] >= max(h["threshold"] for h in report["halves"])
+
+
+async def test_the_registry_judges_examples_by_where_the_cascade_would_route(http, minilm_dir: Path, tmp_path: Path):
+    """The shipped model alone lets "pretty-print this JSON now" join doc.ocr; with it there, the operator's model
+    (asked by routers after the shipped one refuses) would send the no-match "pretty-print this JSON" to doc.ocr."""
+    evaluation = tmp_path / "intents.json"
+    evaluation.write_text((EVAL_DIR / "intents.json").read_text())
+    settings = RegistrySettings(
+        data_dir=tmp_path / "data", port=0, auth=False, example_evaluation=evaluation, embed_model=str(minilm_dir)
+    )
+    registry = RegistryServer(settings)
+    await registry.start()
+    try:
+        body = {
+            "agent_id": "eval-agent",
+            "service": "eval",
+            "capabilities": [
+                capability(c.name, "http://127.0.0.1:9/call", description=c.description, examples=c.examples)
+                for c in EVAL.capabilities
+            ],
+        }
+        async with http.post(f"{registry.url}/register", json=body) as response:
+            assert response.status == 200, await response.text()
+        url = f"{registry.url}/examples/doc.ocr"
+        async with http.post(url, json={"text": "pretty-print this JSON now"}) as response:
+            judged = await response.json()
+        # No rule is stored for the operator's model: routers do not ask it, so neither does the judge.
+        assert response.status == 201 and judged["state"] == "accepted", judged
+        async with http.delete(f"{url}/{judged['id']}") as response:
+            assert response.status == 200
+        rule = {"threshold": 0.54, "margin": 0.25, "dimensions": 384}
+        async with http.put(f"{registry.url}/intent-rules/{MODEL_NAME}", json=rule) as response:
+            assert response.status == 200
+        async with http.post(url, json={"text": "pretty-print this JSON now"}) as response:
+            judged = await response.json()
+        assert response.status == 201 and judged["state"] == "rejected", judged
+        assert judged["reason"] == (
+            "with it, 'pretty-print this JSON' (labelled to route nowhere) would be routed to 'doc.ocr'"
+        )
+    finally:
+        await registry.stop()
+
+
+async def test_a_registry_whose_model_dir_is_missing_refuses_to_start(tmp_path: Path):
+    missing = tmp_path / "models" / MODEL_NAME
+    registry = RegistryServer(
+        RegistrySettings(data_dir=tmp_path / "data", port=0, auth=False, embed_model=str(missing))
+    )
+    with pytest.raises(ModelDirError, match=f"^{re.escape(f'--embed-model {missing}: no such directory')}$"):
+        await registry.start()
