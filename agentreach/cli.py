@@ -10,13 +10,14 @@ from pathlib import Path
 
 from agent_reach import logs
 
-from agentreach import a2a_cli, admin, demo, mcp_cli, status
+from agentreach import a2a_cli, admin, demo, intents_cli, mcp_cli, status
 from agentreach.knobs import (
     NoAdminKey,
     add_admin_key,
     add_agent_networks,
     add_auth_switch,
     add_connection_knobs,
+    add_embed_model,
     add_otlp_endpoint,
     add_registry_knobs,
     add_router_knobs,
@@ -75,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_auth_switch(router, "authenticate callers (API keys, OAuth2 client credentials)")
     add_admin_key(router)
     add_router_knobs(router)
+    add_embed_model(router)  # `up` has it among the registry's knobs: one model for its router and its judge
     add_agent_networks(router)  # `up` and `registry` have it among the registry's knobs: one rule for both
     add_connection_knobs(router)
     add_otlp_endpoint(router)
@@ -104,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_command(commands)
     a2a_cli.add_command(commands)
     mcp_cli.add_command(commands)
+    intents_cli.add_command(commands)
     demo.add_command(commands)
     return parser
 
@@ -136,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         return a2a_cli.run(args, parser)
     if args.command == "mcp":
         return mcp_cli.run(args, parser)
+    if args.command == "intents":
+        return intents_cli.run(args, parser)
     logs.configure(args.log_level)
     _tune_gc()
     _warn_if_auth_off(args)

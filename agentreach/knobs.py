@@ -32,6 +32,7 @@ from semantic.settings import SemanticSettings
 
 STORE_ENV = "AGENTREACH_STORE"
 WORKERS_ENV = "AGENTREACH_WORKERS"
+EMBED_MODEL_ENV = "AGENTREACH_EMBED_MODEL"
 MAX_WORKERS = 64
 # More than this many undeclared calls at once per client would make the bound they give no bound.
 MAX_UNBOUNDED_CALLS = 1000
@@ -156,6 +157,7 @@ def add_registry_knobs(parser: argparse.ArgumentParser) -> None:
                              "send to a wrong capability: checked at acceptance, with the embed extra")
     add_agent_networks(parser)
     add_connection_knobs(parser)  # `router` and `console` add it on their own: one flag for every server of `up`
+    add_embed_model(parser)  # `router` adds it on its own: `up`'s router and registry judge use the same model
 
 
 def _etcd_endpoints(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
@@ -208,6 +210,7 @@ def registry_settings(args: argparse.Namespace, port: int, parser: argparse.Argu
                             etcd_endpoints=_etcd_endpoints(args, parser), etcd_prefix=args.etcd_prefix,
                             advertise_url=args.advertise_url and args.advertise_url.rstrip("/"),
                             node_ttl=args.node_ttl, example_evaluation=args.example_evaluation,
+                            embed_model=args.embed_model or None, embed_prompt=args.embed_prompt,
                             agent_networks=args.agent_networks, connections=connection_limits(args),
                             otlp_endpoint=args.otlp_endpoint)
 
@@ -252,6 +255,20 @@ def add_router_knobs(parser: argparse.ArgumentParser) -> None:
                              f"is a router of its own (default: 1, or ${WORKERS_ENV})")
 
 
+def add_embed_model(parser: argparse.ArgumentParser) -> None:
+    """--embed-model and --embed-prompt: a router's second model, and the one its registry judges examples with."""
+    parser.add_argument("--embed-model", default=os.environ.get(EMBED_MODEL_ENV), metavar="DIR",
+                        help="an operator's sentence-embedding model, a local directory (sentence-transformers or "
+                             "Hugging Face BERT folder with model.safetensors and tokenizer.json): asked about the "
+                             "intents the shipped model refuses as matching nothing, with the threshold and margin "
+                             "`agentreach intents calibrate` stored for it, and by the registry's judge of learned "
+                             "examples; on a router it turns --semantic on; needs the embed-model extra (default: "
+                             f"${EMBED_MODEL_ENV}, else none)")
+    parser.add_argument("--embed-prompt", default="", metavar="TEXT",
+                        help="put before every text the --embed-model model embeds (a query prefix its model card "
+                             "names, such as 'query: '; default: none)")
+
+
 def broker_url(text: str) -> str:
     """``--broker``: a redis:// URL naming a host (credentials allowed: they stay in this process)."""
     try:
@@ -282,9 +299,10 @@ def check_router_knobs(args: argparse.Namespace, parser: argparse.ArgumentParser
 
 def router_settings(args: argparse.Namespace, port: int, registry_url: str | None,
                     registry_key: str | None = None) -> RouterServerSettings:
-    semantic = SemanticSettings(enabled=args.semantic or getattr(args, "demo", False), model=args.semantic_model,
-                                threshold=args.semantic_threshold, margin=args.semantic_margin,
-                                max_capabilities=args.semantic_max_capabilities)
+    semantic = SemanticSettings(enabled=args.semantic or getattr(args, "demo", False) or bool(args.embed_model),
+                                model=args.semantic_model, threshold=args.semantic_threshold,
+                                margin=args.semantic_margin, max_capabilities=args.semantic_max_capabilities,
+                                embed_model=args.embed_model or None, embed_prompt=args.embed_prompt)
     return RouterServerSettings(host=args.host, port=port, registry_url=registry_url, registry_key=registry_key,
                                 routing=RouterSettings(default_policy=args.default_policy,
                                                        traced_successes_per_second=args.traced_successes_per_second,

@@ -12,6 +12,13 @@
    calibrated again), each all accepted and judged; and the ceiling of any rule that routes by a learned
    neighbour.
 
+5. With `--embed-model DIR` (an operator's model, as the router's flag; `--embed-prompt` likewise): the
+   cascade, the shipped model first and DIR's only on what it refuses as matching nothing. Its rule is
+   fitted as `agentreach intents calibrate` fits it (cross_fit on the evaluation set), and judged on
+   the half it did not see: held-out recall and wrong routes per language for DIR alone and for the
+   cascade; DIR's index build time over the capabilities, and uncached p50/p99 per stage (each
+   model's embedding and product) and for the cascade's resolve.
+
 Results: a table on stdout and JSON in bench/results/semantic_bench.json.
 
 For the router's own throughput bench: `described_capabilities(count, endpoint)` gives capabilities
@@ -36,21 +43,25 @@ from typing import Any
 
 import msgspec
 import numpy as np
+from agent_reach.atp import ErrorCode
 from agent_reach.registration import Capability
 
 from common import RESULTS, ROOT, machine, rank_at
 from mesh.examples import LearnedExample, example_id, example_key
+from mesh.intent_rules import IntentRule, intent_rule_key
 from mesh.keyspace import KeySpace
 from mesh.records import InstanceRecord, instance_key
-from mesh.watch import Reset
+from mesh.watch import Put, Reset
 from router.intents import SemanticRouter
 from router.mirror import RegistryMirror
+from semantic.cache import LruCache
 from semantic.calibrate import (
     EvalSet,
     LabelledIntent,
     Ranked,
     accuracy,
     calibrate,
+    cross_fit,
     is_calibration,
     load_eval_set,
     rank,
@@ -59,7 +70,7 @@ from semantic.embedder import DEFAULT_MODEL, MODELS, AsyncEmbedder
 from semantic.index import CapabilityIndex, CapabilityText, capability_text
 from semantic.index import described_capabilities as described_capabilities_of
 from semantic.judge import ExampleJudge
-from semantic.matcher import MatchRule, routed_to
+from semantic.matcher import MatchRule, routed_to, verdict
 from semantic.settings import SemanticSettings
 
 EVAL = load_eval_set(ROOT / "tests" / "semantic_eval")
@@ -344,6 +355,109 @@ async def bench_model(name: str, capabilities: int, intents: int) -> dict[str, A
     return result
 
 
+def cascade_figures(shipped: list[Ranked], operator: list[Ranked], first: MatchRule,
+                    second: Callable[[LabelledIntent], MatchRule]) -> dict[str, Any]:
+    """Recall and wrong routes per language when ``operator``'s model decides what ``shipped``'s refuses as
+    matching nothing, with ``second(intent)`` its rule (the same lists twice: one model alone)."""
+    found: dict[str, Any] = {}
+    for lang in sorted({item.intent.lang for item in shipped}):
+        routable = correct = wrong = by_second = 0
+        for one, two in zip(shipped, operator, strict=True):
+            if one.intent.lang != lang:
+                continue
+            routable += one.intent.label is not None
+            code = verdict(one.score, one.runner_up, first)
+            decided = one if code is None else two if code is ErrorCode.INTENT_UNMATCHED and verdict(
+                two.score, two.runner_up, second(two.intent)) is None else None
+            if decided is not None:
+                correct += decided.best == decided.intent.label
+                wrong += decided.best != decided.intent.label
+                by_second += decided is two
+        found[lang] = {"recall": round(correct / routable, 4) if routable else 0.0, "correct": correct,
+                       "routable": routable, "wrong": wrong, "decided_by_second": by_second}
+    return found
+
+
+async def bench_cascade(directory: Path, prompt: str, capabilities: int, intents: int) -> dict[str, Any]:
+    """Section 5: the cascade with the model in ``directory`` as its second stage."""
+    shipped, started = await AsyncEmbedder.load(), time.perf_counter()
+    operator = await AsyncEmbedder.load_dir(directory, prompt)
+    load_s = time.perf_counter() - started
+    ranked = []
+    for embedder in (shipped, operator):
+        index = CapabilityIndex(embedder)
+        await index.update(EVAL.capability_texts())
+        ranked.append(await rank(embedder, index, EVAL.intents))
+    fit = cross_fit(ranked[1])
+    first = MatchRule(threshold=shipped.model.threshold, margin=shipped.model.margin)
+    # Judged on the held-out half, as section 3: the shipped rule and the operator's were fitted on the other.
+    held = [[item for item in by_model if not is_calibration(item.intent)] for by_model in ranked]
+    second = fit.halves[0]
+    mirror = mirror_with(described_capabilities(capabilities))
+    router = SemanticRouter(mirror, shipped, SemanticSettings(enabled=True, max_capabilities=capabilities), operator)
+    mirror.apply(Put(revision=2, key=intent_rule_key(operator.model.name), value=IntentRule(
+        threshold=fit.rule.threshold, margin=fit.rule.margin, dimensions=operator.dimensions or 0)))
+    builds = []
+    for stage in router.stages:
+        started = time.perf_counter()
+        await stage.update(described_capabilities_of(mirror.keys))
+        builds.append(round(time.perf_counter() - started, 3))
+    await router.refresh()
+    texts = bench_intents(intents)
+    stages = []
+    for stage, build_s in zip(router.stages, builds, strict=True):
+        rule = stage.rule
+        assert rule is not None
+        samples = [await _decision(stage, text, rule) for text in texts]
+        stages.append({"model": stage.name, "dimensions": stage.embedder.dimensions, "index_build_s": build_s,
+                       "uncached": percentiles(samples)})
+        stage.cache = LruCache(stage.cache.maxsize)  # the cascade's own pass starts uncached
+    uncached = await match_latency(router, texts)
+    cached = await match_latency(router, texts)
+    result = {"model": operator.model.name, "directory": str(directory), "prompt": prompt, "load_s": round(load_s, 3),
+              "capabilities": len(router.index.names), "stages": stages, "cascade_uncached": uncached,
+              "cascade_cached": cached, "fit": msgspec.to_builtins(fit),
+              "held_out": {"shipped alone": cascade_figures(held[0], held[0], first, lambda _: first),
+                           f"{operator.model.name} alone": cascade_figures(held[1], held[1], second, lambda _: second),
+                           "cascade": cascade_figures(held[0], held[1], first, lambda _: second)},
+              "whole_set_with_stored_rule": cascade_figures(ranked[0], ranked[1], first, lambda _: fit.rule)}
+    router.close()
+    return result
+
+
+async def _decision(stage: Any, text: str, rule: MatchRule) -> float:
+    """One uncached decision by one stage, timed: its model's embedding and its matrix product."""
+    started = time.perf_counter()
+    await stage.decide(text, rule)
+    return (time.perf_counter() - started) * 1000
+
+
+def print_cascade(r: dict[str, Any]) -> None:
+    print()
+    halves = " and ".join(f"{half['threshold']}/{half['margin']}" for half in r["fit"]["halves"])
+    print(f"cascade: use-multilingual, then {r['model']} ({r['directory']}) on what the first refuses as unmatched; "
+          f"{r['model']} rule threshold {r['fit']['rule']['threshold']}, margin {r['fit']['rule']['margin']} "
+          f"stored (the stricter of the halves' {halves}); load {r['load_s']:.2f} s")
+    print("| stage | model | dimensions | index build s | uncached p50 / p99 ms |")
+    print("|---:|---|---:|---:|---:|")
+    for position, stage in enumerate(r["stages"], start=1):
+        print(f"| {position} | {stage['model']} | {stage['dimensions']} | {stage['index_build_s']:.2f} | "
+              f"{stage['uncached']['p50_ms']:.2f} / {stage['uncached']['p99_ms']:.2f} |")
+    print(f"cascade resolve over {r['capabilities']} capabilities: uncached p50 / p99 "
+          f"{r['cascade_uncached']['p50_ms']:.2f} / {r['cascade_uncached']['p99_ms']:.2f} ms, cached "
+          f"{r['cascade_cached']['p50_ms']:.3f} / {r['cascade_cached']['p99_ms']:.3f} ms")
+    print()
+    print("| held-out half (rules fitted on the calibration half) | language | recall | wrong |")
+    print("|---|---|---:|---:|")
+    for name, by_language in r["held_out"].items():
+        for lang, figures in by_language.items():
+            print(f"| {name} | {lang} | {figures['recall']:.3f} ({figures['correct']}/{figures['routable']}) | "
+                  f"{figures['wrong']} |")
+    print("whole set, cascade with the stored rule: " + ", ".join(
+        f"{lang} recall {f['recall']:.3f}, {f['wrong']} wrong ({f['decided_by_second']} by the second stage)"
+        for lang, f in r["whole_set_with_stored_rule"].items()))
+
+
 def _timed(call: Any) -> float:
     started = time.perf_counter()
     call()
@@ -417,17 +531,25 @@ async def run(models: list[str], capabilities: int, intents: int) -> list[dict[s
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=DEFAULT_MODEL,
-                        help=f"comma separated, or 'all' ({', '.join(MODELS)}); default {DEFAULT_MODEL}")
+                        help=f"comma separated, 'all' ({', '.join(MODELS)}) or 'none'; default {DEFAULT_MODEL}")
+    parser.add_argument("--embed-model", type=Path, default=None, metavar="DIR",
+                        help="also measure the cascade with this operator model second (section 5)")
+    parser.add_argument("--embed-prompt", default="", metavar="TEXT", help="the --embed-model model's prompt")
     parser.add_argument("--capabilities", type=int, default=1000)
     parser.add_argument("--intents", type=int, default=1000, help="distinct intents per latency pass")
     parser.add_argument("--json", type=Path, default=RESULTS / "semantic_bench.json")
     args = parser.parse_args()
-    models = list(MODELS) if args.models == "all" else args.models.split(",")
+    models = list(MODELS) if args.models == "all" else [] if args.models == "none" else args.models.split(",")
     info = machine(numpy=np.__version__, openblas_coretype=os.environ.get("OPENBLAS_CORETYPE", ""))
     results = asyncio.run(run(models, args.capabilities, args.intents))
     print_tables(info, results)
+    found: dict[str, Any] = {"machine": info, "results": results}
+    if args.embed_model is not None:
+        found["cascade"] = asyncio.run(bench_cascade(args.embed_model, args.embed_prompt, args.capabilities,
+                                                     args.intents))
+        print_cascade(found["cascade"])
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"machine": info, "results": results}, indent=2) + "\n")
+    args.json.write_text(json.dumps(found, indent=2, ensure_ascii=False) + "\n")
     print(f"\nwrote {args.json}")
 
 

@@ -20,6 +20,7 @@ from mesh.examples import (
     LearnedExample,
     split_example_key,
 )
+from mesh.intent_rules import INTENT_RULE_PREFIX, IntentRule
 from mesh.policy import Policy
 from mesh.quality import QUALITY_PREFIX, QualityScore, split_quality_key
 from mesh.records import ALERTS_KEY, POLICY_PREFIX, InstanceRecord, instance_id
@@ -42,6 +43,8 @@ class KeySpace:
         self.example_settings: dict[str, ExampleSettings] = {}
         # capability -> agent_id -> the instance's quality score (mesh/quality.py).
         self.quality: dict[str, dict[str, QualityScore]] = {}
+        # embedding model name -> its calibrated threshold and margin (mesh/intent_rules.py).
+        self.intent_rules: dict[str, IntentRule] = {}
 
     def put(self, key: str, value: object) -> None:
         """Apply a stored value, already decoded; a value that is not what its key holds changes nothing."""
@@ -66,6 +69,9 @@ class KeySpace:
             if isinstance(value, QualityScore):
                 capability, agent_id = split_quality_key(key)
                 self.quality.setdefault(capability, {})[agent_id] = value
+        elif key.startswith(INTENT_RULE_PREFIX):
+            if isinstance(value, IntentRule):
+                self.intent_rules[key[len(INTENT_RULE_PREFIX):]] = value
         elif self.auth.holds(key):
             self.auth.put(key, value)
 
@@ -84,6 +90,8 @@ class KeySpace:
             self.example_settings.pop(key[len(EXAMPLE_SETTINGS_PREFIX):], None)
         elif key.startswith(QUALITY_PREFIX):
             _forget(self.quality, *split_quality_key(key))
+        elif key.startswith(INTENT_RULE_PREFIX):
+            self.intent_rules.pop(key[len(INTENT_RULE_PREFIX):], None)
         elif self.auth.holds(key):
             self.auth.delete(key)
 

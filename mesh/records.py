@@ -14,6 +14,7 @@ from agent_reach.registration import Capability
 from auth.records import AUTH_RECORD_TYPES
 from mesh.alerts import AlertConfig
 from mesh.examples import EXAMPLE_PREFIX, EXAMPLE_SETTINGS_PREFIX, ExampleSettings, LearnedExample
+from mesh.intent_rules import INTENT_RULE_PREFIX, IntentRule
 from mesh.policy import Policy
 from mesh.quality import QUALITY_PREFIX, QualityScore
 
@@ -51,6 +52,7 @@ class AgentIdBinding(msgspec.Struct, kw_only=True):
 RECORD_TYPES: list[tuple[str, type]] = [
     (INSTANCE_PREFIX, InstanceRecord), (POLICY_PREFIX, Policy), (ALERTS_KEY, AlertConfig), *AUTH_RECORD_TYPES,
     (EXAMPLE_PREFIX, LearnedExample), (EXAMPLE_SETTINGS_PREFIX, ExampleSettings), (QUALITY_PREFIX, QualityScore),
+    (INTENT_RULE_PREFIX, IntentRule),
 ]
 
 _encoder = msgspec.msgpack.Encoder()

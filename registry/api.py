@@ -21,6 +21,7 @@ from auth.records import ClientBudget, ClientCreate, PublishedKey, TokenCreate, 
 from mesh.alerts import AlertConfig
 from mesh.budgets import LeaseRequest
 from mesh.examples import Confirmation, ExampleSettings, NewExample, Rejection
+from mesh.intent_rules import IntentRule
 from mesh.policy import Policy
 from mesh.policy_writes import ANY_POLICY, PolicyChanged, policy_etag
 from mesh.quality import QualityPost
@@ -319,6 +320,31 @@ async def delete_quality(request: web.Request) -> web.Response:
     return json_response({"capability": capability, "agent_id": agent_id, "deleted": True})
 
 
+def path_model(request: web.Request) -> str:
+    """An embedding model's name from the URL path (its directory's name), held to the capability name rules."""
+    return converted(request.match_info["model"], Name, "model")
+
+
+async def intent_rules(request: web.Request) -> web.Response:
+    return json_response(request.app[REGISTRY_KEY].state.keys.intent_rules)
+
+
+async def get_intent_rule(request: web.Request) -> web.Response:
+    return json_response(request.app[REGISTRY_KEY].intent_rule(path_model(request)))
+
+
+async def put_intent_rule(request: web.Request) -> web.Response:
+    """What `agentreach intents calibrate` fitted for a model: every router running that model routes with it."""
+    rule = await read_json(request, IntentRule)
+    return json_response(await request.app[REGISTRY_KEY].put_intent_rule(path_model(request), rule))
+
+
+async def delete_intent_rule(request: web.Request) -> web.Response:
+    model = path_model(request)
+    await request.app[REGISTRY_KEY].delete_intent_rule(model)
+    return json_response({"model": model, "deleted": True})
+
+
 async def get_alert_settings(request: web.Request) -> web.Response:
     return json_response(request.app[REGISTRY_KEY].state.alerts)
 
@@ -438,6 +464,8 @@ ADMIN_ONLY: list[tuple[str, str, Handler]] = [
     ("GET", "/policies", policies), ("GET", "/policies/{capability}", get_policy),
     ("PUT", "/policies/{capability}", put_policy), ("DELETE", "/policies/{capability}", delete_policy),
     ("GET", "/settings/alerts", get_alert_settings), ("PUT", "/settings/alerts", put_alert_settings),
+    ("GET", "/intent-rules", intent_rules), ("GET", "/intent-rules/{model}", get_intent_rule),
+    ("PUT", "/intent-rules/{model}", put_intent_rule), ("DELETE", "/intent-rules/{model}", delete_intent_rule),
     ("GET", "/examples", example_summary),
     ("GET", "/examples/{capability}", list_examples), ("POST", "/examples/{capability}", add_example),
     ("POST", "/examples/{capability}/confirmations", confirm_example),

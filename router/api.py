@@ -325,10 +325,16 @@ async def completions(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    mirror = request.app[ROUTER_KEY].mirror
-    return json_response({"status": "ok", "registry_synced": mirror.synced, "revision": mirror.revision,
-                          "capabilities": len(mirror.capability_names()), "router_id": mirror.router_id,
-                          "routers": len(mirror.routers), "limit_share": mirror.limit_share})
+    router = request.app[ROUTER_KEY]
+    mirror = router.mirror
+    health: dict[str, Any] = {"status": "ok", "registry_synced": mirror.synced, "revision": mirror.revision,
+                              "capabilities": len(mirror.capability_names()), "router_id": mirror.router_id,
+                              "routers": len(mirror.routers), "limit_share": mirror.limit_share}
+    if router.semantic is not None:
+        # The embedding models intents are matched with, in the order they are asked.
+        health["embedding_models"] = [{"model": stage.name, "dimensions": stage.embedder.dimensions,
+                                       "rule": stage.source} for stage in router.semantic.stages]
+    return json_response(health)
 
 
 async def metrics(request: web.Request) -> web.Response:

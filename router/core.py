@@ -218,6 +218,7 @@ class Router:
         result = await self._call_capability(frame, capability, offers, started, size, caller, flight)
         if match is not None:
             result.route.match_score, result.route.intent_candidates = match.score, match.candidates
+            result.route.intent_stages = match.stages
         return result
 
     async def _call_capability(self, frame: RequestFrame, capability: str, offers: list[Offer] | None,

@@ -66,7 +66,8 @@ class Choice:
         if isinstance(resolved, IntentRefusal):
             self.decisions[resolved.code.value.lower()] += 1
             return error_result(frame, resolved.code, resolved.message,
-                                RouteFacts(intent_candidates=resolved.candidates), started, ledgered=False)
+                                RouteFacts(intent_candidates=resolved.candidates, intent_stages=resolved.stages),
+                                started, ledgered=False)
         self.decisions["semantic"] += 1
         frame.capability = resolved.capability  # in place: the trace and audit row name the matched capability
         return resolved

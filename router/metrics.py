@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -11,6 +12,9 @@ from prometheus_client.registry import Collector
 from router.budgets import ASK_BOUNDS_MS, Budgets
 from router.core import Router
 from router.reach import LATENCY_BOUNDS_MS
+
+if TYPE_CHECKING:
+    from router.intents import SemanticRouter
 
 # Gauges whose `--workers N` values add up to the router's (router/merged.py); every other gauge is one worker's
 # state (its breakers, its view of the registry, its period's rates) and is shown per worker, labelled `worker`.
@@ -65,6 +69,21 @@ MQ_COUNTS = {"duplicates": "mq answers dropped: the call was answered already, b
 def mq_metrics(counts: Mapping[str, int]) -> Iterator[Metric]:
     for what, help_text in MQ_COUNTS.items():
         yield CounterMetricFamily(f"agentreach_router_mq_{what}", help_text.capitalize(), value=counts.get(what, 0))
+
+
+def semantic_metrics(semantic: SemanticRouter) -> Iterator[Metric]:
+    """Each embedding model of the cascade (its name, vector size and stage) and how its answers went."""
+    models = GaugeMetricFamily("agentreach_router_embedding_model", "1 per embedding model intents are matched "
+                               "with, by name, vector size and stage (1: the shipped model, asked first)",
+                               labels=["model", "dimensions", "stage"])
+    decided = CounterMetricFamily("agentreach_router_intent_stage_decisions", "Intents each embedding model was "
+                                  "asked about, by what it concluded", labels=["model", "outcome"])
+    for position, stage in enumerate(semantic.stages, start=1):
+        models.add_metric([stage.name, str(stage.embedder.dimensions or ""), str(position)], 1)
+        for outcome, count in stage.decided.items():
+            decided.add_metric([stage.name, outcome], count)
+    yield models
+    yield decided
 
 
 class RouterCollector(Collector):
@@ -159,6 +178,8 @@ class RouterCollector(Collector):
             yield CounterMetricFamily("agentreach_router_confirmation_retries",
                                       "Further tries of confirmations the registry did not take at first",
                                       value=router.confirmations.retries)
+        if router.semantic is not None:
+            yield from semantic_metrics(router.semantic)
         yield CounterMetricFamily("agentreach_router_traces_sampled_out",
                                   "Successful calls not traced: over the traced successes per second",
                                   value=router.traces.sampled_out)

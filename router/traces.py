@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import msgspec
-from agent_reach.atp import BudgetRoute, ErrorCode, RoutedBy, ScoreParts
+from agent_reach.atp import BudgetRoute, ErrorCode, IntentStage, RoutedBy, ScoreParts
 from agent_reach.registration import Protocol
 from agent_reach.usage import Usage
 
@@ -54,6 +54,8 @@ class CallTrace(msgspec.Struct, kw_only=True, gc=False):
     score_parts: ScoreParts | None = None
     explored: bool = False
     budget: BudgetRoute | None = None  # what the call's budget label did to the pool (route.budget)
+    # Matched by meaning: each embedding model asked, with its best and scores; the last decided.
+    intent_stages: list[IntentStage] | None = None
     attempts: list[AttemptTrace] = []
     outcome: str = "pending"
     error_code: str | None = None  # an ErrorCode, or CANCELLED (nothing was answered)

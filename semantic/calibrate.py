@@ -159,3 +159,85 @@ def calibrate(ranked: list[Ranked], guard_steps: int = GUARD_STEPS, top_k: int =
     best = max((result.correct, THRESHOLDS[i], MARGINS[j]) for (i, j), result in results.items()
                if results[(max(i - guard_steps, 0), j)].wrong == 0)
     return MatchRule(threshold=best[1], margin=best[2], top_k=top_k)
+
+
+def load_intents_jsonl(path: Path) -> list[LabelledIntent]:
+    """An operator's labelled intents, one JSON object a line: {"text", "label" (null: none), "lang"}."""
+    decoder = msgspec.json.Decoder(LabelledIntent)
+    intents = []
+    for number, line in enumerate(path.read_bytes().splitlines(), start=1):
+        if line.strip():
+            try:
+                intents.append(decoder.decode(line))
+            except msgspec.ValidationError as exc:
+                raise ValueError(f"{path}:{number}: {exc}") from None
+    return intents
+
+
+class LanguageFigures(msgspec.Struct, kw_only=True):
+    routable: int
+    correct: int
+    wrong: int
+    recall: float
+
+
+class NearMiss(msgspec.Struct, kw_only=True):
+    """A no-match intent: how far its best score stays below the stored threshold (negative: above it, and
+    then only the margin, ``gap`` to the runner-up, keeps it from routing)."""
+
+    text: str
+    best: str
+    score: float
+    below_threshold: float
+    gap: float | None
+
+
+class CrossFit(msgspec.Struct, kw_only=True):
+    """Rules fitted on each half and judged on the other, and the rule to store: the stricter of the two.
+
+    Each half's rule routes nothing wrongly on its half (even with the guard band), and a stricter rule
+    routes a subset of what either does, so the stored one is clean on the whole set; how each half's
+    rule did on the half it never saw is what an unseen intent can expect.
+    """
+
+    rule: MatchRule
+    halves: tuple[MatchRule, MatchRule]
+    guard: float
+    held_out: dict[str, LanguageFigures]
+    fitted: dict[str, LanguageFigures]
+    near_misses: list[NearMiss]
+
+
+def _by_language(pairs: list[tuple[Ranked, MatchRule]]) -> dict[str, LanguageFigures]:
+    figures: dict[str, LanguageFigures] = {}
+    for lang in sorted({item.intent.lang for item, _ in pairs}):
+        routable = correct = wrong = 0
+        for item, rule in pairs:
+            if item.intent.lang != lang:
+                continue
+            routable += item.intent.label is not None
+            if verdict(item.score, item.runner_up, rule) is None:
+                correct += item.best == item.intent.label
+                wrong += item.best != item.intent.label
+        figures[lang] = LanguageFigures(routable=routable, correct=correct, wrong=wrong,
+                                        recall=round(correct / routable, 4) if routable else 0.0)
+    return figures
+
+
+def cross_fit(ranked: list[Ranked], guard_steps: int = GUARD_STEPS, top_k: int = 3, near_misses: int = 5) -> CrossFit:
+    """Fit on each half (``calibrate``), judge each on the other, store the stricter; see CrossFit."""
+    first = [item for item in ranked if is_calibration(item.intent)]
+    second = [item for item in ranked if not is_calibration(item.intent)]
+    if not first or not second:
+        raise ValueError("too few labelled intents: both halves of the set need some (at least a few dozen)")
+    fits = (calibrate(first, guard_steps, top_k), calibrate(second, guard_steps, top_k))
+    rule = MatchRule(threshold=max(fit.threshold for fit in fits), margin=max(fit.margin for fit in fits), top_k=top_k)
+    unrouted = sorted((item for item in ranked if item.intent.label is None), key=lambda item: -item.score)
+    return CrossFit(
+        rule=rule, halves=fits, guard=round(guard_steps * (THRESHOLDS[1] - THRESHOLDS[0]), 4),
+        held_out=_by_language([(item, fits[1]) for item in first] + [(item, fits[0]) for item in second]),
+        fitted=_by_language([(item, rule) for item in ranked]),
+        near_misses=[NearMiss(text=item.intent.text, best=item.best, score=item.score,
+                              below_threshold=round(rule.threshold - item.score, 4),
+                              gap=None if item.runner_up is None else round(item.score - item.runner_up, 4))
+                     for item in unrouted[:near_misses]])

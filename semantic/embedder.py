@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import ClassVar, Protocol
 
 import numpy as np
@@ -22,11 +23,17 @@ CHUNK = 64
 
 
 class Embedder(Protocol):
-    """A blocking sentence encoder: texts in, one row per text out (float32)."""
+    """A blocking sentence encoder: texts in, one row per text out (float32).
 
-    name: ClassVar[str]
-    threshold: ClassVar[float]
-    margin: ClassVar[float]
+    ``threshold`` and ``margin``: the rule calibrated for it, the default of a router running it.
+    """
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def threshold(self) -> float: ...
+    @property
+    def margin(self) -> float: ...
 
     def encode(self, texts: Sequence[str]) -> np.ndarray: ...
 
@@ -119,6 +126,8 @@ class AsyncEmbedder:
 
     def __init__(self, model: Embedder):
         self.model = model
+        # The vector size, known from the first vectors the model gave (every model answers the same way).
+        self.dimensions: int | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentreach-embed")
 
     @classmethod
@@ -129,19 +138,35 @@ class AsyncEmbedder:
             model_type = MODELS[name]
         except KeyError:
             raise ValueError(f"unknown embedding model {name!r}; known: {', '.join(sorted(MODELS))}") from None
-        model = await asyncio.to_thread(model_type)
+        return await cls._loaded(model_type)
+
+    @classmethod
+    async def load_dir(cls, directory: Path, prompt: str = "") -> AsyncEmbedder:
+        """An operator's model from a local directory (semantic/local_model.py), loaded off the event loop."""
+        from semantic.local_model import LocalModel
+
+        return await cls._loaded(lambda: LocalModel(directory, prompt))
+
+    @classmethod
+    async def _loaded(cls, make: Callable[[], Embedder]) -> AsyncEmbedder:
+        model = await asyncio.to_thread(make)
         # A model lives as long as the process, and its vocabulary is a dict of 100,000+ entries:
         # left to the collector, every full collection walks it (8 ms, seen as p99 spikes on
         # cached matches). Frozen objects are never scanned.
         gc.freeze()
-        return cls(model)
+        embedder = cls(model)
+        await embedder.encode(["warm up"])  # and learn the vector size
+        return embedder
 
     async def encode(self, texts: Sequence[str]) -> np.ndarray:
         """Unit-length rows for ``texts``, computed on the worker thread in chunks."""
         loop = asyncio.get_running_loop()
         parts = [await loop.run_in_executor(self._pool, self._encode, texts[start:start + CHUNK])
                  for start in range(0, len(texts), CHUNK)]
-        return np.concatenate(parts) if parts else np.empty((0, 0), dtype=np.float32)
+        if not parts:
+            return np.empty((0, 0), dtype=np.float32)
+        self.dimensions = int(parts[0].shape[1])
+        return np.concatenate(parts)
 
     def _encode(self, texts: Sequence[str]) -> np.ndarray:
         return unit_rows(self.model.encode(texts))

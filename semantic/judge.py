@@ -26,7 +26,7 @@ from mesh.keyspace import KeySpace
 from semantic.cache import LruCache, intent_key
 from semantic.embedder import AsyncEmbedder
 from semantic.index import CapabilityIndex, CapabilityText, capability_text, described_capabilities
-from semantic.matcher import MatchRule, routed_to
+from semantic.matcher import MatchRule, cascade_routed_to
 
 # (text, the capability that should serve it, or None for none).
 Labelled = tuple[str, str | None]
@@ -49,43 +49,66 @@ def with_example(capabilities: list[CapabilityText], capability: str, text: str)
     return [*others, capability_text(capability, own.texts, (*own.learned, text))]
 
 
+class _Model:
+    """One model the judge scores with: its index before and after the example, and its phrasings' vectors."""
+
+    def __init__(self, embedder: AsyncEmbedder, index: Callable[[AsyncEmbedder], CapabilityIndex]):
+        self.embedder = embedder
+        self.before, self.after = index(embedder), index(embedder)
+        self._vectors: LruCache[np.ndarray] = LruCache(10_000)
+
+    async def update(self, capabilities: list[CapabilityText], capability: str, text: str) -> None:
+        await self.before.update(capabilities)
+        await self.after.update(with_example(capabilities, capability, text))
+
+    async def vector(self, text: str) -> np.ndarray:
+        key = intent_key(text)
+        vector = self._vectors.get(key)
+        if vector is None:
+            vector = (await self.embedder.encode([key]))[0]
+            self._vectors.put(key, vector)
+        return vector
+
+
 class ExampleJudge:
     """Loads the default model on first use (the registry rarely judges; most never need it).
 
     ``index`` builds the index it scores with: the router's, unless a benchmark measures another scoring,
     which its judge must then use too (an example is judged by the scores it would route with).
+    ``operator``: an operator's model (``--embed-model``) that routers ask after the shipped one; an example
+    is then judged by where the cascade would send each phrasing, with the rule the registry holds for
+    that model (none yet: routers do not ask it, and neither does the judge).
     """
 
     def __init__(self, embedder: AsyncEmbedder | None = None, rule: MatchRule | None = None,
                  evaluation: Sequence[Labelled] = (),
-                 index: Callable[[AsyncEmbedder], CapabilityIndex] = CapabilityIndex):
+                 index: Callable[[AsyncEmbedder], CapabilityIndex] = CapabilityIndex,
+                 operator: AsyncEmbedder | None = None):
         self._embedder = embedder
         self._evaluation = list(evaluation)
         self._rule = rule
         self._index = index
         self._loading = asyncio.Lock()
-        self._vectors: LruCache[np.ndarray] = LruCache(10_000)
-        self._before: CapabilityIndex | None = None
-        self._after: CapabilityIndex | None = None
+        self._models: list[_Model] = []
+        self._operator = None if operator is None else _Model(operator, index)
 
-    async def _ready(self) -> tuple[AsyncEmbedder, MatchRule, CapabilityIndex, CapabilityIndex]:
+    async def _ready(self) -> tuple[MatchRule, list[_Model]]:
         async with self._loading:
             if self._embedder is None:
                 self._embedder = await AsyncEmbedder.load()
             if self._rule is None:
                 model = self._embedder.model
                 self._rule = MatchRule(threshold=model.threshold, margin=model.margin)
-            if self._before is None or self._after is None:
-                self._before, self._after = self._index(self._embedder), self._index(self._embedder)
-            return self._embedder, self._rule, self._before, self._after
+            if not self._models:
+                self._models = [_Model(self._embedder, self._index)]
+            return self._rule, self._models
 
-    async def _vector(self, embedder: AsyncEmbedder, text: str) -> np.ndarray:
-        key = intent_key(text)
-        vector = self._vectors.get(key)
-        if vector is None:
-            vector = (await embedder.encode([key]))[0]
-            self._vectors.put(key, vector)
-        return vector
+    def _operator_rule(self, keys: KeySpace, top_k: int) -> MatchRule | None:
+        operator = self._operator
+        stored = keys.intent_rules.get(operator.embedder.model.name) if operator is not None else None
+        if operator is None or stored is None or stored.dimensions != operator.embedder.dimensions:
+            return None
+        return MatchRule(threshold=stored.threshold, margin=stored.margin, top_k=top_k)
 
     async def __call__(self, keys: KeySpace, capability: str, text: str, heard: HeardRule | None = None) -> str | None:
         """Why accepting ``text`` as an example of ``capability`` would route something wrongly, or None.
@@ -100,23 +123,33 @@ class ExampleJudge:
         for other_text, label in labelled:
             if label != capability and phrasing(other_text) == phrasing(text):
                 return f"{text!r} is labelled {label!r}" if label else f"{text!r} is labelled to route nowhere"
-        embedder, rule, before, after = await self._ready()
+        rule, shipped = await self._ready()
         if heard is not None:
             rule = MatchRule(threshold=heard.threshold, margin=heard.margin, top_k=rule.top_k)
+        stages = [(shipped[0], rule)]
+        operator_rule = self._operator_rule(keys, rule.top_k)
+        if self._operator is not None and operator_rule is not None:
+            stages.append((self._operator, operator_rule))
         capabilities = described_capabilities(keys)
-        await before.update(capabilities)
-        await after.update(with_example(capabilities, capability, text))
-        sent = routed_to(*after.scores(await self._vector(embedder, text)), rule)
-        if sent is not None and sent != capability:
-            return f"even with it, {text!r} would be routed to {sent!r}"
+        for model, _ in stages:
+            await model.update(capabilities, capability, text)
+
+        async def sent(phrase: str, after: bool) -> str | None:
+            return cascade_routed_to([(*(model.after if after else model.before).scores(await model.vector(phrase)),
+                                       stage_rule) for model, stage_rule in stages])
+
+        routed = await sent(text, after=True)
+        if routed is not None and routed != capability:
+            return f"even with it, {text!r} would be routed to {routed!r}"
         for intent, label in labelled:
-            vector = await self._vector(embedder, intent)
-            sent = routed_to(*after.scores(vector), rule)
-            if sent is not None and sent != label and sent != routed_to(*before.scores(vector), rule):
+            routed = await sent(intent, after=True)
+            if routed is not None and routed != label and routed != await sent(intent, after=False):
                 meant = f"labelled {label!r}" if label else "labelled to route nowhere"
-                return f"with it, {intent!r} ({meant}) would be routed to {sent!r}"
+                return f"with it, {intent!r} ({meant}) would be routed to {routed!r}"
         return None
 
     def close(self) -> None:
         if self._embedder is not None:
             self._embedder.close()
+        if self._operator is not None:
+            self._operator.embedder.close()

@@ -60,6 +60,25 @@ def decide(names: Sequence[str], scores: np.ndarray, rule: MatchRule) -> IntentM
     return IntentRefusal(code=code, message=message, candidates=shown)
 
 
+def asks_next(code: ErrorCode | None, candidates: int) -> bool:
+    """Whether a cascade goes on to its next model after this verdict: only when nothing matched well enough
+    among capabilities there were (a route stands, and so does a tie between two capabilities)."""
+    return code is ErrorCode.INTENT_UNMATCHED and candidates > 0
+
+
+def cascade_routed_to(steps: Sequence[tuple[Sequence[str], np.ndarray, MatchRule]]) -> str | None:
+    """The capability a cascade sends an intent to, given each model's scores and rule in order, or None."""
+    for names, scores, rule in steps:
+        best = top_candidates(names, scores, 2)
+        code = verdict(best[0].score, best[1].score if len(best) > 1 else None, rule) if best \
+            else ErrorCode.INTENT_UNMATCHED
+        if code is None:
+            return best[0].capability
+        if not asks_next(code, len(best)):
+            return None
+    return None
+
+
 def routed_to(names: Sequence[str], scores: np.ndarray, rule: MatchRule) -> str | None:
     """The capability an intent with these scores is sent to, or None when it is refused."""
     best = top_candidates(names, scores, 2)

@@ -21,3 +21,7 @@ class SemanticSettings(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown
     max_capabilities: int = 64
     cache_size: int = 10_000
     top_k: int = 3
+    # An operator's own model (a local directory, semantic/local_model.py): asked only about the intents
+    # the shipped model refuses as matching nothing; ``embed_prompt`` goes before every text it embeds.
+    embed_model: str | None = None
+    embed_prompt: str = ""

@@ -22,7 +22,7 @@ from registry.server import RegistryServer, RegistrySettings
 # imported where used.
 pytest_plugins = ["agent_support", "router_support", "log_support", "sdk_support", "console_support", "wal_support",
                   "etcd_support", "failure_support", "node_support", "socket_support", "grpc_support",
-                  "mq_support"]
+                  "mq_support", "embed_model_support"]
 
 
 async def wait_for(condition: Callable[[], Awaitable[Any] | Any], timeout: float = 10.0,

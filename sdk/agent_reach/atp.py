@@ -113,6 +113,22 @@ class IntentCandidate(msgspec.Struct, frozen=True):
     score: float
 
 
+class IntentStage(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """What one embedding model of the router's cascade concluded about an intent; the last one asked decided.
+
+    ``outcome``: routed, unmatched (best below ``threshold``) or ambiguous (best and runner-up closer
+    than ``margin``); ``capability`` and ``score`` are its best, in that model's own scale.
+    """
+
+    model: str
+    outcome: Literal["routed", "unmatched", "ambiguous"]
+    capability: str | None = None
+    score: float | None = None
+    runner_up: float | None = None
+    threshold: float
+    margin: float
+
+
 class ScoreParts(msgspec.Struct, kw_only=True, frozen=True):
     """An instance's score under the scored policy, part by part, each 0 (best) to 1 (worst) against fixed
     bounds (docs/atp.md "Scored routing")."""
@@ -153,6 +169,8 @@ class RouteFacts(msgspec.Struct, kw_only=True, omit_defaults=True):
     reason: str | None = None
     match_score: float | None = None
     intent_candidates: list[IntentCandidate] | None = None
+    # Each model asked about the intent, in order: the last decided (semantic matching's cascade).
+    intent_stages: list[IntentStage] | None = None
     # The policy rule that decided the call (absent: none matched) and the version of the instance that answered.
     rule: str | None = None
     version: str | None = None

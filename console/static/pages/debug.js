@@ -5,6 +5,7 @@ import { call } from "../lib/api.js";
 import { h, replace, card, field, setFieldError, clearFieldErrors, badge } from "../lib/dom.js";
 import * as fmt from "../lib/format.js";
 import { scoreFacts } from "../lib/scores.js";
+import { intentFacts } from "../lib/intents.js";
 
 function parseJson(text, fallback) {
   return text.trim() === "" ? fallback : JSON.parse(text);
@@ -34,7 +35,7 @@ function factList(id, rows) {
 }
 
 function routeFacts(route) {
-  return factList("route-facts", [["Capability", route.capability], ["Instance", route.instance], ["Policy", route.policy],
+  return factList("route-facts", [["Capability", route.capability], ...intentFacts(route), ["Instance", route.instance], ["Policy", route.policy],
     ...scoreFacts(route), ["Attempts", route.attempts], ["Degraded", route.degraded ? "yes" : "no"], ["Reason", route.reason],
     ["SLA", route.timeout_sla_ms ? fmt.ms(route.timeout_sla_ms) : null]]);
 }

@@ -5,6 +5,7 @@ import { call } from "../lib/api.js";
 import { h, replace, card, badge, url } from "../lib/dom.js";
 import * as fmt from "../lib/format.js";
 import { scoreFacts } from "../lib/scores.js";
+import { intentFacts } from "../lib/intents.js";
 
 function walk(node, depth = 0, out = []) {
   out.push({ call: node.call, depth });
@@ -32,7 +33,7 @@ function callDetails(c, names) {
       ["Trace", h("code", { text: c.trace_id })], ["Parent", c.parent_request_id ? h("a", { href: `#/traces/${encodeURIComponent(c.parent_request_id)}`, class: "mono", text: c.parent_request_id }) : null],
     ])),
     h("section", { class: "stage", "aria-label": "Decision" }, h("h3", { text: "Decision" }), facts([
-      ["Policy", c.policy], ...scoreFacts(c), ["Plan", c.plan.length ? h("ol", { class: "plan" }, c.plan.map((id) => h("li", {}, h("a", { href: `#/agents/${encodeURIComponent(id)}`, text: id })))) : null],
+      ...intentFacts(c), ["Policy", c.policy], ...scoreFacts(c), ["Plan", c.plan.length ? h("ol", { class: "plan" }, c.plan.map((id) => h("li", {}, h("a", { href: `#/agents/${encodeURIComponent(id)}`, text: id })))) : null],
       ["Degraded", c.degraded ? "yes" : "no"], ["Reason", c.reason],
     ])),
     h("section", { class: "stage", "aria-label": "Answer" }, h("h3", { text: "Answer" }), facts([
