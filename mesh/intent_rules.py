@@ -12,14 +12,16 @@ from typing import Annotated
 import msgspec
 
 INTENT_RULE_PREFIX = "intent-rules/"
+# A count of intents: bounded, as every integer the registry stores is (its log encodes 64 bits at most).
+Count = Annotated[int, msgspec.Meta(ge=0, le=1_000_000_000)]
 
 
 class LanguageReport(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """How the rule did on one language's held-out intents when it was fitted."""
 
-    routable: int
-    correct: int
-    wrong: int
+    routable: Count
+    correct: Count
+    wrong: Count
     recall: float
 
 
@@ -29,10 +31,10 @@ class IntentRule(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknow
     threshold: Annotated[float, msgspec.Meta(ge=-1.0, le=1.01)]
     margin: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
     # The vector size of the model it was fitted for: a router whose model of that name differs ignores it.
-    dimensions: Annotated[int, msgspec.Meta(ge=1)]
+    dimensions: Annotated[int, msgspec.Meta(ge=1, le=65_536)]
     # The threshold this much lower still routed no calibration intent wrongly.
     guard: float = 0.0
-    intents: int = 0
+    intents: Count = 0
     calibrated_at: float = 0.0
     held_out: dict[str, LanguageReport] = {}
 

@@ -23,6 +23,7 @@ from mesh.alerts import AlertConfig
 from mesh.budgets import BudgetView, LeaseGrant, LeaseRequest
 from mesh.cluster import ClusterView
 from mesh.examples import Confirmation, ExampleSettings, ExampleSummary, ExampleView, NewExample, Rejection
+from mesh.intent_rules import IntentRule
 from mesh.policy import Policy
 from mesh.quality import QualityAlert, QualityPost, QualityView
 from registry.budgets import BudgetPage
@@ -81,6 +82,11 @@ class PolicyDeleted(msgspec.Struct):
     deleted: bool
 
 
+class IntentRuleDeleted(msgspec.Struct):
+    model: str
+    deleted: bool
+
+
 class ExampleDeleted(msgspec.Struct):
     capability: str
     id: str
@@ -131,7 +137,7 @@ def _admin(method: str, path: str, summary: str, answers: dict[int, Any], **fiel
 
 
 # A capability in a path is held to the same rules as in a body (registry/api.py's path_capability).
-CAPABILITY_PATH = {"capability": Name}
+CAPABILITY_PATH = {"capability": Name, "model": Name}
 # The examples' instance: one of an echo service.
 ECHO_INSTANCE = {
     "agent_id": "echo-1",
@@ -275,6 +281,21 @@ OPERATIONS: list[Operation] = [
     ),
     _admin(
         "DELETE", "/examples/{capability}/{example_id}", "Delete a phrasing", {200: ExampleDeleted}, errors=(400, 404)
+    ),
+    _admin(
+        "GET", "/intent-rules", "Every embedding model's calibrated intent rule, by model", {200: dict[str, IntentRule]}
+    ),
+    _admin("GET", "/intent-rules/{model}", "One model's intent rule", {200: IntentRule}, errors=(400, 404)),
+    _admin(
+        "PUT",
+        "/intent-rules/{model}",
+        "Store a model's intent rule (what `agentreach intents calibrate` fitted): every router running it uses it",
+        {200: IntentRule},
+        request=IntentRule,
+        errors=(400,),
+    ),
+    _admin(
+        "DELETE", "/intent-rules/{model}", "Remove a model's intent rule", {200: IntentRuleDeleted}, errors=(400, 404)
     ),
     _admin("GET", "/quality", "Quality scores under their capability's floor", {200: QualityAlerts}),
     _admin("GET", "/quality/{capability}", "A capability's quality scores", {200: list[QualityView]}, errors=(400,)),

@@ -63,8 +63,17 @@ class CompletionNoted(msgspec.Struct):
     known: bool
 
 
+class EmbeddingModel(msgspec.Struct):
+    """One stage of intent matching: its model, vector size, and where its rule came from."""
+
+    model: str
+    dimensions: int
+    rule: str
+
+
 class Health(msgspec.Struct):
-    """GET /healthz: whether the router has loaded the registry, and its share of the cluster's limits."""
+    """GET /healthz: whether the router has loaded the registry, and its share of the cluster's limits;
+    with semantic matching on, the embedding models intents are matched with, in the order they are asked."""
 
     status: str
     registry_synced: bool
@@ -73,6 +82,7 @@ class Health(msgspec.Struct):
     router_id: str
     routers: int
     limit_share: float
+    embedding_models: list[EmbeddingModel] | None = None
 
 
 class Usage(msgspec.Struct):
