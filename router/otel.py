@@ -4,8 +4,8 @@ The call path pays a list append per call (``export``); a batch leaves when it h
 every ``FLUSH_SECONDS``, as one msgpack frame written to the exporter's stdin without waiting. Export is
 best effort, as the SDK's own batch processor is: while the exporter is behind by more than
 ``MAX_UNSENT_BYTES`` of frames, or gone, batches are dropped and counted (``dropped``), and a dead exporter
-is started again at the next flush. A call whose caller did not sample its trace (``traceparent`` flags 00)
-is not sent at all.
+is started again at the next flush (at most once every ``RESTART_SECONDS``). A call whose caller did not
+sample its trace (``traceparent`` flags 00) is not sent at all.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import contextlib
 import logging
 import struct
 import sys
+import time
 
 import msgspec
 
@@ -28,6 +29,8 @@ BATCH = 256
 FLUSH_SECONDS = 0.2
 MAX_UNSENT_BYTES = 8 * 1024 * 1024
 STOP_SECONDS = 10.0  # for the exporter to send what it holds when the router stops
+# A new exporter at most this often: one that dies as it starts (a broken install) is not respawned at every flush.
+RESTART_SECONDS = 5.0
 
 
 class Finished(msgspec.Struct, array_like=True, gc=False):
@@ -48,6 +51,7 @@ class CallExport:
         self._pending: list[Finished] = []
         self._process: asyncio.subprocess.Process | None = None
         self._flusher: asyncio.Task[None] | None = None
+        self._next_start = 0.0  # monotonic: when a dead exporter may be replaced
         self._encoder = msgspec.msgpack.Encoder()
 
     @property
@@ -84,9 +88,11 @@ class CallExport:
     async def _flush_forever(self) -> None:
         while True:
             await asyncio.sleep(FLUSH_SECONDS)
-            if self._process is not None and self._process.returncode is not None:
+            now = time.monotonic()
+            if self._process is not None and self._process.returncode is not None and now >= self._next_start:
                 log.warning("the OTLP exporter process exited; starting another",
                             extra={"returncode": self._process.returncode, "dropped": self.dropped})
+                self._next_start = now + RESTART_SECONDS
                 await self._start_exporter()
             self._hand_off()
 

@@ -40,6 +40,24 @@ async def wait_for(condition: Callable[[], Awaitable[Any] | Any], timeout: float
         await asyncio.sleep(interval)
 
 
+async def loop_turns_during(work: Awaitable[Any]) -> tuple[Any, int]:
+    """``work``'s result, and how many times the event loop turned while it ran (about none for work that
+    blocks the loop, many for work handed to a thread)."""
+    turns = 0
+
+    async def turn() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    turning = asyncio.create_task(turn())
+    try:
+        return await work, turns
+    finally:
+        turning.cancel()
+
+
 async def not_found(request: web.Request, received: Received) -> web.Response:
     return web.json_response({"error": "not_found"}, status=404)
 

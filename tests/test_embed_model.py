@@ -6,7 +6,6 @@ model's own publisher reports, so the numpy forward pass is the model and not an
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -19,6 +18,7 @@ import pytest
 from agent_reach.atp import ErrorCode
 from agent_reach.registration import Capability
 
+from conftest import loop_turns_during
 from embed_model_support import MODEL_NAME
 from mesh.intent_rules import IntentRule, intent_rule_key
 from mesh.records import InstanceRecord, instance_key
@@ -68,17 +68,7 @@ async def test_the_prompt_goes_before_every_text(minilm_dir: Path) -> None:
 
 
 async def test_the_model_loads_off_the_event_loop(minilm_dir: Path) -> None:
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
-
-    task = asyncio.create_task(ticker())
-    embedder = await AsyncEmbedder.load_dir(minilm_dir)
-    task.cancel()
+    embedder, ticks = await loop_turns_during(AsyncEmbedder.load_dir(minilm_dir))
     embedder.close()
     assert embedder.dimensions == 384
     assert ticks > 10  # reading 90 MB of weights and warming up: the loop ran meanwhile

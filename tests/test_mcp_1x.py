@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from conftest import wait_for
+from mcp_support import add_server, fail_over_then_evict
 from sdk_support import free_port
 from storage_support import ROOT
-from test_cli_security import agentreach
 from test_mcp_out import ADD_INPUT, SUM_OUTPUT, tools_mesh
 
 __all__ = ["tools_mesh"]  # the fixture, shared with test_mcp_out.py
@@ -95,14 +95,6 @@ async def start_server_1x(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitab
     yield start
     for server in servers:
         await server.kill()
-
-
-async def add_server(mesh, url: str, *extra: str) -> dict[str, Any]:
-    """`agentreach mcp add` the server at ``url`` as service calc (capabilities calc.*); its JSON answer."""
-    registry = ["--registry", mesh.registry.url, "--data-dir", "/nonexistent"]
-    result = await agentreach("mcp", "add", url, "--service", "calc", "--prefix", "calc.", *registry, *extra)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
 
 
 def results(seen: dict[str, Any]) -> list[dict[str, Any]]:
@@ -187,17 +179,4 @@ async def test_a_1x_server_added_with_mcp_add_is_called_by_atp_and_1x_mcp_caller
 async def test_two_1x_servers_fail_over_and_a_killed_one_is_evicted(start_mesh, start_server_1x):
     mesh = await start_mesh(health_interval=0.2, silence_timeout=1.0, evict_after=2)
     first, second = await start_server_1x("calc-a"), await start_server_1x("calc-b")
-    one = (await add_server(mesh, first.url, "--agent-id", "calc-a"))["agent_id"]
-    two = (await add_server(mesh, second.url, "--agent-id", "calc-b"))["agent_id"]
-    await mesh.ready(one, two)
-    served = {(await mesh.call("calc.add", {"a": 1, "b": 1})).body["result"]["server"] for _ in range(8)}
-    assert served == {"calc-a", "calc-b"}
-    await first.kill()
-    answers = [await mesh.call("calc.add", {"a": 1, "b": 1}) for _ in range(6)]
-    assert {(a.status, a.body["result"]["server"]) for a in answers} == {(200, "calc-b")}
-    await wait_for(
-        lambda: mesh.registry.registry.status(one, mesh.registry.registry.clock()).value == "evicted",
-        timeout=15,
-        what="the killed 1.x MCP server to be evicted",
-    )
-    assert mesh.registry.registry.status(two, mesh.registry.registry.clock()).value == "healthy"
+    await fail_over_then_evict(mesh, first, second)

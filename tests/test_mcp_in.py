@@ -5,14 +5,13 @@ business errors; two servers of one service fail over; a killed one is demoted a
 from __future__ import annotations
 
 import asyncio
-import json
 
 import pytest
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from conftest import wait_for
-from mcp_support import mcp_client
+from mcp_support import add_server, fail_over_then_evict, mcp_client
 from sdk_support import loopback_socket, run_uvicorn
 from test_cli_security import agentreach
 
@@ -60,13 +59,6 @@ async def start_calculator(teardown):
     return start
 
 
-async def add_server(mesh, url: str, *extra: str) -> dict:
-    result = await agentreach("mcp", "add", url, "--service", "calc", "--prefix", "calc.", "--registry",
-                              mesh.registry.url, "--data-dir", "/nonexistent", *extra)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
-
-
 async def test_an_mcp_server_joins_in_one_command_and_is_called_by_atp_and_mcp_callers(start_mesh,
                                                                                       start_calculator):
     mesh = await start_mesh(health_interval=0.2)
@@ -104,14 +96,4 @@ async def test_only_the_chosen_tools_are_registered_and_an_unknown_one_is_refuse
 async def test_two_servers_fail_over_and_a_killed_one_is_demoted_then_evicted(start_mesh, start_calculator):
     mesh = await start_mesh(health_interval=0.2, silence_timeout=1.0, evict_after=2)
     first, second = await start_calculator("calc-a"), await start_calculator("calc-b")
-    one = (await add_server(mesh, first.url, "--agent-id", "calc-a"))["agent_id"]
-    two = (await add_server(mesh, second.url, "--agent-id", "calc-b"))["agent_id"]
-    await mesh.ready(one, two)
-    served = {(await mesh.call("calc.add", {"a": 1, "b": 1})).body["result"]["server"] for _ in range(8)}
-    assert served == {"calc-a", "calc-b"}
-    await first.kill()
-    answers = [await mesh.call("calc.add", {"a": 1, "b": 1}) for _ in range(6)]
-    assert {(a.status, a.body["result"]["server"]) for a in answers} == {(200, "calc-b")}
-    await wait_for(lambda: mesh.registry.registry.status(one, mesh.registry.registry.clock()).value == "evicted",
-                   timeout=15, what="the killed MCP server to be evicted")
-    assert mesh.registry.registry.status(two, mesh.registry.registry.clock()).value == "healthy"
+    await fail_over_then_evict(mesh, first, second)

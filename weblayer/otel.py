@@ -91,7 +91,8 @@ def traced(otlp: Otlp) -> Middleware:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         resource = request.match_info.route.resource
-        route = resource.canonical if resource is not None else request.path
+        # An unmatched path is the caller's choice: kept out of the span's name, which backends index.
+        route = resource.canonical if resource is not None else "(unmatched)"
         with otlp.tracer.start_as_current_span(
                 f"{request.method} {route}", context=_propagator.extract(request.headers), kind=SpanKind.SERVER,
                 attributes={"http.request.method": request.method, "http.route": route, "url.path": request.path,
