@@ -1,11 +1,12 @@
 """The router's OTLP exporter process: finished calls in on stdin, their spans out to the collector.
 
 CallExport (router/otel.py) runs it as ``python -m router.otel_exporter SERVICE [ENDPOINT]``, with the
-router's environment (so every OTEL_* variable reaches the SDK here). Building a span and encoding it as
-protobuf costs some 30 µs of Python a span on these machines, which in the router would take its GIL:
-here it takes neither the GIL nor the event loop's time, as the audit writer does for SQLite. A frame is a
-4-byte big-endian length and a msgpack array of ``Finished`` calls; EOF (the router stopped or died) sends
-what is queued and exits.
+router's environment, so every OTEL_* variable reaches it. Exporting takes the CPU of its own process, neither
+the router's GIL nor its event loop, as the audit writer does for SQLite; and little of it: the spans are
+written as protobuf directly (router/otlp_wire.py, a few µs a span where the SDK's objects take some 30) and
+each frame's sampled calls leave as one request (router/otlp_http.py: the SDK's variables, its retries). A
+frame is a 4-byte big-endian length and a msgpack array of ``Finished`` calls; EOF (the router stopped or
+died) ends the process once the last frame is sent.
 
 A routed call is the router's span (kind SERVER), continuing the caller's W3C trace (its parent the caller's
 span), and a child span (kind CLIENT) per attempt whose id is the one the agent received in its
@@ -19,22 +20,24 @@ status, its code the description. A call that starts a trace is sampled by the S
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from typing import Any, BinaryIO
 
 import msgspec
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.sampling import Decision
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from agent_reach import logs
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.sampling import Decision, Sampler
 from yarl import URL
 
 from router.otel import FRAME, Finished
+from router.otlp_http import CollectorClient, collector_config
+from router.otlp_wire import CLIENT, SERVER, RequestWriter, SpanFacts
+from router.otlp_wire import span as encode_span
 from router.tracecontext import CallSpan
 from router.traces import AttemptTrace, CallTrace
-from weblayer.otel import SCOPE, Otlp
+from weblayer.otel import SCOPE, resource_for
 
-_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-_OK = Status(StatusCode.UNSET)
 _decoder = msgspec.msgpack.Decoder(list[Finished])
 
 
@@ -89,56 +92,66 @@ def _call_attributes(call: CallTrace) -> dict[str, Any]:
     return attributes
 
 
-def _status(error_code: str | None) -> Status:
-    return _OK if error_code is None else Status(StatusCode.ERROR, error_code)
+def _nanoseconds(seconds: float) -> int:
+    return int(seconds * 1e9)
 
 
-def call_spans(call: CallTrace, span: CallSpan, otlp: Otlp) -> list[ReadableSpan]:
+def call_spans(call: CallTrace, span: CallSpan) -> list[SpanFacts]:
     """The router's span and one per attempt, timed from the call's wall-clock start."""
-    trace_id = int(span.trace_id, 16)
-    router = SpanContext(trace_id, int(span.span_id, 16), is_remote=False, trace_flags=_SAMPLED)
-    parent = SpanContext(trace_id, int(span.parent_span_id, 16), is_remote=True, trace_flags=_SAMPLED) \
-        if span.parent_span_id is not None else None
-    start = int(call.started_at * 1e9)
-    spans = [ReadableSpan(f"route {call.capability}", router, parent, otlp.resource, _call_attributes(call),
-                          kind=SpanKind.SERVER, status=_status(call.error_code), start_time=start,
-                          end_time=start + int(call.total_ms * 1e6), instrumentation_scope=SCOPE)]
+    start = _nanoseconds(call.started_at)
+    spans = [SpanFacts(trace_id=span.trace_id, span_id=span.span_id, parent_span_id=span.parent_span_id,
+                       parent_is_remote=span.parent_span_id is not None, name=f"route {call.capability}",
+                       kind=SERVER, start_ns=start, end_ns=start + int(call.total_ms * 1e6),
+                       attributes=_call_attributes(call), error=call.error_code)]
     for number, attempt in enumerate(call.attempts, 1):
         began = start + int(attempt.started_ms * 1e6)
-        spans.append(ReadableSpan(
-            f"{_operation(attempt)} {call.capability}",
-            SpanContext(trace_id, int(attempt.span_id, 16), is_remote=False, trace_flags=_SAMPLED), router,
-            otlp.resource, _attempt_attributes(call, attempt, number), kind=SpanKind.CLIENT,
-            status=_status(attempt.error_code.value if attempt.error_code is not None else None), start_time=began,
-            end_time=began + int(attempt.elapsed_ms * 1e6), instrumentation_scope=SCOPE))
+        spans.append(SpanFacts(trace_id=span.trace_id, span_id=attempt.span_id, parent_span_id=span.span_id,
+                               parent_is_remote=False, name=f"{_operation(attempt)} {call.capability}", kind=CLIENT,
+                               start_ns=began, end_ns=began + int(attempt.elapsed_ms * 1e6),
+                               attributes=_attempt_attributes(call, attempt, number),
+                               error=attempt.error_code.value if attempt.error_code is not None else None))
     return spans
 
 
-def sampled(span: CallSpan, name: str, otlp: Otlp) -> bool:
+def sampled(span: CallSpan, name: str, sampler: Sampler) -> bool:
     """A call in its caller's trace comes here only when the caller sampled it (router/otel.py); a trace the
     call starts is sampled as the SDK's sampler says."""
-    if span.parent_span_id is not None:
-        return True
-    decision = otlp.sampler.should_sample(None, int(span.trace_id, 16), name).decision
-    return decision is Decision.RECORD_AND_SAMPLE
+    if span.parent_span_id is None:
+        return sampler.should_sample(None, int(span.trace_id, 16), name).decision is Decision.RECORD_AND_SAMPLE
+    return True
 
 
-def serve(otlp: Otlp, frames: BinaryIO) -> None:
-    """Turn every frame's calls into spans for the batch processor until EOF."""
+class Exporter:
+    """The process's one pipeline: its resource and sampler from the SDK, the request writer, the collector."""
+
+    def __init__(self, service: str, endpoint: str | None):
+        resource = resource_for(service)
+        self.sampler = TracerProvider(resource=resource).sampler  # OTEL_TRACES_SAMPLER(_ARG), as the SDK reads them
+        self.writer = RequestWriter(resource.attributes, resource.schema_url, SCOPE.name, SCOPE.version or "")
+        self.collector = CollectorClient(collector_config(endpoint, os.environ))
+
+    def export(self, calls: list[Finished]) -> None:
+        """One request for a frame's sampled calls."""
+        spans = [encode_span(facts) for finished in calls
+                 if sampled(finished.span, finished.call.capability, self.sampler)
+                 for facts in call_spans(finished.call, finished.span)]
+        if spans:
+            self.collector.send(self.writer.request(spans))
+
+
+def serve(exporter: Exporter, frames: BinaryIO) -> None:
+    """Export every frame's calls until EOF."""
     while (header := frames.read(FRAME.size)) and len(header) == FRAME.size:
-        body = frames.read(FRAME.unpack(header)[0])
-        for finished in _decoder.decode(body):
-            if sampled(finished.span, finished.call.capability, otlp):
-                otlp.emit(call_spans(finished.call, finished.span, otlp))
+        exporter.export(_decoder.decode(frames.read(FRAME.unpack(header)[0])))
 
 
 def main(argv: list[str]) -> None:
-    service, endpoint = argv[1], argv[2] if len(argv) > 2 else None
-    otlp = Otlp(service, endpoint)
+    logs.configure()
+    exporter = Exporter(argv[1], argv[2] if len(argv) > 2 else None)
     try:
-        serve(otlp, sys.stdin.buffer)
+        serve(exporter, sys.stdin.buffer)
     finally:
-        otlp.provider.shutdown()
+        exporter.collector.close()
 
 
 if __name__ == "__main__":

@@ -6,11 +6,12 @@ turns it off whatever else is set. The SDK's other variables are honoured as the
 ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_TRACES_SAMPLER(_ARG)``, ``OTEL_BSP_*``,
 ``OTEL_EXPORTER_OTLP_HEADERS`` / ``_TIMEOUT`` / ``_COMPRESSION``.
 
-Spans leave through the SDK's batch processor: its own thread encodes and sends them, so a slow or absent
-collector costs a server's event loop a queue append per span, and spans past the queue
-(``OTEL_BSP_MAX_QUEUE_SIZE``) are dropped rather than held. The registry and the console get one server
-span per request (``traced``), continuing the caller's W3C trace; the router builds its spans from each
-finished call (router/otel.py), so the call path has no span objects to keep while a call runs.
+The registry and the console export through the SDK's batch processor: its own thread encodes and sends
+spans, so a slow or absent collector costs a server's event loop a queue append per span, and spans past the
+queue (``OTEL_BSP_MAX_QUEUE_SIZE``) are dropped rather than held. They get one server span per request
+(``traced``), continuing the caller's W3C trace. The router, whose every call is a trace, builds its spans
+from each finished call in an exporter process of its own (router/otel.py), which batches by frame rather
+than by ``OTEL_BSP_*`` and reads the exporter's variables as the SDK does (router/otlp_http.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind, StatusCode
@@ -47,22 +48,19 @@ def traces_url(endpoint: str) -> str:
     return f"{endpoint.rstrip('/')}/v1/traces"
 
 
+def resource_for(service: str) -> Resource:
+    """The SDK's resource (its detectors, OTEL_RESOURCE_ATTRIBUTES), named ``service`` unless OTEL_SERVICE_NAME is."""
+    return Resource.create({} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: service})
+
+
 class Otlp:
-    """One process's export pipeline: a tracer provider with its resource and sampler, and the batch processor."""
+    """A server's export pipeline: a tracer provider with its resource and sampler, and the batch processor."""
 
     def __init__(self, service: str, endpoint: str | None):
-        named = {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: service}
-        self.provider = TracerProvider(resource=Resource.create(named))
-        self.resource = self.provider.resource
-        self.sampler = self.provider.sampler
-        self.processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=traces_url(endpoint) if endpoint else None))
-        self.provider.add_span_processor(self.processor)
+        self.provider = TracerProvider(resource=resource_for(service))
+        self.provider.add_span_processor(
+            BatchSpanProcessor(OTLPSpanExporter(endpoint=traces_url(endpoint) if endpoint else None)))
         self.tracer = self.provider.get_tracer(SCOPE.name, SCOPE.version)
-
-    def emit(self, spans: list[ReadableSpan]) -> None:
-        """Hand finished spans to the batch processor (a queue append each)."""
-        for span in spans:
-            self.processor.on_end(span)
 
     async def close(self) -> None:
         """Send what is queued (bounded by OTEL_BSP_EXPORT_TIMEOUT) and stop the processor's thread."""
