@@ -34,14 +34,18 @@ class SlidingWindow:
         self._buckets: deque[list[int]] = deque()  # [second, requests, failures], oldest first
         self._requests = 0
         self._failures = 0
+        self._expired_for = -1  # the second the window last aged out for: within it nothing more can
 
     def add(self, success: bool, now: float) -> None:
-        self._expire(now)
+        second = math.floor(now)
+        buckets = self._buckets
         # A slightly older clock value from a racing call lands in the newest bucket, keeping order.
-        second = max(math.floor(now), self._buckets[-1][0]) if self._buckets else math.floor(now)
-        if not self._buckets or self._buckets[-1][0] != second:
-            self._buckets.append([second, 0, 0])
-        bucket = self._buckets[-1]
+        if buckets and buckets[-1][0] >= second:
+            bucket = buckets[-1]
+        else:
+            self._expire(now)
+            bucket = [second, 0, 0]
+            buckets.append(bucket)
         bucket[1] += 1
         self._requests += 1
         if not success:
@@ -58,7 +62,11 @@ class SlidingWindow:
         self._requests = self._failures = 0
 
     def _expire(self, now: float) -> None:
-        oldest_kept = math.floor(now) - self.seconds + 1
+        second = math.floor(now)
+        if second <= self._expired_for:
+            return
+        self._expired_for = second
+        oldest_kept = second - self.seconds + 1
         while self._buckets and self._buckets[0][0] < oldest_kept:
             _, requests, failures = self._buckets.popleft()
             self._requests -= requests
