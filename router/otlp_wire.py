@@ -37,6 +37,11 @@ def _varint(number: int) -> bytes:
     return bytes(out)
 
 
+def _utf8(text: str) -> bytes:
+    """A proto string is UTF-8: a lone surrogate (a header aiohttp decoded with surrogateescape) becomes '?'."""
+    return text.encode("utf-8", "replace")
+
+
 def _field(number: int, payload: bytes) -> bytes:
     """A length-delimited field: a string, bytes or an embedded message."""
     size = len(payload)
@@ -48,7 +53,7 @@ def _field(number: int, payload: bytes) -> bytes:
 def _any_value(value: Any) -> bytes:
     """An AnyValue: string 1, bool 2, int 3, double 4, array 5 (an ArrayValue of AnyValues in its field 1)."""
     if isinstance(value, str):
-        return _field(1, value.encode())
+        return _field(1, _utf8(value))
     if isinstance(value, bool):
         return b"\x10\x01" if value else b"\x10\x00"
     if isinstance(value, int):
@@ -70,13 +75,13 @@ def _attribute(number: int, key: str, value: Any) -> bytes:
     """A KeyValue (key 1, value 2: an AnyValue) as the field ``number`` of its message. The value's type is in
     the cache's key: True == 1 == 1.0 in Python, not on the wire."""
     if not isinstance(value, str | int | float):
-        return _field(number, _field(1, key.encode()) + _field(2, _any_value(value)))
+        return _field(number, _field(1, _utf8(key)) + _field(2, _any_value(value)))
     cached = (number, key, type(value), value)
     encoded = _encoded.get(cached)
     if encoded is None:
         if len(_encoded) >= MAX_ENCODED:
             _encoded.clear()
-        encoded = _encoded[cached] = _field(number, _field(1, key.encode()) + _field(2, _any_value(value)))
+        encoded = _encoded[cached] = _field(number, _field(1, _utf8(key)) + _field(2, _any_value(value)))
     return encoded
 
 
@@ -104,10 +109,10 @@ def span(facts: SpanFacts) -> bytes:
     """A Span message: trace_id 1, span_id 2, parent_span_id 4, name 5, kind 6, start 7 and end 8 (fixed64),
     attributes 9, status 15 (message 2, code 3), flags 16 (fixed32)."""
     parent = b"" if facts.parent_span_id is None else b"\x22\x08" + bytes.fromhex(facts.parent_span_id)
-    status = b"" if facts.error is None else _field(2, facts.error.encode()) + bytes((0x18, STATUS_ERROR))
+    status = b"" if facts.error is None else _field(2, _utf8(facts.error)) + bytes((0x18, STATUS_ERROR))
     flags = _HAS_IS_REMOTE | (_IS_REMOTE if facts.parent_is_remote else 0)
     return b"".join((b"\x0a\x10", bytes.fromhex(facts.trace_id), b"\x12\x08", bytes.fromhex(facts.span_id), parent,
-                     _field(5, facts.name.encode()), bytes((0x30, facts.kind)), b"\x39", _FIXED64.pack(facts.start_ns),
+                     _field(5, _utf8(facts.name)), bytes((0x30, facts.kind)), b"\x39", _FIXED64.pack(facts.start_ns),
                      b"\x41", _FIXED64.pack(facts.end_ns), attributes(9, facts.attributes), _field(15, status),
                      b"\x85\x01", struct.pack("<I", flags)))
 
@@ -117,8 +122,8 @@ class RequestWriter:
 
     def __init__(self, resource: Mapping[str, Any], resource_schema_url: str, scope_name: str, scope_version: str):
         self._resource = _field(1, attributes(1, resource))
-        self._resource_schema = _field(3, resource_schema_url.encode()) if resource_schema_url else b""
-        self._scope = _field(1, _field(1, scope_name.encode()) + _field(2, scope_version.encode()))
+        self._resource_schema = _field(3, _utf8(resource_schema_url)) if resource_schema_url else b""
+        self._scope = _field(1, _field(1, _utf8(scope_name)) + _field(2, _utf8(scope_version)))
 
     def request(self, spans: Iterable[bytes]) -> bytes:
         """resource_spans 1: ResourceSpans (resource 1, scope_spans 2, schema_url 3); ScopeSpans: scope 1, spans 2."""

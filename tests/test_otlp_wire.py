@@ -109,6 +109,13 @@ def test_equal_values_of_other_types_stay_apart_and_a_full_cache_is_emptied(monk
     assert len(otlp_wire._encoded) <= 3
 
 
+def test_a_lone_surrogate_is_written_as_valid_utf8() -> None:
+    """aiohttp decodes a header's bad bytes as surrogates; the SDK's encoder would fail the whole batch."""
+    written = ours([facts(name="route \udcff", attributes={"agentreach.request_id": "id-\udcff"})])
+    [written_span] = written.resource_spans[0].scope_spans[0].spans
+    assert (written_span.name, written_span.attributes[0].value.string_value) == ("route ?", "id-?")
+
+
 def test_an_attribute_of_another_type_is_refused_not_written() -> None:
     with pytest.raises(TypeError, match="attribute value"):
         span(facts(attributes={"bad": {"nested": 1}}))
