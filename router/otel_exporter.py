@@ -32,10 +32,10 @@ from yarl import URL
 
 from router.otel import FRAME, Finished
 from router.otlp_http import CollectorClient, collector_config
-from router.otlp_wire import CLIENT, SERVER, RequestWriter, SpanFacts
+from router.otlp_wire import CLIENT, SERVER, RequestWriter, SpanFacts, span_attributes
 from router.otlp_wire import span as encode_span
 from router.tracecontext import CallSpan
-from router.traces import AttemptTrace, CallTrace
+from router.traces import CallTrace
 from weblayer.otel import SCOPE, resource_for
 
 _decoder = msgspec.msgpack.Decoder(list[Finished])
@@ -51,29 +51,35 @@ def server_of(endpoint: str) -> tuple[str, int] | None:
     return (url.host, url.port) if url.host and url.port else None
 
 
-def _operation(attempt: AttemptTrace) -> str:
+def _operation(protocol: str) -> str:
     """The GenAI operation an attempt is: an MCP server's tool executed, else an agent invoked."""
-    return "execute_tool" if attempt.protocol == "mcp" else "invoke_agent"
+    return "execute_tool" if protocol == "mcp" else "invoke_agent"
 
 
-def _attempt_attributes(call: CallTrace, attempt: AttemptTrace, number: int) -> dict[str, Any]:
-    attributes: dict[str, Any] = {"rpc.system": attempt.protocol, "rpc.method": call.capability,
-                                  "gen_ai.operation.name": _operation(attempt), "gen_ai.agent.id": attempt.instance,
-                                  "agentreach.capability": call.capability, "agentreach.attempt": number}
-    if attempt.protocol == "mcp":
-        attributes["gen_ai.tool.name"] = URL(attempt.endpoint).fragment
-    server = server_of(attempt.endpoint)
+def attempt_attributes(capability: str, instance: str, endpoint: str, protocol: str, number: int,
+                       error_type: str | None) -> dict[str, Any]:
+    attributes: dict[str, Any] = {"rpc.system": protocol, "rpc.method": capability,
+                                  "gen_ai.operation.name": _operation(protocol), "gen_ai.agent.id": instance,
+                                  "agentreach.capability": capability, "agentreach.attempt": number}
+    if protocol == "mcp":
+        attributes["gen_ai.tool.name"] = URL(endpoint).fragment
+    server = server_of(endpoint)
     if server is not None:
         attributes["server.address"], attributes["server.port"] = server
-    if attempt.error_code is not None:
-        attributes["error.type"] = attempt.error_code.value
+    if error_type is not None:
+        attributes["error.type"] = error_type
     return attributes
 
 
-def _call_attributes(call: CallTrace) -> dict[str, Any]:
-    attributes: dict[str, Any] = {"rpc.system": "atp", "rpc.method": call.capability,
-                                  "agentreach.capability": call.capability, "agentreach.request_id": call.request_id,
-                                  "agentreach.outcome": call.outcome, "agentreach.attempts": len(call.attempts)}
+def route_attributes(capability: str) -> dict[str, Any]:
+    """The router's span's attributes that only its capability decides."""
+    return {"rpc.system": "atp", "rpc.method": capability, "agentreach.capability": capability}
+
+
+def call_attributes(call: CallTrace) -> dict[str, Any]:
+    """The router's span's attributes that vary from call to call."""
+    attributes: dict[str, Any] = {"agentreach.request_id": call.request_id, "agentreach.outcome": call.outcome,
+                                  "agentreach.attempts": len(call.attempts)}
     if call.attempts:
         attributes["gen_ai.agent.id"] = call.attempts[-1].instance
     if call.caller is not None:
@@ -92,6 +98,18 @@ def _call_attributes(call: CallTrace) -> dict[str, Any]:
     return attributes
 
 
+@functools.lru_cache(maxsize=4096)
+def _attempt_block(capability: str, instance: str, endpoint: str, protocol: str, number: int,
+                   error_type: str | None) -> bytes:
+    """Encoded once: an attempt's attributes are the same for every call to one instance that ends alike."""
+    return span_attributes(attempt_attributes(capability, instance, endpoint, protocol, number, error_type))
+
+
+@functools.lru_cache(maxsize=4096)
+def _route_block(capability: str) -> bytes:
+    return span_attributes(route_attributes(capability))
+
+
 def _nanoseconds(seconds: float) -> int:
     return int(seconds * 1e9)
 
@@ -99,17 +117,20 @@ def _nanoseconds(seconds: float) -> int:
 def call_spans(call: CallTrace, span: CallSpan) -> list[SpanFacts]:
     """The router's span and one per attempt, timed from the call's wall-clock start."""
     start = _nanoseconds(call.started_at)
+    capability = call.capability
     spans = [SpanFacts(trace_id=span.trace_id, span_id=span.span_id, parent_span_id=span.parent_span_id,
-                       parent_is_remote=span.parent_span_id is not None, name=f"route {call.capability}",
+                       parent_is_remote=span.parent_span_id is not None, name=f"route {capability}",
                        kind=SERVER, start_ns=start, end_ns=start + int(call.total_ms * 1e6),
-                       attributes=_call_attributes(call), error=call.error_code)]
+                       attributes=_route_block(capability) + span_attributes(call_attributes(call)),
+                       error=call.error_code)]
     for number, attempt in enumerate(call.attempts, 1):
         began = start + int(attempt.started_ms * 1e6)
-        spans.append(SpanFacts(trace_id=span.trace_id, span_id=attempt.span_id, parent_span_id=span.span_id,
-                               parent_is_remote=False, name=f"{_operation(attempt)} {call.capability}", kind=CLIENT,
-                               start_ns=began, end_ns=began + int(attempt.elapsed_ms * 1e6),
-                               attributes=_attempt_attributes(call, attempt, number),
-                               error=attempt.error_code.value if attempt.error_code is not None else None))
+        error = attempt.error_code.value if attempt.error_code is not None else None
+        spans.append(SpanFacts(
+            trace_id=span.trace_id, span_id=attempt.span_id, parent_span_id=span.span_id, parent_is_remote=False,
+            name=f"{_operation(attempt.protocol)} {capability}", kind=CLIENT, start_ns=began,
+            end_ns=began + int(attempt.elapsed_ms * 1e6), error=error,
+            attributes=_attempt_block(capability, attempt.instance, attempt.endpoint, attempt.protocol, number, error)))
     return spans
 
 

@@ -90,8 +90,14 @@ def attributes(number: int, values: Mapping[str, Any]) -> bytes:
     return b"".join([_attribute(number, key, value) for key, value in values.items()])
 
 
+def span_attributes(values: Mapping[str, Any]) -> bytes:
+    """A span's attributes (its field 9), encoded: blocks of them may be kept and joined."""
+    return attributes(9, values)
+
+
 class SpanFacts(msgspec.Struct, frozen=True, kw_only=True):
-    """What one span says: W3C ids as hex, times in ns since the epoch, the error (status ERROR) or None."""
+    """What one span says: W3C ids as hex, times in ns since the epoch, its attributes as ``span_attributes``
+    encoded them, the error (status ERROR) or None."""
 
     trace_id: str
     span_id: str
@@ -101,7 +107,7 @@ class SpanFacts(msgspec.Struct, frozen=True, kw_only=True):
     kind: int
     start_ns: int
     end_ns: int
-    attributes: dict[str, Any]
+    attributes: bytes
     error: str | None
 
 
@@ -113,7 +119,7 @@ def span(facts: SpanFacts) -> bytes:
     flags = _HAS_IS_REMOTE | (_IS_REMOTE if facts.parent_is_remote else 0)
     return b"".join((b"\x0a\x10", bytes.fromhex(facts.trace_id), b"\x12\x08", bytes.fromhex(facts.span_id), parent,
                      _field(5, _utf8(facts.name)), bytes((0x30, facts.kind)), b"\x39", _FIXED64.pack(facts.start_ns),
-                     b"\x41", _FIXED64.pack(facts.end_ns), attributes(9, facts.attributes), _field(15, status),
+                     b"\x41", _FIXED64.pack(facts.end_ns), facts.attributes, _field(15, status),
                      b"\x85\x01", struct.pack("<I", flags)))
 
 

@@ -5,9 +5,10 @@ field), whatever the attribute types, parents, statuses and ids."""
 from __future__ import annotations
 
 import secrets
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
+from agent_reach.atp import ErrorCode
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
@@ -15,8 +16,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from router import otlp_wire
-from router.otel_exporter import call_spans
-from router.otlp_wire import CLIENT, SERVER, RequestWriter, SpanFacts, span
+from router.otel_exporter import attempt_attributes, call_attributes, call_spans, route_attributes
+from router.otlp_wire import CLIENT, SERVER, RequestWriter, SpanFacts, span, span_attributes
 from router.tracecontext import CallSpan
 from router.traces import AttemptTrace, CallTrace
 from weblayer.otel import SCOPE
@@ -34,32 +35,38 @@ def parsed(body: bytes) -> ExportTraceServiceRequest:
     return request
 
 
-def sdk_span(facts: SpanFacts) -> ReadableSpan:
+class Written(NamedTuple):
+    facts: SpanFacts
+    attributes: dict[str, Any]  # what facts.attributes encodes
+
+
+def sdk_span(facts: SpanFacts, attributes: dict[str, Any]) -> ReadableSpan:
     """The same span as the SDK's exporter is handed one."""
     trace_id = int(facts.trace_id, 16)
     parent = None if facts.parent_span_id is None else SpanContext(
         trace_id, int(facts.parent_span_id, 16), is_remote=facts.parent_is_remote, trace_flags=SAMPLED)
     status = Status(StatusCode.UNSET) if facts.error is None else Status(StatusCode.ERROR, facts.error)
     return ReadableSpan(facts.name, SpanContext(trace_id, int(facts.span_id, 16), is_remote=False, trace_flags=SAMPLED),
-                        parent, RESOURCE, facts.attributes, kind=KINDS[facts.kind], status=status,
+                        parent, RESOURCE, attributes, kind=KINDS[facts.kind], status=status,
                         start_time=facts.start_ns, end_time=facts.end_ns, instrumentation_scope=SCOPE)
 
 
-def ours(spans: list[SpanFacts]) -> ExportTraceServiceRequest:
+def ours(spans: list[Written]) -> ExportTraceServiceRequest:
     writer = RequestWriter(RESOURCE.attributes, RESOURCE.schema_url, SCOPE.name, SCOPE.version or "")
-    return parsed(writer.request(span(facts) for facts in spans))
+    return parsed(writer.request(span(written.facts) for written in spans))
 
 
-def theirs(spans: list[SpanFacts]) -> ExportTraceServiceRequest:
-    return parsed(encode_spans([sdk_span(facts) for facts in spans]).SerializeToString())
+def theirs(spans: list[Written]) -> ExportTraceServiceRequest:
+    return parsed(encode_spans([sdk_span(*written) for written in spans]).SerializeToString())
 
 
-def facts(**changes: Any) -> SpanFacts:
+def facts(attributes: dict[str, Any] | None = None, **changes: Any) -> Written:
+    attributes = {"rpc.system": "atp"} if attributes is None else attributes
     fields: dict[str, Any] = {
         "trace_id": secrets.token_hex(16), "span_id": secrets.token_hex(8), "parent_span_id": None,
         "parent_is_remote": False, "name": "route echo", "kind": SERVER, "start_ns": 1_764_000_000_123_456_789,
-        "end_ns": 1_764_000_000_124_456_789, "attributes": {"rpc.system": "atp"}, "error": None}
-    return SpanFacts(**(fields | changes))
+        "end_ns": 1_764_000_000_124_456_789, "error": None}
+    return Written(SpanFacts(**(fields | changes), attributes=span_attributes(attributes)), attributes)
 
 
 @pytest.mark.parametrize("changes", [
@@ -88,7 +95,8 @@ def test_a_batch_of_routed_calls_decodes_as_the_sdk_encodes_it() -> None:
     calls = []
     for number in range(50):
         attempts = [AttemptTrace(instance=f"agent-{n}", endpoint=endpoint, protocol=protocol, started_ms=0.1 * n,
-                                 elapsed_ms=1.5, span_id=secrets.token_hex(8))
+                                 elapsed_ms=1.5, span_id=secrets.token_hex(8),
+                                 error_code=ErrorCode.AGENT_ERROR if (number + n) % 3 == 0 else None)
                     for n, (endpoint, protocol) in enumerate(ENDPOINTS[:number % 4])]
         call = CallTrace(request_id=f"req-{number}", capability="echo", trace_id=secrets.token_hex(16),
                          started_at=1_764_000_000.25 + number, caller="client-1" if number % 2 else None,
@@ -96,7 +104,14 @@ def test_a_batch_of_routed_calls_decodes_as_the_sdk_encodes_it() -> None:
                          error_code=None if number % 3 else "NO_HEALTHY_INSTANCE", total_ms=2.5 * number)
         calls.append((call, CallSpan(trace_id=call.trace_id, span_id=secrets.token_hex(8),
                                      parent_span_id=secrets.token_hex(8) if number % 5 else None)))
-    spans = [facts for call, span_of_call in calls for facts in call_spans(call, span_of_call)]
+    spans = []
+    for call, span_of_call in calls:
+        router, *attempts_of_call = call_spans(call, span_of_call)
+        spans.append(Written(router, route_attributes(call.capability) | call_attributes(call)))
+        spans += [Written(facts_of_attempt, attempt_attributes(
+            call.capability, attempt.instance, attempt.endpoint, attempt.protocol, number,
+            attempt.error_code.value if attempt.error_code is not None else None))
+            for number, (facts_of_attempt, attempt) in enumerate(zip(attempts_of_call, call.attempts, strict=True), 1)]
     assert len(spans) == sum(1 + len(call.attempts) for call, _ in calls)
     assert ours(spans) == theirs(spans)
 
@@ -118,4 +133,4 @@ def test_a_lone_surrogate_is_written_as_valid_utf8() -> None:
 
 def test_an_attribute_of_another_type_is_refused_not_written() -> None:
     with pytest.raises(TypeError, match="attribute value"):
-        span(facts(attributes={"bad": {"nested": 1}}))
+        span_attributes({"bad": {"nested": 1}})
