@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 import msgspec
 from agent_reach import logs
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.sampling import Decision, Sampler
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, DEFAULT_ON, Decision, Sampler
 from yarl import URL
 
 from router.otel import FRAME, Finished
@@ -134,6 +134,15 @@ def call_spans(call: CallTrace, span: CallSpan) -> list[SpanFacts]:
     return spans
 
 
+def _description(sampler: Sampler) -> str:
+    """Asked through Sampler, whose method is annotated (its subclasses' are not)."""
+    return sampler.get_description()
+
+
+# The default sampler (parentbased_always_on) and always_on sample every trace a call starts: not asked per call.
+_SAMPLE_EVERY_ROOT = {_description(DEFAULT_ON), _description(ALWAYS_ON)}
+
+
 def sampled(span: CallSpan, name: str, sampler: Sampler) -> bool:
     """A call in its caller's trace comes here only when the caller sampled it (router/otel.py); a trace the
     call starts is sampled as the SDK's sampler says."""
@@ -142,20 +151,25 @@ def sampled(span: CallSpan, name: str, sampler: Sampler) -> bool:
     return True
 
 
+def samples_every_root(sampler: Sampler) -> bool:
+    return _description(sampler) in _SAMPLE_EVERY_ROOT
+
+
 class Exporter:
     """The process's one pipeline: its resource and sampler from the SDK, the request writer, the collector."""
 
     def __init__(self, service: str, endpoint: str | None):
         resource = resource_for(service)
         self.sampler = TracerProvider(resource=resource).sampler  # OTEL_TRACES_SAMPLER(_ARG), as the SDK reads them
+        self.every_root = samples_every_root(self.sampler)
         self.writer = RequestWriter(resource.attributes, resource.schema_url, SCOPE.name, SCOPE.version or "")
         self.collector = CollectorClient(collector_config(endpoint, os.environ))
 
     def export(self, calls: list[Finished]) -> None:
         """One request for a frame's sampled calls."""
-        spans = [encode_span(facts) for finished in calls
-                 if sampled(finished.span, finished.call.capability, self.sampler)
-                 for facts in call_spans(finished.call, finished.span)]
+        if not self.every_root:
+            calls = [finished for finished in calls if sampled(finished.span, finished.call.capability, self.sampler)]
+        spans = [encode_span(facts) for finished in calls for facts in call_spans(finished.call, finished.span)]
         if spans:
             self.collector.send(self.writer.request(spans))
 

@@ -127,6 +127,22 @@ async def test_a_refused_call_is_an_error_span_and_an_unsampled_caller_exports_n
     assert receiver.of_trace(unsampled) == []
 
 
+@pytest.mark.parametrize("sampler", ["always_off", "traceidratio"])
+async def test_a_trace_the_call_starts_is_sampled_as_the_variables_say(start_mesh, receiver, start_agent,
+                                                                      monkeypatch, sampler):
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", sampler)
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0")  # traceidratio at 0: none
+    mesh = await start_mesh(router_settings={"otlp_endpoint": receiver.url})
+    await mesh.add(await start_agent("a1"))
+    started = await mesh.call("echo", {})
+    continued = await mesh.call("echo", {}, headers={"traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"})
+    assert started.status == continued.status == 200
+    # A caller's sampled trace is the caller's decision; the call's own trace is the sampler's, and it said no.
+    assert len(await spans_of(receiver, CALLER_TRACE, 2)) == 2
+    own_trace = (await mesh.get(f"/traces/{started.body['request_id']}"))["call"]["trace_id"]
+    assert receiver.of_trace(own_trace) == []
+
+
 async def test_a_killed_exporter_process_is_replaced_and_export_goes_on(start_mesh, receiver, start_agent):
     mesh = await start_mesh(router_settings={"otlp_endpoint": receiver.url})
     await mesh.add(await start_agent("a1"))
