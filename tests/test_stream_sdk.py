@@ -161,4 +161,7 @@ async def test_curl_reads_the_stream_as_it_is_produced(mesh, streaming):
     assert await curl.wait() == 0
     assert [event.get("data") for event in events[:-1]] == [f"curl-{n}" for n in range(CHUNKS)]
     assert events[-1]["status"] == "success" and events[-1]["route"]["instance"] == "streamer-1"
-    assert all(0 <= arrived - made < 0.3 for made, arrived in zip(produced, arrivals[:-1], strict=True))
+    # Relayed as produced, not gathered: the first tick reached curl before the agent made the last one (nine
+    # ticks later), a causal order a loaded machine cannot upset as it could a bound in milliseconds.
+    assert arrivals[0] < produced[-1]
+    assert all(made <= arrived for made, arrived in zip(produced, arrivals[:-1], strict=True))
