@@ -45,7 +45,8 @@ class InstanceBook:
     def breaker(self, scope: str, name: str, config: BreakerConfig) -> CircuitBreaker:
         """The breaker of an instance (scope = capability) or of a capability (scope = "")."""
         breaker = self._breakers.get((scope, name))
-        if breaker is None or breaker.config != config:
+        # Nearly always the very object (the mirror's policy): compared field by field only when it is not.
+        if breaker is None or (breaker.config is not config and breaker.config != config):
             breaker = self._breakers[(scope, name)] = CircuitBreaker(config)
         return breaker
 

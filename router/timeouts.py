@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import msgspec
 
 from mesh.policy import TimeoutConfig
@@ -21,6 +23,7 @@ class ResolvedTimeouts(msgspec.Struct, kw_only=True, frozen=True):
     idle_s: float = DEFAULT_IDLE_MS / 1000
 
 
+@functools.lru_cache(maxsize=4096)  # pure, and asked once or twice a call with the same policy and SLA
 def resolve_timeouts(config: TimeoutConfig, timeout_sla_ms: int, timeout_hint_ms: int | None) -> ResolvedTimeouts:
     """Fill the gaps from the capability's SLA; the caller's hint may shorten the total, never lengthen it.
 
