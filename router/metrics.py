@@ -71,6 +71,18 @@ def mq_metrics(counts: Mapping[str, int]) -> Iterator[Metric]:
         yield CounterMetricFamily(f"agentreach_router_mq_{what}", help_text.capitalize(), value=counts.get(what, 0))
 
 
+def dropped_metrics(router: Router) -> Iterator[Metric]:
+    """What best-effort records lost, shown only for the ones the router keeps: audit rows past a full buffer,
+    calls whose spans could not be handed to the OTLP exporter (gone, or more than 8 MiB behind)."""
+    if router.audit is not None:
+        yield CounterMetricFamily("agentreach_router_audit_dropped_rows",
+                                  "Audit rows dropped: the audit buffer was full", value=router.audit.dropped)
+    if router.export is not None:
+        yield CounterMetricFamily("agentreach_router_otlp_dropped_calls",
+                                  "Calls whose spans were not exported: the OTLP exporter was gone or too far behind",
+                                  value=router.export.dropped)
+
+
 def semantic_metrics(semantic: SemanticRouter) -> Iterator[Metric]:
     """Each embedding model of the cascade (its name, vector size and stage) and how its answers went."""
     models = GaugeMetricFamily("agentreach_router_embedding_model", "1 per embedding model intents are matched "
@@ -143,6 +155,7 @@ class RouterCollector(Collector):
                                 "gRPC channels connected to agents (one per instance endpoint in use)",
                                 value=router.forwarder.grpc_channels)
         yield from mq_metrics(router.forwarder.queues.counts)
+        yield from dropped_metrics(router)
         inflight = GaugeMetricFamily("agentreach_router_inflight", "Calls in flight per instance", labels=["instance"])
         for agent_id, count in router.book.inflight.items():
             inflight.add_metric([agent_id], count)

@@ -217,3 +217,16 @@ def test_the_switch_gives_up_after_its_patience(tmp_path: Path) -> None:
     reader.execute("SELECT * FROM t").fetchall()
     with pytest.raises(sqlite3.OperationalError, match="locked"):
         use_wal(sqlite3.connect(path, timeout=0.01, isolation_level=None), patience=0.1)
+
+
+async def test_rows_the_audit_trail_could_not_keep_are_counted_in_metrics(start_mesh: StartMesh, start_agent,
+                                                                          tmp_path: Path) -> None:
+    mesh = await start_mesh(router_settings={"audit_path": tmp_path / "audit.db"})
+    await mesh.add(await start_agent("echo-1"), "echo")
+    assert (await mesh.call("echo", 1)).status == 200
+    assert "agentreach_router_audit_dropped_rows_total 0.0" in await mesh.get("/metrics")
+    audit = mesh.router.audit
+    assert audit is not None
+    await audit.stop()  # as at shutdown: what is recorded after is dropped, and counted
+    assert (await mesh.call("echo", 2)).status == 200
+    assert "agentreach_router_audit_dropped_rows_total 1.0" in await mesh.get("/metrics")

@@ -155,6 +155,22 @@ async def test_a_killed_exporter_process_is_replaced_and_export_goes_on(start_me
     assert {span.name for span in await spans_of(receiver, CALLER_TRACE, 2)} == {"route echo", "invoke_agent echo"}
 
 
+async def test_calls_dropped_while_no_exporter_runs_are_counted_in_metrics(start_mesh, receiver, start_agent):
+    mesh = await start_mesh(router_settings={"otlp_endpoint": receiver.url})
+    await mesh.add(await start_agent("a1"))
+    export = mesh.router_server.export
+    assert "agentreach_router_otlp_dropped_calls_total 0.0" in await mesh.get("/metrics")
+    first = export.exporter_pid
+    os.kill(first, signal.SIGKILL)
+    await wait_for(lambda: export.exporter_pid not in (None, first), timeout=10, what="a new exporter process")
+    os.kill(export.exporter_pid, signal.SIGKILL)  # a second death within 5 s: no new exporter for a while
+    await wait_for(lambda: export.exporter_pid is None, timeout=10, what="the second exporter to be reaped")
+    answer = await mesh.call("echo", {}, headers={"traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"})
+    assert answer.status == 200  # export is best effort: the call itself is untouched
+    await wait_for(lambda: export.dropped >= 1, timeout=5, what="the call's spans to be dropped")
+    assert f"agentreach_router_otlp_dropped_calls_total {float(export.dropped)}" in await mesh.get("/metrics")
+
+
 async def test_the_registry_and_the_console_trace_their_requests_from_the_standard_variable(
         receiver, monkeypatch, tmp_path, http, start_console):
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
