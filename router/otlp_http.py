@@ -91,6 +91,8 @@ class CollectorClient:
                          **config.headers}
         self._connection: http.client.HTTPConnection | None = None
         self.failing = False
+        # What logs name: no user, password or query, which can carry the collector's credentials.
+        self._shown = str(url.with_user(None).with_query(None))
 
     def _connect(self, timeout: float) -> http.client.HTTPConnection:
         if not self._https:
@@ -143,10 +145,10 @@ class CollectorClient:
             return
         self.failing = not ok
         if ok:
-            log.info("OTLP export recovered", extra={"collector": self.config.url})
+            log.info("OTLP export recovered", extra={"collector": self._shown})
         else:
             log.warning("OTLP export failing; batches are dropped until the collector answers",
-                        extra={"collector": self.config.url, "status": status})
+                        extra={"collector": self._shown, "status": status})
 
     def close(self) -> None:
         if self._connection is not None:

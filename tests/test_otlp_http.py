@@ -92,7 +92,19 @@ async def test_a_busy_collector_is_tried_again_and_a_refusing_one_is_not(router_
     assert len(refusing.received) == 2  # one request a batch, never repeated
     assert [line["event"] for line in router_logs.lines] == [
         "OTLP export failing; batches are dropped until the collector answers"]
-    assert refused.failing
+    assert router_logs.lines[0]["collector"] == refusing.url and refused.failing
+
+
+async def test_the_collectors_credentials_stay_out_of_the_log(router_logs: LogLines) -> None:
+    collector = await answering(401).start()
+    try:
+        client = CollectorClient(config(f"http://user:secret@127.0.0.1:{collector.port}/v1/traces?token=abc"))
+        assert not await asyncio.to_thread(client.send, BODY)
+    finally:
+        await collector.stop()
+    [line] = router_logs.lines
+    assert line["collector"] == f"http://127.0.0.1:{collector.port}/v1/traces"
+    assert "secret" not in str(line) and "abc" not in str(line)
 
 
 async def test_a_collector_that_closed_the_connection_is_reached_on_a_new_one() -> None:
