@@ -63,10 +63,23 @@ def collector_config(endpoint: str | None, environ: Mapping[str, str]) -> Collec
     if compression not in COMPRESSIONS:
         log.warning("unknown OTEL_EXPORTER_OTLP_COMPRESSION; sending uncompressed", extra={"compression": compression})
         compression = "none"
-    return CollectorConfig(url=url, headers=dict(parse_env_headers(_variable(environ, "HEADERS") or "", liberal=True)),
+    return CollectorConfig(url=url, headers=_sendable(parse_env_headers(_variable(environ, "HEADERS") or "",
+                                                                       liberal=True)),
                            timeout=timeout, compression=compression, certificate=_variable(environ, "CERTIFICATE"),
                            client_certificate=_variable(environ, "CLIENT_CERTIFICATE"),
                            client_key=_variable(environ, "CLIENT_KEY"))
+
+
+def _sendable(headers: Mapping[str, str]) -> dict[str, str]:
+    """The headers http.client can send: one whose value decodes to a line break or NUL (``%0A`` in the variable)
+    is left out with a warning, not sent and not allowed to fail every batch."""
+    kept = {}
+    for name, value in headers.items():
+        if any(character in value or character in name for character in "\r\n\x00") or not name.strip():
+            log.warning("an OTEL_EXPORTER_OTLP_HEADERS header is not sendable and is left out", extra={"header": name})
+        else:
+            kept[name] = value
+    return kept
 
 
 def compressed(body: bytes, compression: str) -> bytes:

@@ -57,6 +57,18 @@ def test_a_bad_timeout_or_compression_falls_back_with_a_warning(router_logs: Log
         "unknown OTEL_EXPORTER_OTLP_COMPRESSION; sending uncompressed"]
 
 
+async def test_a_header_that_cannot_be_sent_is_left_out_not_fatal(router_logs: LogLines) -> None:
+    chosen = collector_config(None, {"OTEL_EXPORTER_OTLP_HEADERS": "api-key=ok,x-bad=a%0D%0AInjected%3A%201,nul=%00"})
+    assert chosen.headers == {"api-key": "ok"}
+    assert [line["header"] for line in router_logs.lines] == ["x-bad", "nul"]
+    collector = await answering(200).start()
+    try:
+        assert await asyncio.to_thread(CollectorClient(config(collector.url, headers=chosen.headers)).send, BODY)
+    finally:
+        await collector.stop()
+    assert "Injected" not in collector.received[0].headers
+
+
 @pytest.mark.parametrize("compression", ["gzip", "deflate", "none"])
 async def test_headers_path_and_compression_reach_the_collector(compression: str) -> None:
     collector = await answering(200).start()
