@@ -71,30 +71,41 @@ def attempt_attributes(capability: str, instance: str, endpoint: str, protocol: 
     return attributes
 
 
-def route_attributes(capability: str) -> dict[str, Any]:
-    """The router's span's attributes that only its capability decides."""
-    return {"rpc.system": "atp", "rpc.method": capability, "agentreach.capability": capability}
+RouteFacts = tuple[str, str, int, str | None, str | None, str | None, str | None, str | None]
+
+
+def route_facts(call: CallTrace) -> RouteFacts:
+    """What the router's span says that repeats from call to call: capability, outcome, attempts, the instance
+    that answered, the caller, the policy, why it was degraded, the error."""
+    return (call.capability, call.outcome, len(call.attempts), call.attempts[-1].instance if call.attempts else None,
+            call.caller, call.policy, (call.reason or "degraded") if call.degraded else None, call.error_code)
+
+
+def route_attributes(capability: str, outcome: str, attempts: int, instance: str | None, caller: str | None,
+                     policy: str | None, degraded_reason: str | None, error_type: str | None) -> dict[str, Any]:
+    attributes: dict[str, Any] = {"rpc.system": "atp", "rpc.method": capability, "agentreach.capability": capability,
+                                  "agentreach.outcome": outcome, "agentreach.attempts": attempts}
+    if instance is not None:
+        attributes["gen_ai.agent.id"] = instance
+    if caller is not None:
+        attributes["agentreach.client_id"] = caller
+    if policy is not None:
+        attributes["agentreach.policy"] = policy
+    if degraded_reason is not None:
+        attributes["agentreach.degraded_reason"] = degraded_reason
+    if error_type is not None:
+        attributes["error.type"] = error_type
+    return attributes
 
 
 def call_attributes(call: CallTrace) -> dict[str, Any]:
-    """The router's span's attributes that vary from call to call."""
-    attributes: dict[str, Any] = {"agentreach.request_id": call.request_id, "agentreach.outcome": call.outcome,
-                                  "agentreach.attempts": len(call.attempts)}
-    if call.attempts:
-        attributes["gen_ai.agent.id"] = call.attempts[-1].instance
-    if call.caller is not None:
-        attributes["agentreach.client_id"] = call.caller
-    if call.policy is not None:
-        attributes["agentreach.policy"] = call.policy
-    if call.degraded:
-        attributes["agentreach.degraded_reason"] = call.reason or "degraded"
+    """The router's span's attributes that are this call's alone: its request id, its tokens and cost."""
+    attributes: dict[str, Any] = {"agentreach.request_id": call.request_id}
     if call.usage is not None:
         attributes["gen_ai.usage.input_tokens"] = call.usage.input_tokens
         attributes["gen_ai.usage.output_tokens"] = call.usage.output_tokens
         if call.usage.cost is not None:
             attributes["agentreach.cost"] = call.usage.cost
-    if call.error_code is not None:
-        attributes["error.type"] = call.error_code
     return attributes
 
 
@@ -106,8 +117,9 @@ def _attempt_block(capability: str, instance: str, endpoint: str, protocol: str,
 
 
 @functools.lru_cache(maxsize=4096)
-def _route_block(capability: str) -> bytes:
-    return span_attributes(route_attributes(capability))
+def _route_block(*facts: Any) -> bytes:
+    """Encoded once per capability, outcome, instance, caller and policy that recur together."""
+    return span_attributes(route_attributes(*facts))
 
 
 def _nanoseconds(seconds: float) -> int:
@@ -121,7 +133,7 @@ def call_spans(call: CallTrace, span: CallSpan) -> list[SpanFacts]:
     spans = [SpanFacts(trace_id=span.trace_id, span_id=span.span_id, parent_span_id=span.parent_span_id,
                        parent_is_remote=span.parent_span_id is not None, name=f"route {capability}",
                        kind=SERVER, start_ns=start, end_ns=start + int(call.total_ms * 1e6),
-                       attributes=_route_block(capability) + span_attributes(call_attributes(call)),
+                       attributes=_route_block(*route_facts(call)) + span_attributes(call_attributes(call)),
                        error=call.error_code)]
     for number, attempt in enumerate(call.attempts, 1):
         began = start + int(attempt.started_ms * 1e6)

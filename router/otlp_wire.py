@@ -9,6 +9,7 @@ and compares it, message by message, with what the SDK's encoder writes for the 
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -26,15 +27,21 @@ STATUS_ERROR = 2
 _HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200
 
 
-def _varint(number: int) -> bytes:
-    if number < 0x80:
-        return bytes((number,))
+def _varint_of(number: int) -> bytes:
     out = bytearray()
     while number > 0x7F:
         out.append(number & 0x7F | 0x80)
         number >>= 7
     out.append(number)
     return bytes(out)
+
+
+# Lengths and small numbers, written once: a span's size, an attribute's, a port.
+_SMALL = [_varint_of(number) for number in range(1 << 14)]
+
+
+def _varint(number: int) -> bytes:
+    return _SMALL[number] if number < 1 << 14 else _varint_of(number)
 
 
 def _utf8(text: str) -> bytes:
@@ -47,7 +54,7 @@ def _field(number: int, payload: bytes) -> bytes:
     size = len(payload)
     if number < 16 and size < 0x80:  # a one-byte tag and a one-byte length: most fields here
         return bytes((number << 3 | 2, size)) + payload
-    return _varint(number << 3 | 2) + _varint(size) + payload
+    return b"".join((_varint(number << 3 | 2), _varint(size), payload))
 
 
 def _any_value(value: Any) -> bytes:
@@ -111,16 +118,26 @@ class SpanFacts(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None
 
 
+@functools.lru_cache(maxsize=4096)
+def _name_and_kind(name: str, kind: int) -> bytes:
+    return _field(5, _utf8(name)) + bytes((0x30, kind))
+
+
+@functools.lru_cache(maxsize=1024)
+def _status_and_flags(error: str | None, parent_is_remote: bool) -> bytes:
+    status = b"" if error is None else _field(2, _utf8(error)) + bytes((0x18, STATUS_ERROR))
+    flags = _HAS_IS_REMOTE | (_IS_REMOTE if parent_is_remote else 0)
+    return _field(15, status) + b"\x85\x01" + struct.pack("<I", flags)
+
+
 def span(facts: SpanFacts) -> bytes:
     """A Span message: trace_id 1, span_id 2, parent_span_id 4, name 5, kind 6, start 7 and end 8 (fixed64),
-    attributes 9, status 15 (message 2, code 3), flags 16 (fixed32)."""
+    attributes 9, status 15 (message 2, code 3), flags 16 (fixed32). Names, statuses and flags repeat: kept."""
     parent = b"" if facts.parent_span_id is None else b"\x22\x08" + bytes.fromhex(facts.parent_span_id)
-    status = b"" if facts.error is None else _field(2, _utf8(facts.error)) + bytes((0x18, STATUS_ERROR))
-    flags = _HAS_IS_REMOTE | (_IS_REMOTE if facts.parent_is_remote else 0)
     return b"".join((b"\x0a\x10", bytes.fromhex(facts.trace_id), b"\x12\x08", bytes.fromhex(facts.span_id), parent,
-                     _field(5, _utf8(facts.name)), bytes((0x30, facts.kind)), b"\x39", _FIXED64.pack(facts.start_ns),
-                     b"\x41", _FIXED64.pack(facts.end_ns), facts.attributes, _field(15, status),
-                     b"\x85\x01", struct.pack("<I", flags)))
+                     _name_and_kind(facts.name, facts.kind), b"\x39", _FIXED64.pack(facts.start_ns), b"\x41",
+                     _FIXED64.pack(facts.end_ns), facts.attributes,
+                     _status_and_flags(facts.error, facts.parent_is_remote)))
 
 
 class RequestWriter:

@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from router import otlp_wire
-from router.otel_exporter import attempt_attributes, call_attributes, call_spans, route_attributes
+from router.otel_exporter import attempt_attributes, call_attributes, call_spans, route_attributes, route_facts
 from router.otlp_wire import CLIENT, SERVER, RequestWriter, SpanFacts, span, span_attributes
 from router.tracecontext import CallSpan
 from router.traces import AttemptTrace, CallTrace
@@ -107,7 +107,7 @@ def test_a_batch_of_routed_calls_decodes_as_the_sdk_encodes_it() -> None:
     spans = []
     for call, span_of_call in calls:
         router, *attempts_of_call = call_spans(call, span_of_call)
-        spans.append(Written(router, route_attributes(call.capability) | call_attributes(call)))
+        spans.append(Written(router, route_attributes(*route_facts(call)) | call_attributes(call)))
         spans += [Written(facts_of_attempt, attempt_attributes(
             call.capability, attempt.instance, attempt.endpoint, attempt.protocol, number,
             attempt.error_code.value if attempt.error_code is not None else None))
