@@ -117,7 +117,7 @@ def _attempt_block(capability: str, instance: str, endpoint: str, protocol: str,
 
 
 @functools.lru_cache(maxsize=4096)
-def _route_block(*facts: Any) -> bytes:
+def _route_block(facts: RouteFacts) -> bytes:
     """Encoded once per capability, outcome, instance, caller and policy that recur together."""
     return span_attributes(route_attributes(*facts))
 
@@ -133,7 +133,7 @@ def call_spans(call: CallTrace, span: CallSpan) -> list[SpanFacts]:
     spans = [SpanFacts(trace_id=span.trace_id, span_id=span.span_id, parent_span_id=span.parent_span_id,
                        parent_is_remote=span.parent_span_id is not None, name=f"route {capability}",
                        kind=SERVER, start_ns=start, end_ns=start + int(call.total_ms * 1e6),
-                       attributes=_route_block(*route_facts(call)) + span_attributes(call_attributes(call)),
+                       attributes=_route_block(route_facts(call)) + span_attributes(call_attributes(call)),
                        error=call.error_code)]
     for number, attempt in enumerate(call.attempts, 1):
         began = start + int(attempt.started_ms * 1e6)
