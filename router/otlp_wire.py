@@ -151,6 +151,11 @@ class RequestWriter:
     def request(self, spans: Iterable[bytes]) -> bytes:
         """resource_spans 1: ResourceSpans (resource 1, scope_spans 2, schema_url 3); ScopeSpans: scope 1, spans 2."""
         pieces = [self._scope]
-        for encoded in spans:  # each a field 2 of ScopeSpans, joined once
+        for encoded in spans:  # each a field 2 of ScopeSpans
             pieces += (b"\x12", _varint(len(encoded)), encoded)
-        return _field(1, self._resource + _field(2, b"".join(pieces)) + self._resource_schema)
+        scope_spans = b"".join(pieces)
+        # The two enclosing messages' tags and lengths, then everything copied once.
+        inner = len(scope_spans)
+        inner_head = b"\x12" + _varint(inner)
+        outer = len(self._resource) + len(inner_head) + inner + len(self._resource_schema)
+        return b"".join((b"\x0a", _varint(outer), self._resource, inner_head, scope_spans, self._resource_schema))
