@@ -20,6 +20,7 @@ status, its code the description. A call that starts a trace is sampled by the S
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sys
 from typing import Any, BinaryIO
@@ -31,13 +32,14 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON, DEFAULT_ON, Decision, Sa
 from yarl import URL
 
 from router.otel import FRAME, Finished
-from router.otlp_http import CollectorClient, collector_config
+from router.otlp_http import CollectorClient, UnusableEndpoint, collector_config
 from router.otlp_wire import CLIENT, SERVER, RequestWriter, SpanFacts, span_attributes
 from router.otlp_wire import span as encode_span
 from router.tracecontext import CallSpan
 from router.traces import CallTrace
 from weblayer.otel import SCOPE, resource_for
 
+log = logging.getLogger("agentreach.router.otel")
 _decoder = msgspec.msgpack.Decoder(list[Finished])
 
 
@@ -194,11 +196,23 @@ def serve(exporter: Exporter, frames: BinaryIO) -> None:
 
 def main(argv: list[str]) -> None:
     logs.configure()
-    exporter = Exporter(argv[1], argv[2] if len(argv) > 2 else None)
+    try:
+        exporter = Exporter(argv[1], argv[2] if len(argv) > 2 else None)
+    except UnusableEndpoint as exc:
+        # Said once, then the router's calls are read and dropped: exiting would only have the router start
+        # another exporter every few seconds, each saying it again.
+        log.error("OTLP export is off: %s", exc)
+        drain(sys.stdin.buffer)
+        return
     try:
         serve(exporter, sys.stdin.buffer)
     finally:
         exporter.collector.close()
+
+
+def drain(frames: BinaryIO) -> None:
+    while frames.read(1 << 16):
+        pass
 
 
 if __name__ == "__main__":

@@ -49,10 +49,26 @@ def _variable(environ: Mapping[str, str], name: str) -> str | None:
     return environ.get(f"OTEL_EXPORTER_OTLP_TRACES_{name}") or environ.get(f"OTEL_EXPORTER_OTLP_{name}") or None
 
 
+def shown(url: URL) -> str:
+    """What logs name: no user, password or query, which can carry the collector's credentials."""
+    return str(url.with_user(None).with_query(None) if url.absolute else url.with_query(None))
+
+
+class UnusableEndpoint(ValueError):
+    """The collector's URL is not an http(s) URL with a host: nothing could ever be sent to it."""
+
+
 def collector_config(endpoint: str | None, environ: Mapping[str, str]) -> CollectorConfig:
-    """Where and how to send: ``endpoint`` is the router's ``--otlp-endpoint`` (a base URL), else the variables."""
+    """Where and how to send: ``endpoint`` is the router's ``--otlp-endpoint`` (a base URL), else the variables.
+    Raises UnusableEndpoint for a URL that is not http(s) with a host (``collector:4318`` lacks its scheme)."""
     url = traces_url(endpoint) if endpoint else environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or \
         traces_url(environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or DEFAULT_ENDPOINT)
+    try:
+        parsed = URL(url)
+    except ValueError as exc:
+        raise UnusableEndpoint(f"the OTLP endpoint {url!r} is not a URL ({exc})") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise UnusableEndpoint(f"the OTLP endpoint {shown(parsed)!r} is not an http:// or https:// URL with a host")
     try:
         timeout = float(_variable(environ, "TIMEOUT") or DEFAULT_TIMEOUT)
     except ValueError:
@@ -104,8 +120,7 @@ class CollectorClient:
                          **config.headers}
         self._connection: http.client.HTTPConnection | None = None
         self.failing = False
-        # What logs name: no user, password or query, which can carry the collector's credentials.
-        self._shown = str(url.with_user(None).with_query(None))
+        self._shown = shown(url)
 
     def _connect(self, timeout: float) -> http.client.HTTPConnection:
         if not self._https:

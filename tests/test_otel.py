@@ -171,6 +171,26 @@ async def test_calls_dropped_while_no_exporter_runs_are_counted_in_metrics(start
     assert f"agentreach_router_otlp_dropped_calls_total {float(export.dropped)}" in await mesh.get("/metrics")
 
 
+async def test_an_endpoint_that_is_no_url_turns_export_off_once_not_in_a_loop(start_mesh, start_agent, monkeypatch,
+                                                                               capfd):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4318")  # no scheme
+    mesh = await start_mesh()
+    await mesh.add(await start_agent("a1"))
+    export = mesh.router_server.export
+    first = export.exporter_pid
+    errors: list[str] = []
+
+    def said() -> bool:
+        errors.append(capfd.readouterr().err)
+        return "OTLP export is off: the OTLP endpoint" in "".join(errors)
+
+    await wait_for(said, timeout=10, what="the exporter to say export is off")
+    for n in range(300):  # more than a frame's worth, read and dropped by the same exporter
+        assert (await mesh.call("echo", n)).status == 200
+    await wait_for(lambda: not export._pending, timeout=5, what="the calls to be handed over")
+    assert (export.exporter_pid, export.dropped) == (first, 0)
+
+
 async def test_the_registry_and_the_console_trace_their_requests_from_the_standard_variable(
         receiver, monkeypatch, tmp_path, http, start_console):
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)

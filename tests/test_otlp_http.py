@@ -14,7 +14,7 @@ from aiohttp import web
 
 from log_support import LogLines
 from recording_support import Received, RecordingServer
-from router.otlp_http import CollectorClient, CollectorConfig, collector_config
+from router.otlp_http import CollectorClient, CollectorConfig, UnusableEndpoint, collector_config
 
 BODY = b"\x0a\x00" * 40
 
@@ -47,6 +47,12 @@ def test_the_variables_are_read_as_the_sdk_reads_them() -> None:
         "OTEL_EXPORTER_OTLP_COMPRESSION": "GZIP", "OTEL_EXPORTER_OTLP_CERTIFICATE": "/etc/ca.pem"})
     assert (both.headers, both.timeout, both.compression, both.certificate) == (
         {"api-key": "t x", "b": "2"}, 1.5, "gzip", "/etc/ca.pem")
+
+
+@pytest.mark.parametrize("endpoint", ["collector:4318", "ftp://collector:21", "http://", "http://[::1"])
+def test_an_endpoint_that_cannot_be_sent_to_is_refused(endpoint: str) -> None:
+    with pytest.raises(UnusableEndpoint, match="OTLP endpoint"):
+        collector_config(None, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint})
 
 
 def test_a_bad_timeout_or_compression_falls_back_with_a_warning(router_logs: LogLines) -> None:
