@@ -135,7 +135,8 @@ class CollectorClient:
         try:
             if self._connection is None:
                 self._connection = self._connect(timeout)
-            self._connection.timeout = timeout
+            elif self._connection.sock is not None:  # kept alive: its socket still has the first try's timeout
+                self._connection.sock.settimeout(timeout)
             self._connection.request("POST", self._path, body, self._headers)
             response = self._connection.getresponse()
             response.read()

@@ -125,6 +125,31 @@ async def test_the_collectors_credentials_stay_out_of_the_log(router_logs: LogLi
     assert "secret" not in str(line) and "abc" not in str(line)
 
 
+async def test_a_retry_on_a_kept_connection_ends_by_the_deadline() -> None:
+    """503 at once, then an answer that never comes: the retry's wait is what is left of the timeout."""
+    answered = 0
+
+    async def busy_then_silent(request: web.Request, received: Received) -> web.Response:
+        nonlocal answered
+        answered += 1
+        if answered == 1:
+            return web.Response(status=503)
+        await asyncio.Event().wait()
+        raise AssertionError("never answered")
+
+    collector = await RecordingServer(busy_then_silent).start()
+    client = CollectorClient(config(f"{collector.url}/v1/traces", timeout=3.0))
+    try:
+        started = time.monotonic()
+        assert not await asyncio.to_thread(client.send, BODY)
+        took = time.monotonic() - started
+    finally:
+        client.close()
+        await collector.stop()
+    assert len(collector.received) == 2
+    assert took < 3.7  # the deadline (3 s) and some slack; the first try's 3 s socket timeout would end past 3.8
+
+
 async def test_a_collector_that_closed_the_connection_is_reached_on_a_new_one() -> None:
     collector = await answering(200).start()
     client = CollectorClient(config(collector.url))
