@@ -27,13 +27,14 @@ from typing import Any, BinaryIO
 
 import msgspec
 from agent_reach import logs
+from agent_reach.usage import Usage
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, DEFAULT_ON, Decision, Sampler
 from yarl import URL
 
 from router.otel import FRAME, Finished
 from router.otlp_http import CollectorClient, UnusableEndpoint, collector_config
-from router.otlp_wire import CLIENT, SERVER, RequestWriter, SpanFacts, span_attributes
+from router.otlp_wire import CLIENT, SERVER, RequestWriter, span_attributes, span_shape, string_attribute
 from router.otlp_wire import span as encode_span
 from router.tracecontext import CallSpan
 from router.traces import CallTrace
@@ -100,51 +101,53 @@ def route_attributes(capability: str, outcome: str, attempts: int, instance: str
     return attributes
 
 
-def call_attributes(call: CallTrace) -> dict[str, Any]:
-    """The router's span's attributes that are this call's alone: its request id, its tokens and cost."""
-    attributes: dict[str, Any] = {"agentreach.request_id": call.request_id}
-    if call.usage is not None:
-        attributes["gen_ai.usage.input_tokens"] = call.usage.input_tokens
-        attributes["gen_ai.usage.output_tokens"] = call.usage.output_tokens
-        if call.usage.cost is not None:
-            attributes["agentreach.cost"] = call.usage.cost
+def usage_attributes(usage: Usage) -> dict[str, Any]:
+    """A call's tokens and their cost."""
+    attributes: dict[str, Any] = {"gen_ai.usage.input_tokens": usage.input_tokens,
+                                  "gen_ai.usage.output_tokens": usage.output_tokens}
+    if usage.cost is not None:
+        attributes["agentreach.cost"] = usage.cost
     return attributes
 
 
+def _own_attributes(call: CallTrace) -> bytes:
+    """The router's span's attributes that are this call's alone: its request id, its tokens and cost."""
+    request_id = string_attribute("agentreach.request_id", call.request_id)
+    return request_id if call.usage is None else request_id + span_attributes(usage_attributes(call.usage))
+
+
 @functools.lru_cache(maxsize=4096)
-def _attempt_block(capability: str, instance: str, endpoint: str, protocol: str, number: int,
+def _attempt_shape(capability: str, instance: str, endpoint: str, protocol: str, number: int,
                    error_type: str | None) -> bytes:
-    """Encoded once: an attempt's attributes are the same for every call to one instance that ends alike."""
-    return span_attributes(attempt_attributes(capability, instance, endpoint, protocol, number, error_type))
+    """Encoded once: an attempt's span is the same for every call to one instance that ends alike, but for its
+    ids and times."""
+    attributes = span_attributes(attempt_attributes(capability, instance, endpoint, protocol, number, error_type))
+    return span_shape(f"{_operation(protocol)} {capability}", CLIENT, attributes, error_type, False)
 
 
 @functools.lru_cache(maxsize=4096)
-def _route_block(facts: RouteFacts) -> bytes:
+def _route_shape(facts: RouteFacts, parent_is_remote: bool) -> bytes:
     """Encoded once per capability, outcome, instance, caller and policy that recur together."""
-    return span_attributes(route_attributes(*facts))
+    return span_shape(f"route {facts[0]}", SERVER, span_attributes(route_attributes(*facts)), facts[-1],
+                      parent_is_remote)
 
 
-def _nanoseconds(seconds: float) -> int:
-    return int(seconds * 1e9)
-
-
-def call_spans(call: CallTrace, span: CallSpan) -> list[SpanFacts]:
-    """The router's span and one per attempt, timed from the call's wall-clock start."""
-    start = _nanoseconds(call.started_at)
+def call_spans(call: CallTrace, span: CallSpan) -> list[bytes]:
+    """The router's span (its parent the caller's span, if any) and one per attempt (its parent the router's),
+    encoded, timed from the call's wall-clock start."""
+    start = int(call.started_at * 1e9)
+    trace_id, span_id = bytes.fromhex(span.trace_id), bytes.fromhex(span.span_id)
+    parent = None if span.parent_span_id is None else bytes.fromhex(span.parent_span_id)
+    spans = [encode_span(trace_id, span_id, parent, start, start + int(call.total_ms * 1e6),
+                         _route_shape(route_facts(call), parent is not None), _own_attributes(call))]
     capability = call.capability
-    spans = [SpanFacts(trace_id=span.trace_id, span_id=span.span_id, parent_span_id=span.parent_span_id,
-                       parent_is_remote=span.parent_span_id is not None, name=f"route {capability}",
-                       kind=SERVER, start_ns=start, end_ns=start + int(call.total_ms * 1e6),
-                       attributes=_route_block(route_facts(call)) + span_attributes(call_attributes(call)),
-                       error=call.error_code)]
     for number, attempt in enumerate(call.attempts, 1):
         began = start + int(attempt.started_ms * 1e6)
         error = attempt.error_code.value if attempt.error_code is not None else None
-        spans.append(SpanFacts(
-            trace_id=span.trace_id, span_id=attempt.span_id, parent_span_id=span.span_id, parent_is_remote=False,
-            name=f"{_operation(attempt.protocol)} {capability}", kind=CLIENT, start_ns=began,
-            end_ns=began + int(attempt.elapsed_ms * 1e6), error=error,
-            attributes=_attempt_block(capability, attempt.instance, attempt.endpoint, attempt.protocol, number, error)))
+        spans.append(encode_span(trace_id, bytes.fromhex(attempt.span_id), span_id, began,
+                                 began + int(attempt.elapsed_ms * 1e6),
+                                 _attempt_shape(capability, attempt.instance, attempt.endpoint, attempt.protocol,
+                                                number, error)))
     return spans
 
 
@@ -183,7 +186,7 @@ class Exporter:
         """One request for a frame's sampled calls."""
         if not self.every_root:
             calls = [finished for finished in calls if sampled(finished.span, finished.call.capability, self.sampler)]
-        spans = [encode_span(facts) for finished in calls for facts in call_spans(finished.call, finished.span)]
+        spans = [encoded for finished in calls for encoded in call_spans(finished.call, finished.span)]
         if spans:
             self.collector.send(self.writer.request(spans))
 

@@ -14,9 +14,6 @@ import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import msgspec
-
-_FIXED64 = struct.Struct("<Q")
 _DOUBLE = struct.Struct("<d")
 _INT64 = (1 << 64) - 1  # a negative int64 is its 64-bit two's complement on the wire
 
@@ -102,42 +99,48 @@ def span_attributes(values: Mapping[str, Any]) -> bytes:
     return attributes(9, values)
 
 
-class SpanFacts(msgspec.Struct, frozen=True, kw_only=True):
-    """What one span says: W3C ids as hex, times in ns since the epoch, its attributes as ``span_attributes``
-    encoded them, the error (status ERROR) or None."""
-
-    trace_id: str
-    span_id: str
-    parent_span_id: str | None
-    parent_is_remote: bool
-    name: str
-    kind: int
-    start_ns: int
-    end_ns: int
-    attributes: bytes
-    error: str | None
-
-
 @functools.lru_cache(maxsize=4096)
-def _name_and_kind(name: str, kind: int) -> bytes:
-    return _field(5, _utf8(name)) + bytes((0x30, kind))
-
-
-@functools.lru_cache(maxsize=1024)
-def _status_and_flags(error: str | None, parent_is_remote: bool) -> bytes:
+def span_shape(name: str, kind: int, attributes: bytes, error: str | None, parent_is_remote: bool) -> bytes:
+    """What spans of one kind share, encoded once: name 5, kind 6, the attributes block (field 9, as
+    ``span_attributes`` wrote it), status 15 (message 2, code 3; ERROR with the error as its message) and flags
+    16 (fixed32: the SDK says whether the parent is remote)."""
     status = b"" if error is None else _field(2, _utf8(error)) + bytes((0x18, STATUS_ERROR))
     flags = _HAS_IS_REMOTE | (_IS_REMOTE if parent_is_remote else 0)
-    return _field(15, status) + b"\x85\x01" + struct.pack("<I", flags)
+    return b"".join((_field(5, _utf8(name)), bytes((0x30, kind)), attributes, _field(15, status), b"\x85\x01",
+                     struct.pack("<I", flags)))
 
 
-def span(facts: SpanFacts) -> bytes:
-    """A Span message: trace_id 1, span_id 2, parent_span_id 4, name 5, kind 6, start 7 and end 8 (fixed64),
-    attributes 9, status 15 (message 2, code 3), flags 16 (fixed32). Names, statuses and flags repeat: kept."""
-    parent = b"" if facts.parent_span_id is None else b"\x22\x08" + bytes.fromhex(facts.parent_span_id)
-    return b"".join((b"\x0a\x10", bytes.fromhex(facts.trace_id), b"\x12\x08", bytes.fromhex(facts.span_id), parent,
-                     _name_and_kind(facts.name, facts.kind), b"\x39", _FIXED64.pack(facts.start_ns), b"\x41",
-                     _FIXED64.pack(facts.end_ns), facts.attributes,
-                     _status_and_flags(facts.error, facts.parent_is_remote)))
+# trace_id 1 (16 bytes), span_id 2 (8), parent_span_id 4 (8) when there is one, start 7 and end 8 (fixed64):
+# each span's own fields, written by one pack. Their tags and lengths are the pack's constant arguments.
+_IDS_AND_TIMES = struct.Struct("<BB16sBB8sBQBQ")
+_IDS_PARENT_AND_TIMES = struct.Struct("<BB16sBB8sBB8sBQBQ")
+
+
+def span(trace_id: bytes, span_id: bytes, parent_span_id: bytes | None, start_ns: int, end_ns: int, shape: bytes,
+         own_attributes: bytes = b"") -> bytes:
+    """A Span message: its ids and times, then its ``span_shape``, then the attributes that are this span's alone
+    (field 9 again: a repeated field's entries may come in parts, in order). Protobuf leaves fields' order to the
+    writer, so the shared part is copied whole."""
+    if parent_span_id is None:
+        ids = _IDS_AND_TIMES.pack(0x0A, 16, trace_id, 0x12, 8, span_id, 0x39, start_ns, 0x41, end_ns)
+    else:
+        ids = _IDS_PARENT_AND_TIMES.pack(0x0A, 16, trace_id, 0x12, 8, span_id, 0x22, 8, parent_span_id, 0x39,
+                                         start_ns, 0x41, end_ns)
+    return ids + shape + own_attributes
+
+
+@functools.lru_cache(maxsize=64)
+def _key(key: str) -> bytes:
+    return _field(1, _utf8(key))
+
+
+def string_attribute(key: str, value: str) -> bytes:
+    """A span attribute whose value seldom repeats (a request id): written each time, never kept."""
+    key_part, encoded = _key(key), _utf8(value)
+    size = len(encoded)
+    if len(key_part) + size + 4 < 0x80:  # every length fits a byte: a request id, nearly always
+        return bytes((0x4A, len(key_part) + size + 4)) + key_part + bytes((0x12, size + 2, 0x0A, size)) + encoded
+    return _field(9, key_part + _field(2, _field(1, encoded)))
 
 
 class RequestWriter:

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 
 import pytest
 from agent_reach.atp import ErrorCode
+from agent_reach.usage import Usage
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
@@ -16,8 +17,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from router import otlp_wire
-from router.otel_exporter import attempt_attributes, call_attributes, call_spans, route_attributes, route_facts
-from router.otlp_wire import CLIENT, SERVER, RequestWriter, SpanFacts, span, span_attributes
+from router.otel_exporter import attempt_attributes, call_spans, route_attributes, route_facts, usage_attributes
+from router.otlp_wire import CLIENT, SERVER, RequestWriter, span, span_attributes, span_shape
 from router.tracecontext import CallSpan
 from router.traces import AttemptTrace, CallTrace
 from weblayer.otel import SCOPE
@@ -36,37 +37,61 @@ def parsed(body: bytes) -> ExportTraceServiceRequest:
 
 
 class Written(NamedTuple):
-    facts: SpanFacts
-    attributes: dict[str, Any]  # what facts.attributes encodes
+    """One span as the test describes it: what both encoders are given."""
+
+    trace_id: str
+    span_id: str
+    parent_span_id: str | None
+    parent_is_remote: bool
+    name: str
+    kind: int
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any]
+    error: str | None
 
 
-def sdk_span(facts: SpanFacts, attributes: dict[str, Any]) -> ReadableSpan:
+def sdk_span(written: Written) -> ReadableSpan:
     """The same span as the SDK's exporter is handed one."""
-    trace_id = int(facts.trace_id, 16)
-    parent = None if facts.parent_span_id is None else SpanContext(
-        trace_id, int(facts.parent_span_id, 16), is_remote=facts.parent_is_remote, trace_flags=SAMPLED)
-    status = Status(StatusCode.UNSET) if facts.error is None else Status(StatusCode.ERROR, facts.error)
-    return ReadableSpan(facts.name, SpanContext(trace_id, int(facts.span_id, 16), is_remote=False, trace_flags=SAMPLED),
-                        parent, RESOURCE, attributes, kind=KINDS[facts.kind], status=status,
-                        start_time=facts.start_ns, end_time=facts.end_ns, instrumentation_scope=SCOPE)
+    trace_id = int(written.trace_id, 16)
+    parent = None if written.parent_span_id is None else SpanContext(
+        trace_id, int(written.parent_span_id, 16), is_remote=written.parent_is_remote, trace_flags=SAMPLED)
+    status = Status(StatusCode.UNSET) if written.error is None else Status(StatusCode.ERROR, written.error)
+    return ReadableSpan(written.name,
+                        SpanContext(trace_id, int(written.span_id, 16), is_remote=False, trace_flags=SAMPLED),
+                        parent, RESOURCE, written.attributes, kind=KINDS[written.kind], status=status,
+                        start_time=written.start_ns, end_time=written.end_ns, instrumentation_scope=SCOPE)
+
+
+def encoded(written: Written) -> bytes:
+    """Ours: the shape and the span's own fields, as the exporter writes them."""
+    parent = None if written.parent_span_id is None else bytes.fromhex(written.parent_span_id)
+    shape = span_shape(written.name, written.kind, span_attributes(written.attributes), written.error,
+                       written.parent_is_remote)
+    return span(bytes.fromhex(written.trace_id), bytes.fromhex(written.span_id), parent, written.start_ns,
+                written.end_ns, shape)
+
+
+def request_of(spans: list[bytes]) -> ExportTraceServiceRequest:
+    writer = RequestWriter(RESOURCE.attributes, RESOURCE.schema_url, SCOPE.name, SCOPE.version or "")
+    return parsed(writer.request(spans))
 
 
 def ours(spans: list[Written]) -> ExportTraceServiceRequest:
-    writer = RequestWriter(RESOURCE.attributes, RESOURCE.schema_url, SCOPE.name, SCOPE.version or "")
-    return parsed(writer.request(span(written.facts) for written in spans))
+    return request_of([encoded(written) for written in spans])
 
 
 def theirs(spans: list[Written]) -> ExportTraceServiceRequest:
-    return parsed(encode_spans([sdk_span(*written) for written in spans]).SerializeToString())
+    return parsed(encode_spans([sdk_span(written) for written in spans]).SerializeToString())
 
 
 def facts(attributes: dict[str, Any] | None = None, **changes: Any) -> Written:
-    attributes = {"rpc.system": "atp"} if attributes is None else attributes
     fields: dict[str, Any] = {
         "trace_id": secrets.token_hex(16), "span_id": secrets.token_hex(8), "parent_span_id": None,
         "parent_is_remote": False, "name": "route echo", "kind": SERVER, "start_ns": 1_764_000_000_123_456_789,
-        "end_ns": 1_764_000_000_124_456_789, "error": None}
-    return Written(SpanFacts(**(fields | changes), attributes=span_attributes(attributes)), attributes)
+        "end_ns": 1_764_000_000_124_456_789, "error": None,
+        "attributes": {"rpc.system": "atp"} if attributes is None else attributes}
+    return Written(**(fields | changes))
 
 
 @pytest.mark.parametrize("changes", [
@@ -91,6 +116,34 @@ ENDPOINTS = [("http://127.0.0.1:9001/call", "rest"), ("127.0.0.1:50051", "grpc")
              ("http://127.0.0.1:9002/mcp#search", "mcp")]
 
 
+def own_attributes(call: CallTrace) -> dict[str, Any]:
+    """The router's span's attributes of this call alone; a lone surrogate (which the SDK's encoder refuses) as
+    the '?' ours writes."""
+    request_id = call.request_id.encode("utf-8", "replace").decode()
+    return {"agentreach.request_id": request_id} | (usage_attributes(call.usage) if call.usage else {})
+
+
+def expected_spans(call: CallTrace, span_of_call: CallSpan) -> list[Written]:
+    """What a routed call's spans must say, derived here from the call: the router's span under the caller's,
+    timed from the call's wall-clock start, and each attempt's under the router's."""
+    start = int(call.started_at * 1e9)
+    router = Written(span_of_call.trace_id, span_of_call.span_id, span_of_call.parent_span_id,
+                     span_of_call.parent_span_id is not None, f"route {call.capability}", SERVER, start,
+                     start + int(call.total_ms * 1e6), route_attributes(*route_facts(call)) | own_attributes(call),
+                     call.error_code)
+    attempts = []
+    for number, attempt in enumerate(call.attempts, 1):
+        error = attempt.error_code.value if attempt.error_code is not None else None
+        began = start + int(attempt.started_ms * 1e6)
+        operation = "execute_tool" if attempt.protocol == "mcp" else "invoke_agent"
+        attempts.append(Written(
+            span_of_call.trace_id, attempt.span_id, span_of_call.span_id, False, f"{operation} {call.capability}",
+            CLIENT, began, began + int(attempt.elapsed_ms * 1e6),
+            attempt_attributes(call.capability, attempt.instance, attempt.endpoint, attempt.protocol, number, error),
+            error))
+    return [router, *attempts]
+
+
 def test_a_batch_of_routed_calls_decodes_as_the_sdk_encodes_it() -> None:
     calls = []
     for number in range(50):
@@ -98,22 +151,20 @@ def test_a_batch_of_routed_calls_decodes_as_the_sdk_encodes_it() -> None:
                                  elapsed_ms=1.5, span_id=secrets.token_hex(8),
                                  error_code=ErrorCode.AGENT_ERROR if (number + n) % 3 == 0 else None)
                     for n, (endpoint, protocol) in enumerate(ENDPOINTS[:number % 4])]
-        call = CallTrace(request_id=f"req-{number}", capability="echo", trace_id=secrets.token_hex(16),
+        # Request ids of every length: a byte's worth of lengths and past it, non-ASCII and a lone surrogate.
+        request_id = ("r" * (number * 3) + "-é中-\udcff")[: number * 3 + 5]
+        call = CallTrace(request_id=request_id, capability="echo", trace_id=secrets.token_hex(16),
                          started_at=1_764_000_000.25 + number, caller="client-1" if number % 2 else None,
                          attempts=attempts, outcome="ok" if number % 3 else "error",
-                         error_code=None if number % 3 else "NO_HEALTHY_INSTANCE", total_ms=2.5 * number)
+                         error_code=None if number % 3 else "NO_HEALTHY_INSTANCE", total_ms=2.5 * number,
+                         usage=Usage(input_tokens=number, output_tokens=2 * number,
+                                     cost=0.01 * number if number % 2 else None) if number % 4 == 1 else None)
         calls.append((call, CallSpan(trace_id=call.trace_id, span_id=secrets.token_hex(8),
                                      parent_span_id=secrets.token_hex(8) if number % 5 else None)))
-    spans = []
-    for call, span_of_call in calls:
-        router, *attempts_of_call = call_spans(call, span_of_call)
-        spans.append(Written(router, route_attributes(*route_facts(call)) | call_attributes(call)))
-        spans += [Written(facts_of_attempt, attempt_attributes(
-            call.capability, attempt.instance, attempt.endpoint, attempt.protocol, number,
-            attempt.error_code.value if attempt.error_code is not None else None))
-            for number, (facts_of_attempt, attempt) in enumerate(zip(attempts_of_call, call.attempts, strict=True), 1)]
-    assert len(spans) == sum(1 + len(call.attempts) for call, _ in calls)
-    assert ours(spans) == theirs(spans)
+    ours_encoded = [encoded_span for call, span_of_call in calls for encoded_span in call_spans(call, span_of_call)]
+    expected = [written for call, span_of_call in calls for written in expected_spans(call, span_of_call)]
+    assert len(ours_encoded) == len(expected) == sum(1 + len(call.attempts) for call, _ in calls)
+    assert request_of(ours_encoded) == theirs(expected)
 
 
 def test_equal_values_of_other_types_stay_apart_and_a_full_cache_is_emptied(monkeypatch) -> None:
