@@ -35,7 +35,8 @@ ROUTER_BENCH = str(Path(__file__).with_name("router_bench.py"))
 PAYLOAD = {"text": "hello, agent", "n": 1}
 ECHO_ID = "echo-1"
 # The Debian package that installs each tool a bench may need.
-DEBIAN_PACKAGES = {"wrk": "wrk", "df": "coreutils", "etcd": "etcd-server", "nginx": "nginx-light"}
+DEBIAN_PACKAGES = {"wrk": "wrk", "df": "coreutils", "taskset": "util-linux", "etcd": "etcd-server",
+                   "nginx": "nginx-light"}
 
 
 def require(*tools: str) -> None:
@@ -110,15 +111,18 @@ def family_cpu_seconds(pid: int) -> float:
     return sum(cpu_seconds(member) for member in family(pid))
 
 
-def wrk(url: str, script: str, connections: int, seconds: int, pid: int | None = None) -> WrkRun:
+def wrk(url: str, script: str, connections: int, seconds: int, pid: int | None = None,
+        cpus: str | None = None) -> WrkRun:
     """One closed-loop wrk run (one thread, --latency) driven by the Lua ``script``; with ``pid``,
-    also the CPU time that process and its descendants spent during it."""
+    also the CPU time that process and its descendants spent during it; with ``cpus`` (taskset's list),
+    wrk runs on those CPUs alone."""
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as handle:
         handle.write(script)
     try:
         before = family_cpu_seconds(pid) if pid is not None else 0.0
         own_before = cpu_seconds(pid) if pid is not None else 0.0
-        out = subprocess.run(["wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds}s", "--latency",
+        pinned = ["taskset", "-c", cpus] if cpus is not None else []
+        out = subprocess.run([*pinned, "wrk", "-t", "1", "-c", str(connections), "-d", f"{seconds}s", "--latency",
                               "-s", handle.name, url], capture_output=True, text=True, check=True).stdout
         spent = family_cpu_seconds(pid) - before if pid is not None else None
         own = cpu_seconds(pid) - own_before if pid is not None else None
@@ -134,10 +138,10 @@ def wrk(url: str, script: str, connections: int, seconds: int, pid: int | None =
 
 
 def wrk_max(url: str, body: bytes, seconds: int, pid: int, connections: int = 64,
-            headers: dict[str, str] | None = None) -> dict[str, Any]:
+            headers: dict[str, str] | None = None, cpus: str | None = None) -> dict[str, Any]:
     """wrk's calls/s, and the CPU time the serving process spent per call (steadier than calls/s
     on a shared machine: a noisy neighbour lowers calls/s but hardly changes the cost of a call)."""
-    run = wrk(url, post_script(body, headers), connections, seconds, pid)
+    run = wrk(url, post_script(body, headers), connections, seconds, pid, cpus)
     assert run.cpu_seconds is not None and run.own_cpu_seconds is not None
     return {"rps": run.rps, "cpu_us_per_call": run.cpu_seconds / run.calls * 1e6,
             "descendants_cpu_us_per_call": (run.cpu_seconds - run.own_cpu_seconds) / run.calls * 1e6,

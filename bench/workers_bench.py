@@ -1,5 +1,5 @@
 """Router throughput with `--workers 2` beside `--workers 1`, one command:
-`python bench/workers_bench.py [--rounds 5] [--seconds 5] [--workers 2]`.
+`python bench/workers_bench.py [--rounds 5] [--seconds 5] [--workers 2] [--pin]`.
 
 One registry (auth off), one echo agent (bench/router_bench.py's, its own process) and two routers
 following the registry, both `--auth off --no-audit` (routing alone, as bench/router_ab.py):
@@ -8,8 +8,10 @@ connections) alternate between them, the order reversed every other round, so a 
 the neighbours hits both alike. Per target: best and median calls/s, and the CPU time per call summed
 over the router's processes (the parent and every worker): steadier than calls/s on a shared
 machine, and what a reader multiplies out for more cores (one core serves about 1e6 / CPU-µs-per-call
-calls a second, before wrk, the agent and the kernel take their part). Results: a table on stdout and
-JSON in bench/results/workers_bench.json.
+calls a second, before wrk, the agent and the kernel take their part). With ``--pin`` the load generator
+gets a core of its own: wrk runs on the last CPU this process may use, and the registry, the agent and
+both routers (every worker) on the others, so the routers' figures are not the load generator's share of
+the same cores. Results: a table on stdout and JSON in bench/results/workers_bench.json.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import asyncio
 import functools
 import json
+import os
 import signal
 import statistics
 import sys
@@ -34,6 +37,7 @@ from common import (
     ROOT,
     ROUTER_BENCH,
     alternating_rounds,
+    family,
     free_port,
     keep_alive,
     load_average,
@@ -66,7 +70,28 @@ async def wait_routable(url: str, body: bytes, timeout: float = 60) -> None:
             raise RuntimeError(f"{url} did not route calls (last status {response.status})")
 
 
-async def bench(workers: int, rounds: int, seconds: int) -> dict[str, list[dict[str, Any]]]:
+class Pinning(NamedTuple):
+    load: str  # taskset's list for wrk
+    serving: set[int]  # the CPUs everything else runs on
+
+
+def pinning() -> Pinning:
+    """The last CPU this process may use for wrk, the rest for the mesh; refused on a single CPU."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--pin needs two CPUs or more: one for wrk, the rest for the mesh")
+    return Pinning(load=str(cpus[-1]), serving=set(cpus[:-1]))
+
+
+def pin(pids: list[int], cpus: set[int]) -> None:
+    """Each process and its descendants (the routers' workers and writers) onto ``cpus``."""
+    for pid in pids:
+        for member in family(pid):
+            os.sched_setaffinity(member, cpus)
+
+
+async def bench(workers: int, rounds: int, seconds: int,
+                pinned: Pinning | None = None) -> dict[str, list[dict[str, Any]]]:
     echo, registry = free_port(), free_port()
     echo_url, registry_url = f"http://127.0.0.1:{echo}/echo", f"http://127.0.0.1:{registry}"
     processes = [spawn(ROUTER_BENCH, "echo", "--port", str(echo))]
@@ -95,7 +120,11 @@ async def bench(workers: int, rounds: int, seconds: int) -> dict[str, list[dict[
             for target in targets.values():
                 await wait_http(target.url.replace("/atp", "/healthz"))
                 await wait_routable(target.url, body)
-            return await alternating_rounds({name: functools.partial(wrk_max, target.url, body, pid=target.pid)
+            if pinned is not None:
+                pin([process.pid for process in processes], pinned.serving)
+            load_cpus = pinned.load if pinned is not None else None
+            return await alternating_rounds({name: functools.partial(wrk_max, target.url, body, pid=target.pid,
+                                                                     cpus=load_cpus)
                                              for name, target in targets.items()}, rounds, seconds)
         finally:
             if beat is not None:
@@ -139,20 +168,25 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="the worker count set beside 1 (default: 2)")
     parser.add_argument("--rounds", type=int, default=5, help="alternating wrk rounds per router")
     parser.add_argument("--seconds", type=int, default=5, help="wrk duration per router and round")
+    parser.add_argument("--pin", action="store_true", help="wrk on a CPU of its own, the mesh on the others")
     parser.add_argument("--json", type=Path, default=RESULTS / "workers_bench.json")
     args = parser.parse_args()
     if args.workers < 2:
         parser.error("--workers: 2 or more (it is measured beside --workers 1)")
     require("wrk")
+    pinned = pinning() if args.pin else None
+    if pinned is not None:
+        require("taskset")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind like Ctrl-C: the processes stop
     info = machine(load_before=load_average())
-    rounds = asyncio.run(bench(args.workers, args.rounds, args.seconds))
+    rounds = asyncio.run(bench(args.workers, args.rounds, args.seconds, pinned))
     info["load_after"] = load_average()
     summary = summarize(rounds)
     print_table(info, summary)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"machine": info, "settings": {
-        "rounds": args.rounds, "seconds": args.seconds, "wrk_connections": CONNECTIONS, "workers": args.workers},
+        "rounds": args.rounds, "seconds": args.seconds, "wrk_connections": CONNECTIONS, "workers": args.workers,
+        "pinned": pinned._asdict() | {"serving": sorted(pinned.serving)} if pinned is not None else None},
         "summary": summary, "rounds": rounds}, indent=2) + "\n")
     print(f"\nwrote {args.json.relative_to(ROOT) if args.json.is_relative_to(ROOT) else args.json}")
 

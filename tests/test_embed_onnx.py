@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from agent_reach.atp import ErrorCode
+from onnx import TensorProto
 
 from embed_model_support import MODEL_NAME, PUBLISHED, eval_mirror, store_rule
 from router.intents import SemanticRouter
@@ -96,3 +99,54 @@ def test_a_broken_export_is_refused_naming_the_path(onnx_dirs: dict[str, Path], 
         with pytest.raises(ModelDirError) as raised:
             LocalModel(directory)
         assert str(raised.value).startswith(f"--embed-model {directory}: ") and expected in str(raised.value)
+
+
+def variant(source: Path, target: Path, change: Callable[[onnx.GraphProto], None]) -> Path:
+    """The bare export with its graph changed (the tokenizer beside it as it was)."""
+    shutil.copytree(source, target)
+    model = onnx.load(str(source / "model.onnx"))
+    change(model.graph)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(target / "model.onnx"))
+    return target
+
+
+def typed_as(elem_type: int, *names: str) -> Callable[[onnx.GraphProto], None]:
+    """Inputs declared as another type, each cast to int64 where the graph first reads it, as an exporter writes
+    a graph whose ids are int32."""
+    def change(graph: onnx.GraphProto) -> None:
+        for graph_input in graph.input:
+            if graph_input.name not in names:
+                continue
+            graph_input.type.tensor_type.elem_type = elem_type
+            cast = f"{graph_input.name}_as_int64"
+            for node in graph.node:
+                node.input[:] = [cast if name == graph_input.name else name for name in node.input]
+            graph.node.insert(0, onnx.helper.make_node("Cast", [graph_input.name], [cast], to=TensorProto.INT64))
+    return change
+
+
+def with_input(name: str) -> Callable[[onnx.GraphProto], None]:
+    def change(graph: onnx.GraphProto) -> None:
+        graph.input.append(onnx.helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", "sequence"]))
+    return change
+
+
+def test_an_export_whose_ids_are_int32_embeds_as_the_int64_one(onnx_dirs: dict[str, Path], tmp_path: Path) -> None:
+    int32 = variant(onnx_dirs["bare"], tmp_path / "int32",
+                    typed_as(TensorProto.INT32, "input_ids", "attention_mask", "token_type_ids"))
+    assert np.allclose(LocalModel(int32).encode(SENTENCES), LocalModel(onnx_dirs["bare"]).encode(SENTENCES), atol=1e-5)
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    (with_input("position_ids"), "model.onnx also takes position_ids, which a sentence-embedding model is not fed "
+                                 "(it is fed input_ids, attention_mask, token_type_ids)"),
+    (typed_as(TensorProto.FLOAT, "attention_mask"),
+     "model.onnx takes attention_mask as tensor(float): token inputs are int64 or int32"),
+], ids=["position_ids", "float mask"])
+def test_an_export_that_takes_what_the_tokenizer_does_not_give_is_refused_as_it_loads(
+        onnx_dirs: dict[str, Path], tmp_path: Path, change: Callable[[onnx.GraphProto], None], expected: str) -> None:
+    directory = variant(onnx_dirs["bare"], tmp_path / "variant", change)
+    with pytest.raises(ModelDirError) as raised:
+        LocalModel(directory)
+    assert str(raised.value) == f"--embed-model {directory}: {expected}"
