@@ -8,7 +8,7 @@ an OTLP/HTTP receiver in its own process that decodes each request and counts it
 the two (the order reversed every other round) with 16 calls in flight of a 1 KB payload; per way calls/s,
 p50 / p99, CPU a call (the router process, and with its children: the audit writer and, when on, the
 exporter process), and the median over rounds of on ÷ off calls/s; the sink's span count shows the export
-happened.
+happened, and the exporter's and the sink's CPU a call exported (over the whole run) where the cost lies.
 Results: a table on stdout and JSON in bench/results/otel_bench.json.
 """
 
@@ -31,6 +31,7 @@ from common import (
     RESULTS,
     ROUTER_BENCH,
     RegistryProcess,
+    cpu_seconds,
     free_port,
     keep_alive,
     machine,
@@ -68,10 +69,8 @@ async def run(rounds: int, seconds: float, concurrency: int) -> dict[str, Any]:
     echo, collector = f"http://127.0.0.1:{ports['echo']}", f"http://127.0.0.1:{ports['sink']}"
     with tempfile.TemporaryDirectory() as work:
         registry = RegistryProcess(Path(work) / "registry")
-        processes = [
-            spawn(ROUTER_BENCH, "echo", "--port", str(ports["echo"])),
-            spawn(__file__, "sink", "--port", str(ports["sink"])),
-        ]
+        receiver = spawn(__file__, "sink", "--port", str(ports["sink"]))
+        processes = [spawn(ROUTER_BENCH, "echo", "--port", str(ports["echo"])), receiver]
         routers = {
             way: spawn(
                 "-m",
@@ -119,17 +118,30 @@ async def run(rounds: int, seconds: float, concurrency: int) -> dict[str, Any]:
                     for way in ("off", "on")
                 }
                 await until_routable(ways)
+                exporter = exporter_of(routers["on"].pid)
+                before = cpu_seconds(exporter), cpu_seconds(receiver.pid)
                 results = await alternating(
                     ways, rounds, seconds, concurrency, {way: process.pid for way, process in routers.items()}
                 )
                 calls_on = sum(run["calls"] for run in results["on"])
                 spans = await exported(session, collector, at_least=calls_on)
+                spent = cpu_seconds(exporter) - before[0], cpu_seconds(receiver.pid) - before[1]
         finally:
             if beating is not None:
                 beating.cancel()
             stop_processes(processes)
             registry.stop()
-    return summarize(results, rounds, seconds, concurrency, spans, calls_on)
+    summary = summarize(results, rounds, seconds, concurrency, spans, calls_on)
+    summary["exporter_cpu_us"], summary["sink_cpu_us"] = (seconds_spent / calls_on * 1e6 for seconds_spent in spent)
+    return summary
+
+
+def exporter_of(router: int) -> int:
+    """The `on` router's exporter process, among its children (the other is its audit writer)."""
+    for child in Path(f"/proc/{router}/task/{router}/children").read_text().split():
+        if b"router.otel_exporter" in Path(f"/proc/{child}/cmdline").read_bytes():
+            return int(child)
+    raise RuntimeError(f"router {router} runs no OTLP exporter")
 
 
 async def exported(session: aiohttp.ClientSession, collector: str, at_least: int, timeout: float = 30) -> int:
@@ -180,6 +192,8 @@ def report(summary: dict[str, Any]) -> None:
     print("(CPU a call: the router process alone, and with its children: the audit writer, the exporter)")
     print(f"\nexport on / off, calls/s (median of paired rounds): {summary['on_over_off']:.3f}")
     print(f"spans received {summary['spans_received']} for {summary['calls_exporting']} calls (2 spans a call)")
+    print(f"CPU a call exported, over the whole run: the exporter {summary['exporter_cpu_us']:.1f} µs, "
+          f"the sink (the collector's stand-in) {summary['sink_cpu_us']:.1f} µs")
 
 
 def main() -> None:
