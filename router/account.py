@@ -16,7 +16,7 @@ from router.budgets import NO_TICKET, Budgets
 from router.call import CallResult, InFlight
 from router.degradation import DegradationAlerts
 from router.mirror import RegistryMirror
-from router.otel import CallExport
+from router.otel import CallExport, ExportedCall, caller_sampled
 from router.reach import Outcome, ReachLedger
 from router.traces import CallTrace, TraceStore
 from router.usage import UsageLedger
@@ -89,8 +89,9 @@ class Accounting:
         usage = answer.usage if isinstance(answer, ResponseFrame) else None
         relay = flight.relay
         capability, trace_id = frame.capability or "", str(frame.context["trace_id"])
-        if keep or self.export is not None:
-            trace = CallTrace(
+        span = flight.span
+        if keep:
+            self.traces.add(CallTrace(
                 request_id=frame.request_id, capability=capability, trace_id=trace_id,
                 started_at=started_at, parent_request_id=parent_request_id, caller=client_id,
                 payload_bytes=len(payload), timeout_hint=frame.timeout_hint,
@@ -100,12 +101,12 @@ class Accounting:
                 explored=route.explored, budget=route.budget, intent_stages=route.intent_stages,
                 attempts=flight.tried, outcome=outcome,
                 error_code=error_code, total_ms=total_ms, overhead_ms=route.overhead_ms or 0.0, usage=usage,
-                span_id=flight.span.span_id, parent_span_id=flight.span.parent_span_id, streamed=relay.streaming,
-                chunks=relay.chunks, chunk_bytes=relay.bytes)
-            if keep:
-                self.traces.add(trace)
-            if self.export is not None:
-                self.export.export(trace, flight.span)
+                span_id=span.span_id, parent_span_id=span.parent_span_id, streamed=relay.streaming,
+                chunks=relay.chunks, chunk_bytes=relay.bytes))
+        if self.export is not None and caller_sampled(span):
+            self.export.export(ExportedCall(
+                frame.request_id, capability, started_at, total_ms, outcome, error_code, client_id, route.policy,
+                route.degraded, route.reason, usage, flight.tried, span.trace_id, span.span_id, span.parent_span_id))
         if self.audit is not None:
             known = caller if isinstance(caller, Caller) else None
             self.audit.record(call_entry(

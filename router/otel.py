@@ -1,8 +1,8 @@
 """Every routed call's trace handed to the OTLP exporter process (router/otel_exporter.py), off the call path.
 
-The call path pays a list append per call (``export``); a batch leaves when it holds ``BATCH`` calls or
-every ``FLUSH_SECONDS``, as one msgpack frame written to the exporter's stdin without waiting. Export is
-best effort, as the SDK's own batch processor is: while the exporter is behind by more than
+The call path pays a small record and a list append per call (``export``); a batch leaves when it holds
+``BATCH`` calls or every ``FLUSH_SECONDS``, as one msgpack frame written to the exporter's stdin without
+waiting. Export is best effort, as the SDK's own batch processor is: while the exporter is behind by more than
 ``MAX_UNSENT_BYTES`` of frames, or gone, batches are dropped and counted (``dropped``), and a dead exporter
 is started again at the next flush (at most once every ``RESTART_SECONDS``). A call whose caller did not
 sample its trace (``traceparent`` flags 00) is not sent at all.
@@ -18,9 +18,10 @@ import sys
 import time
 
 import msgspec
+from agent_reach.usage import Usage
 
 from router.tracecontext import CallSpan
-from router.traces import CallTrace
+from router.traces import AttemptTrace
 
 log = logging.getLogger("agentreach.router.otel")
 
@@ -33,9 +34,26 @@ STOP_SECONDS = 10.0  # for the exporter to send what it holds when the router st
 RESTART_SECONDS = 5.0
 
 
-class Finished(msgspec.Struct, array_like=True, gc=False):
-    call: CallTrace
-    span: CallSpan
+class ExportedCall(msgspec.Struct, array_like=True, gc=False):
+    """What the exporter needs of one ended call, and no more: its spans' facts and ids. A list, not a map, on
+    the pipe: half the bytes of a CallTrace, decoded in half the time, and no CallTrace built for a call the
+    trace store does not keep."""
+
+    request_id: str
+    capability: str
+    started_at: float  # wall clock seconds
+    total_ms: float
+    outcome: str
+    error_code: str | None  # an ErrorCode, or CANCELLED
+    caller: str | None
+    policy: str | None
+    degraded: bool
+    reason: str | None
+    usage: Usage | None
+    attempts: list[AttemptTrace]
+    trace_id: str
+    span_id: str  # the router's span of the call
+    parent_span_id: str | None  # the caller's span, from its traceparent
 
 
 def caller_sampled(span: CallSpan) -> bool:
@@ -48,7 +66,7 @@ class CallExport:
         self.service = service
         self.endpoint = endpoint
         self.dropped = 0  # calls whose spans were not handed to the exporter
-        self._pending: list[Finished] = []
+        self._pending: list[ExportedCall] = []
         self._process: asyncio.subprocess.Process | None = None
         self._flusher: asyncio.Task[None] | None = None
         self._next_start = 0.0  # monotonic: when a dead exporter may be replaced
@@ -67,11 +85,11 @@ class CallExport:
         self._process = await asyncio.create_subprocess_exec(sys.executable, "-m", "router.otel_exporter", *args,
                                                              stdin=asyncio.subprocess.PIPE)
 
-    def export(self, call: CallTrace, span: CallSpan) -> None:
-        if caller_sampled(span):
-            self._pending.append(Finished(call, span))
-            if len(self._pending) >= BATCH:
-                self._hand_off()
+    def export(self, call: ExportedCall) -> None:
+        """A call its caller sampled (``caller_sampled``), handed over with the next batch."""
+        self._pending.append(call)
+        if len(self._pending) >= BATCH:
+            self._hand_off()
 
     def _hand_off(self) -> None:
         batch, self._pending = self._pending, []

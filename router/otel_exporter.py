@@ -5,7 +5,7 @@ router's environment, so every OTEL_* variable reaches it. Exporting takes the C
 the router's GIL nor its event loop, as the audit writer does for SQLite; and little of it: the spans are
 written as protobuf directly (router/otlp_wire.py, a few µs a span where the SDK's objects take some 30) and
 each frame's sampled calls leave as one request (router/otlp_http.py: the SDK's variables, its retries). A
-frame is a 4-byte big-endian length and a msgpack array of ``Finished`` calls; EOF (the router stopped or
+frame is a 4-byte big-endian length and a msgpack array of ``ExportedCall`` records; EOF (the router stopped or
 died) ends the process once the last frame is sent.
 
 A routed call is the router's span (kind SERVER), continuing the caller's W3C trace (its parent the caller's
@@ -32,16 +32,14 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, DEFAULT_ON, Decision, Sampler
 from yarl import URL
 
-from router.otel import FRAME, Finished
+from router.otel import FRAME, ExportedCall
 from router.otlp_http import CollectorClient, UnusableEndpoint, collector_config
 from router.otlp_wire import CLIENT, SERVER, RequestWriter, span_attributes, span_shape, string_attribute
 from router.otlp_wire import span as encode_span
-from router.tracecontext import CallSpan
-from router.traces import CallTrace
 from weblayer.otel import SCOPE, resource_for
 
 log = logging.getLogger("agentreach.router.otel")
-_decoder = msgspec.msgpack.Decoder(list[Finished])
+_decoder = msgspec.msgpack.Decoder(list[ExportedCall])
 
 
 @functools.lru_cache(maxsize=4096)
@@ -77,7 +75,7 @@ def attempt_attributes(capability: str, instance: str, endpoint: str, protocol: 
 RouteFacts = tuple[str, str, int, str | None, str | None, str | None, str | None, str | None]
 
 
-def route_facts(call: CallTrace) -> RouteFacts:
+def route_facts(call: ExportedCall) -> RouteFacts:
     """What the router's span says that repeats from call to call: capability, outcome, attempts, the instance
     that answered, the caller, the policy, why it was degraded, the error."""
     return (call.capability, call.outcome, len(call.attempts), call.attempts[-1].instance if call.attempts else None,
@@ -110,7 +108,7 @@ def usage_attributes(usage: Usage) -> dict[str, Any]:
     return attributes
 
 
-def _own_attributes(call: CallTrace) -> bytes:
+def _own_attributes(call: ExportedCall) -> bytes:
     """The router's span's attributes that are this call's alone: its request id, its tokens and cost."""
     request_id = string_attribute("agentreach.request_id", call.request_id)
     return request_id if call.usage is None else request_id + span_attributes(usage_attributes(call.usage))
@@ -132,12 +130,12 @@ def _route_shape(facts: RouteFacts, parent_is_remote: bool) -> bytes:
                       parent_is_remote)
 
 
-def call_spans(call: CallTrace, span: CallSpan) -> list[bytes]:
+def call_spans(call: ExportedCall) -> list[bytes]:
     """The router's span (its parent the caller's span, if any) and one per attempt (its parent the router's),
     encoded, timed from the call's wall-clock start."""
     start = int(call.started_at * 1e9)
-    trace_id, span_id = bytes.fromhex(span.trace_id), bytes.fromhex(span.span_id)
-    parent = None if span.parent_span_id is None else bytes.fromhex(span.parent_span_id)
+    trace_id, span_id = bytes.fromhex(call.trace_id), bytes.fromhex(call.span_id)
+    parent = None if call.parent_span_id is None else bytes.fromhex(call.parent_span_id)
     spans = [encode_span(trace_id, span_id, parent, start, start + int(call.total_ms * 1e6),
                          _route_shape(route_facts(call), parent is not None), _own_attributes(call))]
     capability = call.capability
@@ -160,11 +158,12 @@ def _description(sampler: Sampler) -> str:
 _SAMPLE_EVERY_ROOT = {_description(DEFAULT_ON), _description(ALWAYS_ON)}
 
 
-def sampled(span: CallSpan, name: str, sampler: Sampler) -> bool:
+def sampled(call: ExportedCall, sampler: Sampler) -> bool:
     """A call in its caller's trace comes here only when the caller sampled it (router/otel.py); a trace the
     call starts is sampled as the SDK's sampler says."""
-    if span.parent_span_id is None:
-        return sampler.should_sample(None, int(span.trace_id, 16), name).decision is Decision.RECORD_AND_SAMPLE
+    if call.parent_span_id is None:
+        return sampler.should_sample(None, int(call.trace_id, 16), call.capability).decision is \
+            Decision.RECORD_AND_SAMPLE
     return True
 
 
@@ -182,11 +181,11 @@ class Exporter:
         self.writer = RequestWriter(resource.attributes, resource.schema_url, SCOPE.name, SCOPE.version or "")
         self.collector = CollectorClient(collector_config(endpoint, os.environ))
 
-    def export(self, calls: list[Finished]) -> None:
+    def export(self, calls: list[ExportedCall]) -> None:
         """One request for a frame's sampled calls."""
         if not self.every_root:
-            calls = [finished for finished in calls if sampled(finished.span, finished.call.capability, self.sampler)]
-        spans = [encoded for finished in calls for encoded in call_spans(finished.call, finished.span)]
+            calls = [call for call in calls if sampled(call, self.sampler)]
+        spans = [encoded for call in calls for encoded in call_spans(call)]
         if spans:
             self.collector.send(self.writer.request(spans))
 

@@ -17,10 +17,10 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from router import otlp_wire
+from router.otel import ExportedCall
 from router.otel_exporter import attempt_attributes, call_spans, route_attributes, route_facts, usage_attributes
 from router.otlp_wire import CLIENT, SERVER, RequestWriter, span, span_attributes, span_shape
-from router.tracecontext import CallSpan
-from router.traces import AttemptTrace, CallTrace
+from router.traces import AttemptTrace
 from weblayer.otel import SCOPE
 
 KINDS = {SERVER: SpanKind.SERVER, CLIENT: SpanKind.CLIENT}
@@ -116,19 +116,19 @@ ENDPOINTS = [("http://127.0.0.1:9001/call", "rest"), ("127.0.0.1:50051", "grpc")
              ("http://127.0.0.1:9002/mcp#search", "mcp")]
 
 
-def own_attributes(call: CallTrace) -> dict[str, Any]:
+def own_attributes(call: ExportedCall) -> dict[str, Any]:
     """The router's span's attributes of this call alone; a lone surrogate (which the SDK's encoder refuses) as
     the '?' ours writes."""
     request_id = call.request_id.encode("utf-8", "replace").decode()
     return {"agentreach.request_id": request_id} | (usage_attributes(call.usage) if call.usage else {})
 
 
-def expected_spans(call: CallTrace, span_of_call: CallSpan) -> list[Written]:
+def expected_spans(call: ExportedCall) -> list[Written]:
     """What a routed call's spans must say, derived here from the call: the router's span under the caller's,
     timed from the call's wall-clock start, and each attempt's under the router's."""
     start = int(call.started_at * 1e9)
-    router = Written(span_of_call.trace_id, span_of_call.span_id, span_of_call.parent_span_id,
-                     span_of_call.parent_span_id is not None, f"route {call.capability}", SERVER, start,
+    router = Written(call.trace_id, call.span_id, call.parent_span_id,
+                     call.parent_span_id is not None, f"route {call.capability}", SERVER, start,
                      start + int(call.total_ms * 1e6), route_attributes(*route_facts(call)) | own_attributes(call),
                      call.error_code)
     attempts = []
@@ -137,7 +137,7 @@ def expected_spans(call: CallTrace, span_of_call: CallSpan) -> list[Written]:
         began = start + int(attempt.started_ms * 1e6)
         operation = "execute_tool" if attempt.protocol == "mcp" else "invoke_agent"
         attempts.append(Written(
-            span_of_call.trace_id, attempt.span_id, span_of_call.span_id, False, f"{operation} {call.capability}",
+            call.trace_id, attempt.span_id, call.span_id, False, f"{operation} {call.capability}",
             CLIENT, began, began + int(attempt.elapsed_ms * 1e6),
             attempt_attributes(call.capability, attempt.instance, attempt.endpoint, attempt.protocol, number, error),
             error))
@@ -153,17 +153,18 @@ def test_a_batch_of_routed_calls_decodes_as_the_sdk_encodes_it() -> None:
                     for n, (endpoint, protocol) in enumerate(ENDPOINTS[:number % 4])]
         # Request ids of every length: a byte's worth of lengths and past it, non-ASCII and a lone surrogate.
         request_id = ("r" * (number * 3) + "-é中-\udcff")[: number * 3 + 5]
-        call = CallTrace(request_id=request_id, capability="echo", trace_id=secrets.token_hex(16),
-                         started_at=1_764_000_000.25 + number, caller="client-1" if number % 2 else None,
-                         attempts=attempts, outcome="ok" if number % 3 else "error",
-                         error_code=None if number % 3 else "NO_HEALTHY_INSTANCE", total_ms=2.5 * number,
-                         usage=Usage(input_tokens=number, output_tokens=2 * number,
-                                     cost=0.01 * number if number % 2 else None) if number % 4 == 1 else None)
-        calls.append((call, CallSpan(trace_id=call.trace_id, span_id=secrets.token_hex(8),
-                                     parent_span_id=secrets.token_hex(8) if number % 5 else None)))
-    ours_encoded = [encoded_span for call, span_of_call in calls for encoded_span in call_spans(call, span_of_call)]
-    expected = [written for call, span_of_call in calls for written in expected_spans(call, span_of_call)]
-    assert len(ours_encoded) == len(expected) == sum(1 + len(call.attempts) for call, _ in calls)
+        calls.append(ExportedCall(
+            request_id=request_id, capability="echo", started_at=1_764_000_000.25 + number, total_ms=2.5 * number,
+            outcome="success" if number % 3 else "failed", error_code=None if number % 3 else "NO_HEALTHY_INSTANCE",
+            caller="client-1" if number % 2 else None, policy=("least_load", "scored", None)[number % 3],
+            degraded=number % 7 == 0, reason="failover" if number % 14 == 0 else None,
+            usage=Usage(input_tokens=number, output_tokens=2 * number,
+                        cost=0.01 * number if number % 2 else None) if number % 4 == 1 else None,
+            attempts=attempts, trace_id=secrets.token_hex(16), span_id=secrets.token_hex(8),
+            parent_span_id=secrets.token_hex(8) if number % 5 else None))
+    ours_encoded = [encoded_span for call in calls for encoded_span in call_spans(call)]
+    expected = [written for call in calls for written in expected_spans(call)]
+    assert len(ours_encoded) == len(expected) == sum(1 + len(call.attempts) for call in calls)
     assert request_of(ours_encoded) == theirs(expected)
 
 
