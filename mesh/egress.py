@@ -21,6 +21,9 @@ NETWORKS_ENV = "AGENTREACH_AGENT_NETWORKS"
 # clouds answer metadata requests, 169.254.169.254 and the like) and the metadata addresses outside them.
 GUARDED: tuple[IPNetwork, ...] = tuple(ipaddress.ip_network(text) for text in (
     "169.254.0.0/16", "fe80::/10", "fd00:ec2::254/128", "100.100.100.200/32"))
+GUARDED_NOTE = "(link-local or a cloud metadata address), refused unless --agent-networks names it"
+# NAT64's well-known prefix (RFC 6052): its last 32 bits are the IPv4 address a NAT64 gateway connects to.
+NAT64 = ipaddress.ip_network("64:ff9b::/96")
 # The networks a refusal names; past these, how many more.
 NAMED_IN_REASONS = 4
 # A name still unresolved after this is refused: a registration does not wait on a slow DNS server.
@@ -54,19 +57,49 @@ def _inside(network: IPNetwork, outer: IPNetwork) -> bool:
     return network.network_address in outer and network.broadcast_address in outer
 
 
+def _reached(address: IPAddress) -> IPAddress:
+    """The IPv4 address an IPv6 one is, written as IPv6: mapped (``::ffff:a.b.c.d``) or translated by NAT64's
+    well-known prefix (``64:ff9b::a.b.c.d``, RFC 6052), where a NAT64 gateway connects to exactly that IPv4
+    address; else the address itself."""
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return address.ipv4_mapped
+        if address in NAT64:
+            return ipaddress.IPv4Address(int(address) & 0xFFFF_FFFF)
+    return address
+
+
+def _tunnels(address: IPAddress) -> tuple[ipaddress.IPv4Address, ...]:
+    """The IPv4 addresses a 6to4 (RFC 3056) or Teredo (RFC 4380) address carries: where its packets go first."""
+    if not isinstance(address, ipaddress.IPv6Address):
+        return ()
+    if address.sixtofour is not None:
+        return (address.sixtofour,)
+    return address.teredo or ()
+
+
+def _guarded(address: IPAddress, networks: tuple[IPNetwork, ...]) -> IPNetwork | None:
+    """The GUARDED range that refuses ``address``: None when it is in none, or a listed network opens it."""
+    guarded = next((network for network in GUARDED if address in network), None)
+    if guarded is None or any(address in network and _inside(network, guarded) for network in networks):
+        return None
+    return guarded
+
+
 def refusal(address: IPAddress, networks: tuple[IPNetwork, ...]) -> str | None:
     """Why the rule refuses ``address``; None when the mesh may connect to it. With no ``networks``
     every address but GUARDED ones may be reached; a GUARDED one only when a listed network lies inside
     its guarded range (``0.0.0.0/0`` does not open 169.254.169.254; ``169.254.169.254/32`` does).
-    An IPv4 address written as IPv6 (``::ffff:a.b.c.d``) is judged as the IPv4 address it reaches."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    guarded = next((network for network in GUARDED if address in network), None)
+    An IPv4 address written as IPv6 (``::ffff:a.b.c.d``, ``64:ff9b::a.b.c.d``) is judged as the IPv4 address
+    it reaches, and a tunnel's address (6to4, Teredo) is refused when the IPv4 address it carries is GUARDED."""
+    address = _reached(address)
+    guarded = _guarded(address, networks)
     if guarded is not None:
-        if any(address in network and _inside(network, guarded) for network in networks):
-            return None
-        return (f"{address} is in {guarded} (link-local or a cloud metadata address), refused unless "
-                "--agent-networks names it")
+        return f"{address} is in {guarded} {GUARDED_NOTE}"
+    for carried in _tunnels(address):
+        guarded = _guarded(carried, networks)
+        if guarded is not None:
+            return f"{address} tunnels through {carried}, in {guarded} {GUARDED_NOTE}"
     if not networks or any(address in network for network in networks):
         return None
     return f"{address} is outside --agent-networks ({_named(networks)})"

@@ -17,6 +17,7 @@ import aiohttp
 
 from conftest import wait_for
 from sdk_support import free_port as spare_port
+from sdk_support import in_shard
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC_PORTS = {"router": 8080, "registry": 8081, "echo": 9000, "agent": 9001}
@@ -25,7 +26,10 @@ VENV_BIN = Path(sys.executable).parent
 
 
 def free_port(preferred: int) -> int:
-    """``preferred`` (the port the docs show) when it is free, else another (sdk_support.free_port)."""
+    """``preferred`` (the port the docs show) when it is free and this test process's to choose (tests side by
+    side split the ports), else another (sdk_support.free_port)."""
+    if not in_shard(preferred):
+        return spare_port()
     with socket.socket() as sock:
         try:
             sock.bind(("127.0.0.1", preferred))

@@ -101,7 +101,9 @@ async def test_a_name_that_does_not_resolve_is_refused(start_registry: StartRegi
 
 
 @pytest.mark.parametrize("host", ["169.254.169.254", "169.254.170.2", "[fe80::1]", "[::ffff:169.254.169.254]",
-                                  "[fd00:ec2::254]", "100.100.100.200"])
+                                  "[fd00:ec2::254]", "100.100.100.200",
+                                  # The metadata address through NAT64, a 6to4 relay and a Teredo server.
+                                  "[64:ff9b::a9fe:a9fe]", "[2002:a9fe:a9fe::1]", "[2001:0:a9fe:a9fe::1]"])
 @pytest.mark.parametrize("networks", [(), ("0.0.0.0/0", "::/0")])
 async def test_link_local_and_metadata_addresses_are_refused_unless_named(
         start_registry: StartRegistry, http: aiohttp.ClientSession, host: str, networks: tuple[str, ...]) -> None:
@@ -121,6 +123,21 @@ def test_only_a_network_inside_a_guarded_range_opens_it() -> None:
     assert Egress(parse_networks("100.100.100.200")).address_refusal("100.100.100.200") is None
     assert opened.address_refusal("11.0.0.1") == "11.0.0.1 is outside --agent-networks (169.254.169.254/32, 10.0.0.0/8)"
     assert Egress().address_refusal("::ffff:10.0.0.1") is None
+
+
+def test_an_ipv4_address_written_as_ipv6_is_judged_as_the_address_it_reaches() -> None:
+    private = Egress(parse_networks("10.0.0.0/8"))
+    assert private.address_refusal("64:ff9b::a00:1") is None  # NAT64 to 10.0.0.1
+    assert private.address_refusal("64:ff9b::b00:1") == "11.0.0.1 is outside --agent-networks (10.0.0.0/8)"
+    assert Egress(parse_networks("169.254.169.254/32")).address_refusal("64:ff9b::a9fe:a9fe") is None
+    # A tunnel's own address is what the rule judges; the IPv4 address it carries only by the guard.
+    tunnels = Egress(parse_networks("2002::/16, 2001::/32"))
+    assert tunnels.address_refusal("2002:a00:1::1") is None
+    assert tunnels.address_refusal("2002:a9fe:a9fe::1") == (
+        "2002:a9fe:a9fe::1 tunnels through 169.254.169.254, in 169.254.0.0/16 (link-local or a cloud metadata "
+        "address), refused unless --agent-networks names it")
+    assert tunnels.address_refusal("2001:0:a00:1:0:0:f5ff:fffe") is None  # server 10.0.0.1, client 10.0.0.1
+    assert tunnels.address_refusal("2001:0:a00:1:0:0:5601:5601") is not None  # its client is 169.254.169.254
     with pytest.raises(ValueError, match=r"'10\.0\.0\.1/8' is not a network"):
         parse_networks("10.0.0.1/8")
 

@@ -32,14 +32,26 @@ var (
 	portsChosen = map[int]bool{}
 )
 
+// PortShard is this process's share of the spare ports: those p with p % count == index. Test processes that
+// run side by side (the Python suite's workers, and the Go tests each starts) are told theirs in
+// AGENTREACH_PORT_SHARD ("index/count"), so two of them never hand one port to two servers; without it, all.
+func PortShard() (index, count int) {
+	if _, err := fmt.Sscanf(os.Getenv("AGENTREACH_PORT_SHARD"), "%d/%d", &index, &count); err == nil &&
+		count > 0 && index >= 0 && index < count {
+		return index, count
+	}
+	return 0, 1
+}
+
 // FreePort is a port of 127.0.0.1 to give a child process, free when chosen. It lies outside the kernel's
 // ephemeral range, so between its choosing and the child binding it no outgoing connection or bind of
-// port 0 (this process's or any other's) can take it.
+// port 0 (this process's or any other's) can take it, and in this process's PortShard.
 func FreePort() (int, error) {
 	low, high := EphemeralPorts()
+	index, count := PortShard()
 	var spare []int
 	for port := 10_000; port <= 65_535; port++ {
-		if port < low || port > high {
+		if (port < low || port > high) && port%count == index {
 			spare = append(spare, port)
 		}
 	}
