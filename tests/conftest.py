@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -13,6 +14,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from port_shard import PORT_SHARD, PORT_SHARD_ENV
 from recording_support import Received, RecordingServer
 from registry.lifecycle import LifecycleConfig
 from registry.server import RegistryServer, RegistrySettings
@@ -23,6 +25,11 @@ from registry.server import RegistryServer, RegistrySettings
 pytest_plugins = ["agent_support", "router_support", "log_support", "sdk_support", "console_support", "wal_support",
                   "etcd_support", "failure_support", "node_support", "socket_support", "grpc_support",
                   "mq_support", "embed_model_support"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Children of this test process (the Go SDK's tests) choose ports in its shard (port_shard.py)."""
+    os.environ[PORT_SHARD_ENV] = f"{PORT_SHARD[0]}/{PORT_SHARD[1]}"
 
 
 async def wait_for(condition: Callable[[], Awaitable[Any] | Any], timeout: float = 10.0,

@@ -16,8 +16,8 @@ from pathlib import Path
 import aiohttp
 
 from conftest import wait_for
+from port_shard import in_shard
 from sdk_support import free_port as spare_port
-from sdk_support import in_shard
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC_PORTS = {"router": 8080, "registry": 8081, "echo": 9000, "agent": 9001}

@@ -24,6 +24,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from conftest import wait_for
+from port_shard import in_shard
 from recording_support import Received, RecordingServer
 from registry.lifecycle import LifecycleConfig
 from registry.server import RegistryServer, RegistrySettings
@@ -40,28 +41,6 @@ def _ephemeral_ports() -> range:
     except (OSError, ValueError):
         low, high = 32768, 60999
     return range(low, high + 1)
-
-
-PORT_SHARD_ENV = "AGENTREACH_PORT_SHARD"
-
-
-def _port_shard() -> tuple[int, int]:
-    """(i, n): this test process takes the spare ports p with p % n == i. Under pytest-xdist each worker is one
-    shard, and its children (the Go SDK's tests) learn theirs from AGENTREACH_PORT_SHARD: two workers never
-    hand one port to two servers."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if worker is not None:
-        os.environ[PORT_SHARD_ENV] = f"{int(worker.removeprefix('gw'))}/{os.environ['PYTEST_XDIST_WORKER_COUNT']}"
-    index, _, count = os.environ.get(PORT_SHARD_ENV, "0/1").partition("/")
-    return int(index), int(count)
-
-
-PORT_SHARD = _port_shard()
-
-
-def in_shard(port: int) -> bool:
-    """Whether ``port`` is this test process's to choose."""
-    return port % PORT_SHARD[1] == PORT_SHARD[0]
 
 
 # Every port loopback_socket chose in this test process: none is chosen twice.
