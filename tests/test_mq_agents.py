@@ -106,7 +106,10 @@ async def test_a_caller_leaving_an_mq_stream_cancels_the_handler(mq_mesh, make_a
     await wait_for(lambda: agent.mq.counts["cancelled"] == 1, timeout=2.0, what="the cancel to be counted")
     trace = (await mq_mesh.get("/traces/mq-gone"))["call"]
     assert trace["error_code"] == "CANCELLED" and trace["chunks"] >= 3
-    assert await redis_server.pending("agentreach.mq-gone-1.mq.ticks") == []  # acknowledged, not redelivered
+
+    async def acknowledged() -> bool:  # the agent counts the cancel, then acknowledges the entry
+        return await redis_server.pending("agentreach.mq-gone-1.mq.ticks") == []
+    await wait_for(acknowledged, timeout=2.0, what="the cancelled call's entry to be acknowledged, not redelivered")
 
 
 async def test_business_errors_usage_and_context_updates_cross_the_broker(mq_mesh, make_agent, redis_server):
