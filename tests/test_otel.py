@@ -26,6 +26,7 @@ from conftest import wait_for
 from otlp_support import OtlpReceiver, ReceivedSpan
 from recording_support import Received, RecordingServer
 from registry.server import RegistryServer, RegistrySettings
+from router.core import RouterSettings
 from router_support import capability
 from weblayer import otel
 
@@ -112,6 +113,25 @@ async def test_a_call_that_fails_over_once_is_one_trace_from_the_caller_to_the_a
     assert router.start_ns <= first.start_ns <= first.end_ns <= second.start_ns <= second.end_ns <= router.end_ns
     trace = await mesh.get(f"/traces/{answer.body['request_id']}")
     assert [attempt["span_id"] for attempt in trace["call"]["attempts"]] == [first.span_id, second.span_id]
+
+
+async def test_every_call_is_exported_whether_or_not_the_trace_store_keeps_it(start_mesh, receiver, start_agent):
+    """The store keeps one plain success a second; export hands over a record of its own for every call."""
+    mesh = await start_mesh(routing=RouterSettings(traced_successes_per_second=1),
+                            router_settings={"otlp_endpoint": receiver.url})
+    await mesh.add(await start_agent("a1"))
+    request_ids = set()
+    while mesh.router.traces.sampled_out < 3:  # calls milliseconds apart: a few share each second
+        assert len(request_ids) < 50, "the trace store kept every call: nothing here tests export without it"
+        answer = await mesh.call("echo", {"n": len(request_ids)})
+        assert answer.status == 200, answer.body
+        request_ids.add(answer.body["request_id"])
+
+    def exported() -> set[str]:
+        return {span.attributes["agentreach.request_id"] for span in receiver.spans if span.name == "route echo"}
+    await wait_for(lambda: request_ids <= exported(), timeout=10, what="every call's router span")
+    attempts = [span for span in receiver.spans if span.name == "invoke_agent echo"]
+    assert len(attempts) == len(request_ids)
 
 
 async def test_a_refused_call_is_an_error_span_and_an_unsampled_caller_exports_nothing(start_mesh, receiver):
