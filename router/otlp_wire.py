@@ -99,11 +99,10 @@ def span_attributes(values: Mapping[str, Any]) -> bytes:
     return attributes(9, values)
 
 
-@functools.lru_cache(maxsize=4096)
 def span_shape(name: str, kind: int, attributes: bytes, error: str | None, parent_is_remote: bool) -> bytes:
-    """What spans of one kind share, encoded once: name 5, kind 6, the attributes block (field 9, as
-    ``span_attributes`` wrote it), status 15 (message 2, code 3; ERROR with the error as its message) and flags
-    16 (fixed32: the SDK says whether the parent is remote)."""
+    """What spans of one kind share, encoded once and kept by the caller: name 5, kind 6, the attributes block
+    (field 9, as ``span_attributes`` wrote it), status 15 (message 2, code 3; ERROR with the error as its
+    message) and flags 16 (fixed32: the SDK says whether the parent is remote)."""
     status = b"" if error is None else _field(2, _utf8(error)) + bytes((0x18, STATUS_ERROR))
     flags = _HAS_IS_REMOTE | (_IS_REMOTE if parent_is_remote else 0)
     return b"".join((_field(5, _utf8(name)), bytes((0x30, kind)), attributes, _field(15, status), b"\x85\x01",
@@ -136,11 +135,7 @@ def _key(key: str) -> bytes:
 
 def string_attribute(key: str, value: str) -> bytes:
     """A span attribute whose value seldom repeats (a request id): written each time, never kept."""
-    key_part, encoded = _key(key), _utf8(value)
-    size = len(encoded)
-    if len(key_part) + size + 4 < 0x80:  # every length fits a byte: a request id, nearly always
-        return bytes((0x4A, len(key_part) + size + 4)) + key_part + bytes((0x12, size + 2, 0x0A, size)) + encoded
-    return _field(9, key_part + _field(2, _field(1, encoded)))
+    return _field(9, _key(key) + _field(2, _field(1, _utf8(value))))
 
 
 class RequestWriter:

@@ -15,8 +15,10 @@ def shard_of(environ: Mapping[str, str]) -> tuple[int, int]:
     worker = environ.get("PYTEST_XDIST_WORKER")
     if worker is not None:
         return int(worker.removeprefix("gw")), int(environ["PYTEST_XDIST_WORKER_COUNT"])
-    index, _, count = environ.get(PORT_SHARD_ENV, "0/1").partition("/")
-    return int(index), int(count)
+    index, _, count = environ.get(PORT_SHARD_ENV, "").partition("/")
+    if index.isdigit() and count.isdigit() and int(index) < int(count):
+        return int(index), int(count)
+    return 0, 1  # unset or malformed: every port, as the Go SDK's PortShard reads it
 
 
 PORT_SHARD = shard_of(os.environ)
