@@ -12,7 +12,7 @@ import msgspec
 from agent_reach.atp import ErrorCode, RequestFrame
 from agent_reach.exhaustion import Throttle
 
-from mesh.policy import DEFAULT_POLICY, Policy
+from mesh.policy import DEFAULT_POLICY
 from router.call import ROUTER_FAILURE, Attempts, InFlight
 from router.candidate import Candidate
 from router.decide import Choice
@@ -20,6 +20,7 @@ from router.forward import Forwarder
 from router.instances import InstanceBook
 from router.mirror import Offer, RegistryMirror
 from router.outcome import Observer, Step, hurried
+from router.plan import CallPlan, InstancePlan
 from router.rules import Decision
 from router.selection import RouteRefusal
 from router.sticky import StickyTable, sticky_key
@@ -52,26 +53,25 @@ class Failover:
         # Out of descriptors, every call fails alike: one log line per interval, not one per call.
         self._short_of_resources = Throttle()
 
-    async def run(self, frame: RequestFrame, capability: str, offers: list[Offer], policy: Policy,
-                  started: float, flight: InFlight, narrowed: Decision | None = None,
-                  candidates: list[Candidate] | None = None) -> Attempts:
+    async def run(self, frame: RequestFrame, call_plan: CallPlan, started: float, flight: InFlight,
+                  narrowed: Decision | None = None, candidates: list[Candidate] | None = None) -> Attempts:
         """``candidates``: the offers as this call's rules or split already saw them (built here when None)."""
         now = time.monotonic()
         choice = self.choice
-        by_id = {offer.record.agent_id: offer for offer in offers}
+        capability, policy, policy_name, instances = \
+            call_plan.capability, call_plan.policy, call_plan.routing, call_plan.instances
         if candidates is None:
-            candidates = [choice.candidate(offer, capability, policy, now) for offer in offers]
-        policy_name = choice.policy_of(policy, offers)
+            candidates = [choice.candidate(instance, capability, policy, now) for instance in instances.values()]
         sticky = sticky_key(capability, frame.context, policy.affinity.key) if policy.affinity.enabled else None
         plan = choice.plan(frame, candidates, policy, policy_name, sticky, narrowed, now)
         if isinstance(plan, RouteRefusal):
             return Attempts(refusal=plan, policy=policy_name)
-        sla_ms = by_id[plan.order[0].agent_id].capability.timeout_sla_ms
-        timeouts = resolve_timeouts(policy.timeout, sla_ms, frame.timeout_hint)
+        first = instances[plan.order[0].agent_id]
         # The capability's own deadlines: a timeout the caller's hint brought forward is not the agent's.
-        own = resolve_timeouts(policy.timeout, sla_ms, None) if frame.timeout_hint is not None else timeouts
-        idempotent = by_id[plan.order[0].agent_id].capability.idempotent
-        tries_allowed = policy.retry.max_attempts if policy.retry.enabled and idempotent else 1
+        own = first.timeouts
+        timeouts = own if frame.timeout_hint is None else \
+            resolve_timeouts(policy.timeout, first.offer.capability.timeout_sla_ms, frame.timeout_hint)
+        tries_allowed = policy.retry.max_attempts if policy.retry.enabled and first.offer.capability.idempotent else 1
         state = Attempts(policy=policy_name, degraded=plan.degraded, reason=plan.reason,
                          plan=[candidate.agent_id for candidate in plan.order], budget=plan.budget)
         tries = 0
@@ -93,7 +93,8 @@ class Failover:
             if state.attempts:
                 state.degraded, state.reason = True, "failover"
                 self.decisions["failover"] += 1
-            offer = by_id[candidate.agent_id]
+            instance = instances[candidate.agent_id]
+            offer = instance.offer
             # Recorded before sending: a call cut short while the agent has it still names the agent.
             span = flight.span.child()
             attempt = AttemptTrace(
@@ -101,7 +102,7 @@ class Failover:
                 started_ms=round((now - started) * 1000, 3), elapsed_ms=0.0, message="no answer: the call ended first",
                 span_id=span.span_id)
             flight.tried.append(attempt)
-            answer = await self._send(frame, capability, offer, timeouts, remaining, span, flight.relay)
+            answer = await self._send(frame, capability, instance, timeouts, remaining, span, flight.relay)
             attempt.elapsed_ms, attempt.message = round(answer.elapsed_ms, 3), answer.message
             attempt.error_code = answer.error_code
             state.attempts += 1
@@ -129,8 +130,9 @@ class Failover:
             return Attempts(refusal=refusal, policy=policy_name, plan=state.plan, budget=plan.budget)
         return state
 
-    async def _send(self, frame: RequestFrame, capability: str, offer: Offer, timeouts: ResolvedTimeouts,
+    async def _send(self, frame: RequestFrame, capability: str, instance: InstancePlan, timeouts: ResolvedTimeouts,
                     remaining: float, span: CallSpan, relay: Relay) -> AgentAnswer:
+        offer = instance.offer
         agent_id = offer.record.agent_id
         attempt_timeouts = msgspec.structs.replace(
             timeouts, total_s=remaining, first_byte_s=min(timeouts.first_byte_s, remaining),
@@ -139,8 +141,8 @@ class Failover:
         try:
             sent = frame if frame.capability == capability else msgspec.structs.replace(frame, capability=capability)
             answer = await self.forwarder.send(offer.capability.endpoint, offer.capability.protocol, sent,
-                                               attempt_timeouts, self.mirror.auth.signing_key(offer.record.token_id),
-                                               agent_id, self.max_answer_bytes, span=span, relay=relay)
+                                               attempt_timeouts, instance.signing_key, agent_id, self.max_answer_bytes,
+                                               span=span, relay=relay)
         finally:
             self.book.inflight[agent_id] -= 1
         if answer.error_code in TIMEOUTS:

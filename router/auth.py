@@ -15,11 +15,12 @@ import msgspec
 from agent_reach.atp import ErrorCode
 from agent_reach.registration import TrustLevel
 
-from auth.grants import DEFAULT_REQUIRED_TRUST, granted, trust_allows
+from auth.grants import GrantSet, trust_allows
 from auth.headers import api_key, bearer, presented_key
 from auth.records import ClientRecord
-from router.mirror import Offer, RegistryMirror
+from router.mirror import RegistryMirror
 from router.oauth import TokenClaims, TokenIssuer
+from router.plan import CallPlan
 
 # Verified credentials remembered; past this the oldest is forgotten (and verified again if it returns).
 MAX_CACHED = 10_000
@@ -36,6 +37,7 @@ class Caller(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     grants: list[str]
     via: Literal["api_key", "jwt"]
     rate_limit_qps: float  # 0 = unlimited
+    grant_set: GrantSet  # ``grants`` compiled, once per credential: what a call checks
 
 
 class Unauthenticated(msgspec.Struct, kw_only=True, frozen=True):
@@ -139,7 +141,7 @@ class Authenticator:
                 trust_level: TrustLevel | None = None) -> Caller:
         rate = record.rate_limit_qps if record.rate_limit_qps is not None else self.default_qps
         return Caller(client_id=record.client_id, name=record.name, trust_level=trust_level or record.trust_level,
-                      grants=grants, via=via, rate_limit_qps=rate)
+                      grants=grants, via=via, rate_limit_qps=rate, grant_set=GrantSet(grants))
 
     def admin_refusal(self, headers: Mapping[str, str]) -> AdminRefusal | None:
         """None when the request carries the admin key (X-API-Key or Bearer); else the 401/403 to answer."""
@@ -156,25 +158,23 @@ class Authenticator:
         return AdminRefusal(status=401, error="unauthenticated", message="The credential sent is not valid")
 
 
-def authorize(caller: Caller, capability: str, offers: list[Offer] | None) -> Refusal | None:
-    """Grant first (so a refused caller learns nothing about the capability), then the trust level every
-    offering instance declares."""
-    if not granted(caller.grants, capability):
+def authorize(caller: Caller, capability: str, plan: CallPlan | None) -> Refusal | None:
+    """Grant first (so a refused caller learns nothing about the capability), then the trust level its
+    instances require (``plan`` None: none offers it, so none is required yet)."""
+    if not caller.grant_set.covers(capability):
         return Refusal(code=ErrorCode.FORBIDDEN, decision="forbidden",
                        message=f"Client {caller.client_id} is not granted {capability!r}")
-    for offer in offers or ():
-        required = offer.capability.trust_level
-        if not trust_allows(caller.trust_level, required):
-            return Refusal(code=ErrorCode.TRUST_LEVEL_INSUFFICIENT, decision="trust_level_insufficient",
-                           message=f"{capability!r} requires trust level {required or DEFAULT_REQUIRED_TRUST}; "
-                                   f"client {caller.client_id} holds {caller.trust_level}")
+    if plan is not None and not trust_allows(caller.trust_level, plan.required_trust):
+        return Refusal(code=ErrorCode.TRUST_LEVEL_INSUFFICIENT, decision="trust_level_insufficient",
+                       message=f"{capability!r} requires trust level {plan.required_trust}; "
+                               f"client {caller.client_id} holds {caller.trust_level}")
     return None
 
 
-def may_call(caller: Caller | Unauthenticated | None, offers: list[Offer] | None, capability: str) -> bool:
-    """Whether a catalog (A2A cards, MCP tools) shows ``capability`` to ``caller``: offered, and authorized
+def may_call(caller: Caller | Unauthenticated | None, plan: CallPlan | None) -> bool:
+    """Whether a catalog (A2A cards, MCP tools) shows a capability to ``caller``: offered, and authorized
     when authentication is on (a refused credential is turned away before any catalog is read)."""
-    return offers is not None and (not isinstance(caller, Caller) or authorize(caller, capability, offers) is None)
+    return plan is not None and (not isinstance(caller, Caller) or authorize(caller, plan.capability, plan) is None)
 
 
 def _remember(cache: dict[str, _V], key: str, value: _V) -> None:

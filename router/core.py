@@ -19,7 +19,7 @@ from agent_reach.registration import RoutingPolicy
 from agent_reach.usage import priced
 
 from mesh.alerts import AlertConfig
-from mesh.policy import DEFAULT_POLICY, Policy
+from mesh.policy import Policy
 from mesh.schemas import Validators
 from router.account import Accounting
 from router.admit import Admission
@@ -33,8 +33,9 @@ from router.degradation import DegradationAlerts
 from router.forward import Forwarder
 from router.instances import InstanceBook
 from router.measurements import Measurements
-from router.mirror import Offer, RegistryMirror
+from router.mirror import RegistryMirror
 from router.outcome import Observer
+from router.plan import CallPlan, CallPlans
 from router.ratelimit import ClientLimits
 from router.reach import ReachLedger
 from router.rollback import Releases
@@ -108,11 +109,11 @@ class Router:
                                report_every=settings.budget_report_seconds,
                                unbounded_calls=settings.budget_unbounded_calls)
         self._rng = rng or random.Random()
+        self.plans = CallPlans(mirror, settings.default_policy)
         # The stages, in the order a call meets them; they share the parts above.
         self.admission = Admission(mirror, self.client_limits, self.budgets, self.schemas, self.decisions)
-        self.choice = Choice(mirror, self.book, self.measurements, self.budgets, self.rules, self.sticky, self._rng,
-                             self.decisions, default_policy=settings.default_policy,
-                             panic_threshold=settings.panic_threshold, semantic=semantic)
+        self.choice = Choice(mirror, self.plans, self.book, self.measurements, self.budgets, self.rules, self.sticky,
+                             self._rng, self.decisions, panic_threshold=settings.panic_threshold, semantic=semantic)
         self.failover = Failover(mirror, forwarder, self.book, self.observer, self.sticky, self.choice,
                                  self.decisions, max_answer_bytes=settings.max_answer_bytes)
         self.accounting = Accounting(mirror, self.budgets, self.traces, self.ledger, self.usage, self.degradations,
@@ -199,9 +200,9 @@ class Router:
                 return matched
             match = matched
         capability = frame.capability or ""
-        offers = self.mirror.offers(capability)
+        plan = self.plans.of(capability)
         if isinstance(caller, Caller):
-            refusal = authorize(caller, capability, offers)
+            refusal = authorize(caller, capability, plan)
             if refusal is not None:
                 return admission.refuse(frame, refusal, caller, started)
         # Once the caller may make the call: a refused one must not take from its budget's lease.
@@ -211,20 +212,20 @@ class Router:
             if isinstance(admitted, Refusal):
                 return admission.refuse(frame, admitted, caller, started)
             flight.budget = admitted
-        if frame.confirm_intent and frame.intent and offers is not None and self.confirmations is not None:
+        if frame.confirm_intent and frame.intent and plan is not None and self.confirmations is not None:
             # Only once the caller may call it: nobody teaches the mesh phrasings for capabilities it may not use.
             self.confirmations.offer(capability, frame.intent,
                                      caller.client_id if isinstance(caller, Caller) else ANONYMOUS)
-        result = await self._call_capability(frame, capability, offers, started, size, caller, flight)
+        result = await self._call_capability(frame, capability, plan, started, size, caller, flight)
         if match is not None:
             result.route.match_score, result.route.intent_candidates = match.score, match.candidates
             result.route.intent_stages = match.stages
         return result
 
-    async def _call_capability(self, frame: RequestFrame, capability: str, offers: list[Offer] | None,
+    async def _call_capability(self, frame: RequestFrame, capability: str, plan: CallPlan | None,
                                started: float, size: int, caller: Caller | Unauthenticated | None,
                                flight: InFlight) -> CallResult:
-        if offers is None:
+        if plan is None:
             policy = self.mirror.policy(capability)
             if policy is None:
                 return error_result(frame, ErrorCode.UNKNOWN_CAPABILITY,
@@ -235,9 +236,9 @@ class Router:
                                                   reason=f"no instance of {capability!r} is registered"))
             return await self._with_fallback(frame, policy, empty, started, caller, flight) or \
                 self._finish(frame, capability, None, empty, started)
-        policy = self.mirror.policy(capability) or DEFAULT_POLICY
+        policy = plan.policy
         # Built once per call and shared by the rules, the split and the attempt; None: neither is configured.
-        candidates_of = self.choice.candidates_of(capability, policy, caller) \
+        candidates_of = self.choice.candidates_of(caller) \
             if policy.rule_list or policy.shares else None
         decision = self.choice.decision(frame, capability, policy, caller, candidates_of) \
             if candidates_of and policy.rule_list else \
@@ -253,19 +254,18 @@ class Router:
                                 f"Refused by policy rule {decision.rule}: {decision.reason}",
                                 RouteFacts(capability=capability, rule=decision.rule, reason=decision.reason), started,
                                 ledgered=False)
-        routed, routed_policy = capability, policy
+        routed_plan = plan
         if decision.capability != capability:  # a rule sends it to another capability (it has a serving instance)
-            routed, offers = decision.capability, self.mirror.offers(decision.capability) or offers
-            routed_policy = self.mirror.policy(routed) or DEFAULT_POLICY
-        declared = offers[0].capability
+            routed_plan = self.plans.of(decision.capability) or plan
+        routed, declared = routed_plan.capability, routed_plan.offers[0].capability
         refused = self.admission.payload(frame, routed, declared, size, started)
         if refused is not None:
             return refused
         now = time.monotonic()
-        capability_breaker = self.book.breaker("", routed, routed_policy.circuit_breaker)
+        capability_breaker = self.book.breaker("", routed, routed_plan.policy.circuit_breaker)
         if capability_breaker.allow(now):
             sent = frame if routed == capability else msgspec.structs.replace(frame, capability=routed)
-            attempts = await self.failover.run(sent, routed, offers, routed_policy, started, flight, decision,
+            attempts = await self.failover.run(sent, routed_plan, started, flight, decision,
                                                candidates_of(routed) if candidates_of else None)
             self.observer.observe_capability(capability_breaker, attempts.answer, time.monotonic())
         else:
@@ -284,7 +284,7 @@ class Router:
                 mirrored(mirror, capability, frame.request_id, declared.idempotent):
             live = attempts.refusal.code.value if attempts.refusal else status_of(attempts.answer)
             live_ms = (time.monotonic() - started) * 1000
-            self.traffic_mirror.copy(frame, capability, offers, mirror, live, live_ms)
+            self.traffic_mirror.copy(frame, capability, plan.offers, mirror, live, live_ms)
         if attempts.answer is not None and attempts.answer.ok:  # the common case: no coroutine for fallback
             return self._finish(frame, routed, declared.timeout_sla_ms, attempts, started)
         fallback = await self._with_fallback(frame, policy, attempts, started, caller, flight)
@@ -313,21 +313,19 @@ class Router:
 
     async def _call_fallback(self, frame: RequestFrame, fallback: str, started: float,
                              caller: Caller | Unauthenticated | None, flight: InFlight) -> CallResult | None:
-        offers = self.mirror.offers(fallback)
-        if offers is None:
+        plan = self.plans.of(fallback)
+        if plan is None:
             return None
-        if isinstance(caller, Caller) and authorize(caller, fallback, offers) is not None:
+        if isinstance(caller, Caller) and authorize(caller, fallback, plan) is not None:
             # A fallback is not a way around grants or trust levels: answer the original failure.
             self.decisions["fallback_refused"] += 1
             return None
-        policy = self.mirror.policy(fallback) or DEFAULT_POLICY
-        attempts = await self.failover.run(msgspec.structs.replace(frame, capability=fallback), fallback, offers,
-                                           policy, started, flight)
+        attempts = await self.failover.run(msgspec.structs.replace(frame, capability=fallback), plan, started, flight)
         if attempts.answer is None or not attempts.answer.ok:
             return None
         attempts.degraded, attempts.reason = True, "fallback"
         self.decisions["fallback"] += 1
-        return self._finish(frame, fallback, offers[0].capability.timeout_sla_ms, attempts, started)
+        return self._finish(frame, fallback, plan.offers[0].capability.timeout_sla_ms, attempts, started)
 
     def _beyond_fallback(self, attempts: Attempts) -> bool:
         """A failure another capability would not mend: the caller's, the agent's business answer, or the

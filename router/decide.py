@@ -15,7 +15,7 @@ import msgspec
 from agent_reach.atp import ErrorCode, RequestFrame, RouteFacts
 from agent_reach.registration import RoutingPolicy
 
-from mesh.policy import DEFAULT_POLICY, Policy, SplitShare
+from mesh.policy import Policy, SplitShare
 from router.auth import Caller, Unauthenticated, authorize
 from router.budgets import Budgets
 from router.call import CallResult, error_result
@@ -23,10 +23,11 @@ from router.canary import assign, share_point
 from router.candidate import Candidate
 from router.instances import InstanceBook
 from router.measurements import Measurements
-from router.mirror import Offer, RegistryMirror
+from router.mirror import RegistryMirror
+from router.plan import CallPlans, InstancePlan
 from router.rules import CallerFacts, CandidatesOf, Decision, decide, minute_of_week, ordered, serviceable
-from router.scoring import InstanceScore, explain, reference_cost, scoring_of
-from router.selection import RoutePlan, RouteRefusal, choose_policy, plan_route, session_hash_key
+from router.scoring import InstanceScore, explain, scoring_of
+from router.selection import RoutePlan, RouteRefusal, plan_route, session_hash_key
 from router.shadow import RuleBook
 from router.sticky import StickyTable
 from semantic.outcome import IntentMatch, IntentRefusal
@@ -38,10 +39,11 @@ if TYPE_CHECKING:
 class Choice:
     """The router's choices for one call; each is counted in ``decisions``."""
 
-    def __init__(self, mirror: RegistryMirror, book: InstanceBook, measurements: Measurements, budgets: Budgets,
-                 rules: RuleBook, sticky: StickyTable, rng: random.Random, decisions: Counter[str], *,
-                 default_policy: RoutingPolicy, panic_threshold: float, semantic: SemanticRouter | None):
+    def __init__(self, mirror: RegistryMirror, plans: CallPlans, book: InstanceBook, measurements: Measurements,
+                 budgets: Budgets, rules: RuleBook, sticky: StickyTable, rng: random.Random, decisions: Counter[str], *,
+                 panic_threshold: float, semantic: SemanticRouter | None):
         self.mirror = mirror
+        self.plans = plans
         self.book = book
         self.measurements = measurements
         self.budgets = budgets
@@ -49,7 +51,6 @@ class Choice:
         self.sticky = sticky
         self.rng = rng
         self.decisions = decisions
-        self.default_policy = default_policy
         self.panic_threshold = panic_threshold
         self.semantic = semantic
 
@@ -72,7 +73,7 @@ class Choice:
         frame.capability = resolved.capability  # in place: the trace and audit row name the matched capability
         return resolved
 
-    def candidates_of(self, capability: str, policy: Policy, caller: Caller | Unauthenticated | None) -> CandidatesOf:
+    def candidates_of(self, caller: Caller | Unauthenticated | None) -> CandidatesOf:
         """The instances of a capability as rules, splits and the attempt see them during one call (built on first
         use, then kept); none when the caller may not call it."""
         now = time.monotonic()
@@ -82,19 +83,18 @@ class Choice:
             found = known.get(name)
             if found is not None:
                 return found
-            offers = self.mirror.offers(name)
-            if offers is None or (isinstance(caller, Caller) and authorize(caller, name, offers) is not None):
+            plan = self.plans.of(name)
+            if plan is None or (isinstance(caller, Caller) and authorize(caller, name, plan) is not None):
                 found = []
             else:
-                named_policy = policy if name == capability else self.mirror.policy(name) or DEFAULT_POLICY
-                found = [self.candidate(offer, name, named_policy, now) for offer in offers]
+                found = [self.candidate(instance, name, plan.policy, now) for instance in plan.instances.values()]
             known[name] = found
             return found
         return candidates_of
 
-    def candidate(self, offer: Offer, capability: str, policy: Policy, now: float) -> Candidate:
+    def candidate(self, instance: InstancePlan, capability: str, policy: Policy, now: float) -> Candidate:
+        offer, max_qps = instance.offer, instance.max_qps
         agent_id = offer.record.agent_id
-        max_qps = float(offer.record.metadata.get("max_qps") or 0)
         return Candidate(
             agent_id=agent_id, endpoint=offer.capability.endpoint, protocol=offer.capability.protocol,
             state=offer.state.state, load=offer.state.load, inflight=self.book.inflight.get(agent_id, 0),
@@ -102,7 +102,7 @@ class Choice:
             available=self.book.available(capability, agent_id, policy.circuit_breaker, now),
             has_capacity=max_qps <= 0 or self.book.bucket(agent_id, max_qps).available(now) >= 1,
             version=offer.version, measured=self.measurements.get(capability, agent_id),
-            cost=reference_cost(offer.capability), quality=self.mirror.quality(capability, agent_id),
+            cost=instance.cost, quality=self.mirror.quality(capability, agent_id),
             sla_ms=offer.capability.timeout_sla_ms,
         )
 
@@ -144,11 +144,6 @@ class Choice:
         heaviest_first = sorted((share for share in policy.shares if share.weight), key=lambda share: -share.weight)
         return next((share for share in heaviest_first if serves(share)), assigned)
 
-    def policy_of(self, policy: Policy, offers: list[Offer]) -> RoutingPolicy:
-        """The routing policy that orders the capability's instances (router/selection.py ``choose_policy``)."""
-        return choose_policy(policy.policy, [o.record.metadata.get("routing_policy") for o in offers],
-                             self.default_policy)
-
     def plan(self, frame: RequestFrame, candidates: list[Candidate], policy: Policy, policy_name: RoutingPolicy,
              sticky: str | None, narrowed: Decision | None, now: float) -> RoutePlan | RouteRefusal:
         """The instances to try, in order (``sticky``: the call's affinity key), or why none may be tried."""
@@ -172,13 +167,12 @@ class Choice:
     def scores(self, capability: str) -> tuple[RoutingPolicy, list[InstanceScore]] | None:
         """The policy ordering ``capability`` and every instance's score as the scored policy sees it now
         (None: no instance offers it)."""
-        offers = self.mirror.offers(capability)
-        if offers is None:
+        plan = self.plans.of(capability)
+        if plan is None:
             return None
-        policy = self.mirror.policy(capability) or DEFAULT_POLICY
         now = time.monotonic()
-        candidates = [self.candidate(offer, capability, policy, now) for offer in offers]
-        return self.policy_of(policy, offers), explain(candidates, policy.score_weights, policy.min_quality)
+        candidates = [self.candidate(instance, capability, plan.policy, now) for instance in plan.instances.values()]
+        return plan.routing, explain(candidates, plan.policy.score_weights, plan.policy.min_quality)
 
 
 def _with_zone(hint: dict[str, Any] | None, narrowed: Decision | None) -> dict[str, Any] | None:

@@ -266,3 +266,37 @@ async def test_a_fallback_the_caller_may_not_call_is_not_taken(secure, start_age
     answer = await mesh.call("primary", headers=key(wide))
     assert answer.status == 200 and answer.route["reason"] == "fallback"
     assert backup.calls == 1
+
+
+async def test_the_strictest_instance_decides_the_trust_level_and_the_plan_follows_the_feed(secure, start_agent):
+    """A call may reach any instance, so it needs the level the strictest one requires; the capability's
+    compiled plan (router/plan.py) follows the feed: once that instance leaves, the caller is let through."""
+    mesh, _ = secure
+    public, guarded = await start_agent("open-1"), await start_agent("guarded-1")
+    await mesh.add(public, "mixed", trust_level="public")
+    await mesh.add(guarded, "mixed", trust_level="internal")
+    client = await mesh.new_client(["mixed"], trust_level="user_authorized")
+    refused = await mesh.call("mixed", headers=key(client))
+    assert_refused(refused, 403, "TRUST_LEVEL_INSUFFICIENT")
+    assert "requires trust level internal" in refused.body["error_message"]
+    internal = await mesh.new_client(["mixed"], name="inside")
+    assert (await mesh.call("mixed", headers=key(internal))).status == 200
+    await mesh.deregister("guarded-1")
+    await wait_for(lambda: len(mesh.router.mirror.offers("mixed") or []) == 1, timeout=5,
+                   what="the router to see guarded-1 leave")
+    answer = await mesh.call("mixed", headers=key(client))
+    assert answer.status == 200, answer.body
+    assert answer.body["route"]["instance"] == "open-1"
+    assert guarded.calls + public.calls == 2  # the refused call reached neither
+
+
+async def test_a_policy_change_reaches_the_next_call(secure, start_agent):
+    """The plan holds the resolved policy: a stored change must not wait for anything but the feed."""
+    mesh, agent = secure
+    client = await mesh.new_client(["echo"])
+    before = await mesh.call("echo", headers=key(client))
+    assert before.body["route"]["policy"] == "least_load"
+    await mesh.put_policy("echo", {"policy": "hash"})
+    after = await mesh.call("echo", headers=key(client))
+    assert after.status == 200, after.body
+    assert after.body["route"]["policy"] == "hash"

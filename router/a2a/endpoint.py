@@ -151,7 +151,7 @@ class A2AEndpoint:
         return caller
 
     def _callable(self, caller: Identity, name: str) -> bool:
-        return may_call(caller, self.router.mirror.offers(name), name)
+        return may_call(caller, self.router.plans.of(name))
 
     @staticmethod
     def _base_url(request: web.Request) -> str:

@@ -320,9 +320,9 @@ class McpEndpoint:
         return listed
 
     def _tools(self, caller: Identity) -> list[dict[str, Any]]:
-        mirror = self.router.mirror
-        return [tool_of(name, offers) for name in mirror.capability_names()
-                if (offers := mirror.offers(name)) is not None and may_call(caller, offers, name)]
+        plans = self.router.plans
+        return [tool_of(name, plan.offers) for name in self.router.mirror.capability_names()
+                if (plan := plans.of(name)) is not None and may_call(caller, plan)]
 
     async def _call(self, request: web.Request, caller: Identity, rpc_id: str | int,
                     params: dict[str, Any]) -> web.StreamResponse:
