@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import importlib.util
 import json
@@ -41,6 +42,7 @@ from typing import Any
 
 import aiohttp
 
+import owners
 from auth_bench import enrol
 from common import (
     RESULTS,
@@ -80,6 +82,8 @@ else:
     runpy.run_path(sys.argv[0], run_name="__main__")
 """
 SIZES = {"1k": 1024, "32b": 32}
+# With --profile: the ways whose CPU a call is sampled by owner (bench/owners.py), at 1 KB under wrk -c 64.
+PROFILED = ("proxy", "floor", "default")
 
 
 def is_router(way: str) -> bool:
@@ -145,6 +149,15 @@ async def alternate(measure: Any, ways: tuple[str, ...], rounds: int) -> dict[st
     return results
 
 
+def profile(url: str, body: bytes, headers: dict[str, str], pid: int, seconds: int) -> dict[str, float]:
+    """CPU a call by owner of the code (µs), sampled over ``seconds`` while wrk -c 64 loads ``pid``."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        load = pool.submit(wrk_max, url, body, seconds + 1, pid, headers=headers)
+        samples = owners.record(pid, seconds)
+        calls = round(load.result()["rps"] * seconds)
+    return owners.per_call_us(samples, calls)
+
+
 def python_command(args: argparse.Namespace, way: str, port: int, echo: str, registry: str,
                    data_dir: str, api_key: str) -> tuple[str, ...]:
     """A Python way's command line (after the interpreter); a `+uvloop` way runs it on uvloop."""
@@ -195,12 +208,15 @@ async def bench(args: argparse.Namespace, ways: tuple[str, ...]) -> dict[str, An
                     ways, args.wrk_rounds)
                 single = await alternate(lambda way, size: one_connection_p99(
                     urls[way], bodies[size][way], args.wrk_seconds, headers[way]), ways, args.p99_rounds)
+                profiles = {way: await asyncio.to_thread(profile, urls[way], bodies["1k"][way], headers[way],
+                                                         servers[way].pid, args.profile)
+                            for way in PROFILED if args.profile}
         finally:
             if beating is not None:
                 beating.cancel()
             stop_processes(processes)
     return {"throughput": {size: best_rounds(rounds) for size, rounds in throughput.items()},
-            "one_connection": single}
+            "one_connection": single, "profiles": profiles}
 
 
 def summarize(raw: dict[str, Any]) -> dict[str, Any]:
@@ -233,10 +249,21 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
             "audit_cost_p99_ms": statistics.median(audit_p99),
             "audit_cost_p99_ms_rounds": audit_p99,
         }
+    summary["profiles"] = raw["profiles"]
     one_k = summary["1k"]
     summary["targets"] = {"default_ge_0.85x_proxy_1k": one_k["vs_proxy"]["default"] >= 0.85,
                           "default_p99_within_0.3ms_of_no_audit_1k": one_k["audit_cost_p99_ms"] <= 0.3}
     return summary
+
+
+def print_profiles(profiles: dict[str, dict[str, float]]) -> None:
+    ways = tuple(profiles)
+    print("\nsampled CPU a call by owner of the code, 1 KB (py-spy, bench/owners.py)\n")
+    print(f"| owner | {' | '.join(ways)} |")
+    print(f"|---|{'---:|' * len(ways)}")
+    for owner in dict.fromkeys(owner for profile in profiles.values() for owner in profile):
+        print(f"| {owner} | {' | '.join(f'{profiles[way].get(owner, 0.0):.0f} us' for way in ways)} |")
+    print(f"| sampled in all | {' | '.join(f'{sum(profiles[way].values()):.0f} us' for way in ways)} |")
 
 
 def print_table(info: dict[str, str], summary: dict[str, Any]) -> None:
@@ -257,6 +284,8 @@ def print_table(info: dict[str, str], summary: dict[str, Any]) -> None:
         print(f"\naudit trail: {row['audit_cost_throughput']:+.1%} of throughput (best rounds), "
               f"{row['audit_cost_cpu']:+.1%} of CPU a call (median of the rounds), "
               f"{row['audit_cost_p99_ms']:+.2f} ms of p99 at one connection (median of the rounds: {spread})")
+    if summary["profiles"]:
+        print_profiles(summary["profiles"])
     print()
     for name, met in summary["targets"].items():
         print(f"target {name}: {'met' if met else 'MISSED'}")
@@ -272,9 +301,14 @@ def main() -> None:
                         help="an extra flag for both routers (repeatable), e.g. --router-flag=--workers=2")
     parser.add_argument("--uvloop", action="store_true",
                         help="also the bare proxy and the default router on uvloop (pip install uvloop)")
+    parser.add_argument("--profile", type=int, default=0, metavar="SECONDS",
+                        help="also sample the proxy's, the floor's and the default router's CPU by owner of the code "
+                             "for SECONDS each (needs py-spy: pip install -e '.[bench]')")
     parser.add_argument("--json", type=Path, default=RESULTS / "datapath_bench.json")
     args = parser.parse_args()
     require("wrk", "nginx")
+    if args.profile and owners.PY_SPY is None:
+        sys.exit("datapath_bench.py --profile needs py-spy: pip install -e '.[bench]'")
     if args.uvloop and importlib.util.find_spec("uvloop") is None:
         sys.exit("datapath_bench.py --uvloop needs uvloop: pip install uvloop")
     info = machine(load=load_average())
@@ -285,7 +319,7 @@ def main() -> None:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"machine": info, "settings": {
         "wrk_seconds": args.wrk_seconds, "wrk_rounds": args.wrk_rounds, "p99_rounds": args.p99_rounds,
-        "router_flags": args.router_flag,
+        "router_flags": args.router_flag, "profile_seconds": args.profile,
         "uvloop": args.uvloop},
         "summary": summary, "raw": raw}, indent=2) + "\n")
     print(f"\nwrote {args.json.relative_to(ROOT) if args.json.is_relative_to(ROOT) else args.json}")
