@@ -2,10 +2,11 @@
 
 Cosine scores differ per model, so an operator's model routes nothing until a rule is fitted for it on
 the operator's own capabilities and labelled intents (``--set``: one {"text", "label", "lang"} a line,
-label null for an intent that must route nowhere). The rule (semantic/calibrate.py ``cross_fit``) is
-stored in the registry under the model's name (mesh/intent_rules.py), where every router running the
-model picks it up; `--dry-run` only reports. The capabilities are the registry's live ones (their
-declared descriptions and examples), or a capabilities.json (tests/semantic_eval's layout).
+label null for an intent that must route nowhere). The rule (semantic/calibrate.py ``cross_fit``), with
+the languages the model may not decide (it does not read them), is stored in the registry under the
+model's name (mesh/intent_rules.py), where every router running the model picks it up; `--dry-run` only
+reports. The capabilities are the registry's live ones (their declared descriptions and examples), or a
+capabilities.json (tests/semantic_eval's layout).
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ def add_command(commands: Any) -> None:
         help="fit a model's threshold and margin on labelled intents and store them in the registry",
         description="Fit the threshold and margin on each half of the labelled intents, report each on the half it "
         "did not see (recall and wrong routes per language, the nearest no-match intents), and store "
-        "the stricter of the two for the model: every router running it routes with them.",
+        "the stricter of the two for the model, with the languages it may decide (those it ranks the right "
+        "capability first for more than half of the intents of, on each half): every router running it routes "
+        "with them.",
     )
     calibrate.add_argument(
         "--model",
@@ -110,7 +113,7 @@ async def _capability_texts(args: argparse.Namespace, key: str | None) -> list[A
 
 
 async def _calibrate(args: argparse.Namespace, key: str | None) -> dict[str, Any]:
-    from semantic.calibrate import cross_fit, load_intents_jsonl, rank
+    from semantic.calibrate import cross_fit, load_intents_jsonl, off_languages, rank
     from semantic.embedder import MODELS, AsyncEmbedder
     from semantic.index import CapabilityIndex
 
@@ -149,6 +152,7 @@ async def _calibrate(args: argparse.Namespace, key: str | None) -> dict[str, Any
             lang: LanguageReport(routable=f.routable, correct=f.correct, wrong=f.wrong, recall=f.recall)
             for lang, f in fit.held_out.items()
         },
+        off_languages=sorted(off_languages(fit.languages)),
     )
     report: dict[str, Any] = {
         "model": model,
@@ -175,6 +179,10 @@ def _summary(report: dict[str, Any]) -> str:
         f"  {lang}: recall {f['recall']:.3f} ({f['correct']}/{f['routable']}), {f['wrong']} wrong"
         for lang, f in report["held_out"].items()
     ]
+    lines.append("languages it may decide (the right capability ranked first for more than half of each half's):")
+    for lang, gate in report["languages"].items():
+        halves = ", ".join(f"{a}/{n}" for a, n in zip(gate["ranked_first"], gate["routable"], strict=True))
+        lines.append(f"  {lang}: {'on' if gate['decides'] else 'off'} ({halves})")
     lines.append("nearest no-match intents (distance below the threshold; above it, the gap to the runner-up):")
     lines += [
         f"  {miss['below_threshold']:+.3f}  {miss['text']!r} (best {miss['best']} at {miss['score']:.3f}"

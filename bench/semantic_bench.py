@@ -16,7 +16,8 @@
    cascade, the shipped model first and DIR's only on what it refuses as matching nothing. Its rule is
    fitted as `agentreach intents calibrate` fits it (cross_fit on the evaluation set), and judged on
    the half it did not see: held-out recall and wrong routes per language for DIR alone and for the
-   cascade; DIR's index build time over the capabilities, and uncached p50/p99 per stage (each
+   cascade, with DIR's stage on only for the languages its calibration found it reads (and, to compare, on
+   for every language); DIR's index build time over the capabilities, and uncached p50/p99 per stage (each
    model's embedding and product) and for the cascade's resolve.
 
 Results: a table on stdout and JSON in bench/results/semantic_bench.json.
@@ -62,8 +63,10 @@ from semantic.calibrate import (
     accuracy,
     calibrate,
     cross_fit,
+    decided_by,
     is_calibration,
     load_eval_set,
+    off_languages,
     rank,
 )
 from semantic.embedder import DEFAULT_MODEL, MODELS, AsyncEmbedder
@@ -355,11 +358,13 @@ async def bench_model(name: str, capabilities: int, intents: int) -> dict[str, A
     return result
 
 
-def cascade_figures(shipped: list[Ranked], operator: list[Ranked], first: Callable[[LabelledIntent], MatchRule],
-                    second: Callable[[LabelledIntent], MatchRule]) -> dict[str, Any]:
+Decider = Callable[[LabelledIntent], MatchRule | None]
+
+
+def cascade_figures(shipped: list[Ranked], operator: list[Ranked], first: Decider, second: Decider) -> dict[str, Any]:
     """Recall and wrong routes per language when ``operator``'s model decides what ``shipped``'s refuses as
-    matching nothing, ``first(intent)`` and ``second(intent)`` their rules (the same lists twice: one model
-    alone)."""
+    matching nothing, ``first(intent)`` and ``second(intent)`` their rules (None: the model is off for the
+    intent's language and decides nothing; the same lists twice: one model alone)."""
     found: dict[str, Any] = {}
     for lang in sorted({item.intent.lang for item in shipped}):
         routable = correct = wrong = by_second = 0
@@ -367,9 +372,11 @@ def cascade_figures(shipped: list[Ranked], operator: list[Ranked], first: Callab
             if one.intent.lang != lang:
                 continue
             routable += one.intent.label is not None
-            code = verdict(one.score, one.runner_up, first(one.intent))
-            decided = one if code is None else two if code is ErrorCode.INTENT_UNMATCHED and verdict(
-                two.score, two.runner_up, second(two.intent)) is None else None
+            rule = first(one.intent)
+            code = ErrorCode.INTENT_UNMATCHED if rule is None else verdict(one.score, one.runner_up, rule)
+            rule = second(two.intent)
+            decided = one if code is None else two if code is ErrorCode.INTENT_UNMATCHED and rule is not None \
+                and verdict(two.score, two.runner_up, rule) is None else None
             if decided is not None:
                 correct += decided.best == decided.intent.label
                 wrong += decided.best != decided.intent.label
@@ -396,16 +403,23 @@ async def bench_cascade(directory: Path, prompt: str, capabilities: int, intents
     def shipped_rule(_: LabelledIntent) -> MatchRule:
         return first
 
-    def calibrated_half(_: LabelledIntent) -> MatchRule:
-        return fit.halves[0]
+    def half(number: int, gated: bool) -> Decider:
+        """Half ``number``'s rule, with its language gate (``gated``) or on for every language."""
+        off = off_languages(fit.languages, number) if gated else frozenset[str]()
+        return lambda intent: decided_by(fit.halves[number], off, intent)
 
-    def other_half(intent: LabelledIntent) -> MatchRule:
-        return fit.halves[1] if is_calibration(intent) else fit.halves[0]
+    def other_half(gated: bool) -> Decider:
+        rules = (half(0, gated), half(1, gated))
+        return lambda intent: rules[1](intent) if is_calibration(intent) else rules[0](intent)
+
+    def stored(intent: LabelledIntent) -> MatchRule | None:
+        return decided_by(fit.rule, off_languages(fit.languages), intent)
 
     mirror = mirror_with(described_capabilities(capabilities))
     router = SemanticRouter(mirror, shipped, SemanticSettings(enabled=True, max_capabilities=capabilities), operator)
     mirror.apply(Put(revision=2, key=intent_rule_key(operator.model.name), value=IntentRule(
-        threshold=fit.rule.threshold, margin=fit.rule.margin, dimensions=operator.dimensions or 0)))
+        threshold=fit.rule.threshold, margin=fit.rule.margin, dimensions=operator.dimensions or 0,
+        off_languages=sorted(off_languages(fit.languages)))))
     builds = []
     for stage in router.stages:
         started = time.perf_counter()
@@ -427,15 +441,20 @@ async def bench_cascade(directory: Path, prompt: str, capabilities: int, intents
               "capabilities": len(router.index.names), "stages": stages, "cascade_uncached": uncached,
               "cascade_cached": cached, "fit": msgspec.to_builtins(fit),
               "held_out": {"shipped alone": cascade_figures(held[0], held[0], shipped_rule, shipped_rule),
-                           f"{operator.model.name} alone": cascade_figures(held[1], held[1], calibrated_half,
-                                                                           calibrated_half),
-                           "cascade": cascade_figures(held[0], held[1], shipped_rule, calibrated_half)},
-              # Both halves, each judged with the rule fitted on the other: twice the unseen intents.
+                           f"{operator.model.name} alone": cascade_figures(held[1], held[1], half(0, True),
+                                                                           half(0, True)),
+                           "cascade": cascade_figures(held[0], held[1], shipped_rule, half(0, True)),
+                           "cascade, every language": cascade_figures(held[0], held[1], shipped_rule,
+                                                                      half(0, False))},
+              # Both halves, each judged with the rule (and language gate) fitted on the other: twice the unseen
+              # intents.
               "both_halves": {"shipped alone": cascade_figures(ranked[0], ranked[0], shipped_rule, shipped_rule),
-                              f"{operator.model.name} alone": cascade_figures(ranked[1], ranked[1], other_half,
-                                                                              other_half),
-                              "cascade": cascade_figures(ranked[0], ranked[1], shipped_rule, other_half)},
-              "whole_set_with_stored_rule": cascade_figures(ranked[0], ranked[1], shipped_rule, lambda _: fit.rule)}
+                              f"{operator.model.name} alone": cascade_figures(ranked[1], ranked[1], other_half(True),
+                                                                              other_half(True)),
+                              "cascade": cascade_figures(ranked[0], ranked[1], shipped_rule, other_half(True)),
+                              "cascade, every language": cascade_figures(ranked[0], ranked[1], shipped_rule,
+                                                                         other_half(False))},
+              "whole_set_with_stored_rule": cascade_figures(ranked[0], ranked[1], shipped_rule, stored)}
     router.close()
     return result
 
@@ -458,6 +477,10 @@ def print_cascade(r: dict[str, Any]) -> None:
     for position, stage in enumerate(r["stages"], start=1):
         print(f"| {position} | {stage['model']} | {stage['dimensions']} | {stage['index_build_s']:.2f} | "
               f"{stage['uncached']['p50_ms']:.2f} / {stage['uncached']['p99_ms']:.2f} |")
+    print(f"{r['model']} decides: " + ", ".join(
+        f"{lang} {'on' if gate['decides'] else 'off'} (right capability first for "
+        + " and ".join(f"{a}/{n}" for a, n in zip(gate["ranked_first"], gate["routable"], strict=True))
+        + " of each half's)" for lang, gate in r["fit"]["languages"].items()))
     print(f"cascade resolve over {r['capabilities']} capabilities: uncached p50 / p99 "
           f"{r['cascade_uncached']['p50_ms']:.2f} / {r['cascade_uncached']['p99_ms']:.2f} ms, cached "
           f"{r['cascade_cached']['p50_ms']:.3f} / {r['cascade_cached']['p99_ms']:.3f} ms")

@@ -34,9 +34,9 @@ import numpy as np
 
 from common import RESULTS
 from router.intents import SemanticRouter
-from semantic.calibrate import HAN
 from semantic.embedder import MODELS, AsyncEmbedder, E5Small, Embedder, UseMultilingual, unit_rows
 from semantic.index import CapabilityIndex
+from semantic.language import HAN
 from semantic.settings import SemanticSettings
 from semantic_bench import bench_intents, described_capabilities, match_latency, mirror_with
 from semantic_signals import CALIBRATION, EVAL, Signals, calibrated, language_by_language

@@ -37,6 +37,11 @@ class IntentRule(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknow
     intents: Count = 0
     calibrated_at: float = 0.0
     held_out: dict[str, LanguageReport] = {}
+    # Languages (semantic/language.py) whose intents the model may not decide: calibration found it does not
+    # read them (semantic/calibrate.py LanguageGate). A later stage of the cascade is skipped for them, leaving
+    # the earlier stage's refusal; the first stage has none to leave and decides every language. Absent in
+    # records stored before it: the model decides every language.
+    off_languages: list[Annotated[str, msgspec.Meta(max_length=16)]] = []
 
 
 def intent_rule_key(model: str) -> str:

@@ -7,7 +7,8 @@ With an operator's model (``--embed-model DIR``) matching is a cascade of stages
 answers first, and only an intent it refuses as matching nothing goes on to the operator's model,
 each stage with its own index, cache and rule. An intent a stage refuses as ambiguous between two
 capabilities is refused: a later model that would pick one of them would be guessing where the
-first saw a tie.
+first saw a tie. A later stage is skipped for an intent in a language its calibration found it does not
+read (mesh/intent_rules.py ``off_languages``): the earlier stage's refusal stands.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from router.mirror import RegistryMirror
 from semantic.cache import LruCache, intent_key
 from semantic.embedder import AsyncEmbedder
 from semantic.index import CapabilityIndex, CapabilityText, described_capabilities
+from semantic.language import language
 from semantic.matcher import MatchRule, asks_next, decide
 from semantic.outcome import IntentMatch, IntentRefusal
 from semantic.settings import SemanticSettings
@@ -32,7 +34,7 @@ from semantic.settings import SemanticSettings
 # Where a stage's threshold and margin come from: the router's flags, a calibration stored in the
 # registry for its model (mesh/intent_rules.py), or the model's own calibrated defaults.
 RuleSource = Literal["flags", "calibrated", "model default", "uncalibrated"]
-Outcome = Literal["routed", "unmatched", "ambiguous"]
+Outcome = Literal["routed", "unmatched", "ambiguous", "skipped"]
 OUTCOMES: dict[ErrorCode, Outcome] = {ErrorCode.INTENT_UNMATCHED: "unmatched", ErrorCode.INTENT_AMBIGUOUS: "ambiguous"}
 
 
@@ -46,7 +48,8 @@ class StageStats(msgspec.Struct, kw_only=True):
     cache_entries: int
     cache_hits: int
     cache_misses: int
-    # How this stage's answers went: routed, unmatched, ambiguous (each intent it was asked about).
+    # How this stage's answers went: routed, unmatched, ambiguous (each intent it was asked about), and the
+    # intents it was skipped for (their language is off for it).
     decided: dict[Outcome, int]
 
 
@@ -61,11 +64,24 @@ class SemanticStats(msgspec.Struct, kw_only=True):
     stages: list[StageStats]
 
 
+def refusal_message(message: str, asked: list[IntentStage]) -> str:
+    """The deciding stage's refusal, naming it, what the stages before it found, and the stages skipped."""
+    decided = [facts for facts in asked if facts.outcome != "skipped"]
+    if len(decided) > 1:
+        earlier = "; ".join(f"{facts.model} {facts.capability!r} at {facts.score}, below {facts.threshold:.3f}"
+                            for facts in decided[:-1])
+        message = f"{decided[-1].model}: {message} (asked first: {earlier})"
+    skipped = "; ".join(f"{facts.model} not asked: calibrated not to decide {facts.language} intents"
+                        for facts in asked if facts.outcome == "skipped")
+    return f"{message} ({skipped})" if skipped else message
+
+
 class Stage:
     """One model of the cascade: its embedder, its capability index, its intent cache and its rule.
 
     ``default`` is the rule used until the registry holds one calibrated for this model (None: the
-    stage routes nothing until then); ``threshold`` and ``margin``, when given, override both.
+    stage routes nothing until then); ``threshold`` and ``margin``, when given, override both. ``off``: the
+    languages the stored calibration says the model may not decide.
     """
 
     def __init__(self, embedder: AsyncEmbedder, settings: SemanticSettings, default: MatchRule | None,
@@ -77,7 +93,8 @@ class Stage:
         self._default = default
         self._flags = (threshold, margin)
         self.rule, self.source = self._chosen(None)
-        self.decided: dict[Outcome, int] = {"routed": 0, "unmatched": 0, "ambiguous": 0}
+        self.off: frozenset[str] = frozenset()
+        self.decided: dict[Outcome, int] = {"routed": 0, "unmatched": 0, "ambiguous": 0, "skipped": 0}
 
     @property
     def name(self) -> str:
@@ -85,7 +102,7 @@ class Stage:
 
     def _chosen(self, stored: IntentRule | None) -> tuple[MatchRule | None, RuleSource]:
         source: RuleSource
-        if stored is not None and stored.dimensions == self.embedder.dimensions:
+        if stored is not None:
             base, source = MatchRule(threshold=stored.threshold, margin=stored.margin), "calibrated"
         elif self._default is not None:
             base, source = self._default, "model default"
@@ -98,8 +115,12 @@ class Stage:
         return msgspec.structs.replace(base, top_k=self._top_k), source
 
     def follow_rules(self, rules: dict[str, IntentRule]) -> None:
-        """Take up the rule the registry holds for this stage's model, or fall back when it is deleted."""
-        self.rule, self.source = self._chosen(rules.get(self.name))
+        """Take up the rule the registry holds for this stage's model (unless fitted for a model of another vector
+        size), or fall back when it is deleted."""
+        stored = rules.get(self.name)
+        calibrated = stored if stored is not None and stored.dimensions == self.embedder.dimensions else None
+        self.rule, self.source = self._chosen(calibrated)
+        self.off = frozenset(calibrated.off_languages) if calibrated is not None else frozenset()
 
     async def update(self, wanted: list[CapabilityText]) -> None:
         await self.index.update(wanted)
@@ -123,6 +144,11 @@ class Stage:
         return decision, IntentStage(model=self.name, outcome=outcome, capability=best.capability if best else None,
                                      score=best.score if best else None, runner_up=runner_up,
                                      threshold=rule.threshold, margin=rule.margin)
+
+    def skipped(self, rule: MatchRule, lang: str) -> IntentStage:
+        self.decided["skipped"] += 1
+        return IntentStage(model=self.name, outcome="skipped", threshold=rule.threshold, margin=rule.margin,
+                           language=lang)
 
     def stats(self) -> StageStats:
         rule = self.rule
@@ -221,14 +247,16 @@ class SemanticRouter:
         for stage in self.stages[1:]:
             if not asks_next(None if isinstance(decision, IntentMatch) else decision.code, len(decision.candidates)):
                 break
-            if stage.rule is not None:  # an operator's model with no calibrated rule yet is not asked
+            if stage.rule is None:  # an operator's model with no calibrated rule yet is not asked
+                continue
+            lang = language(intent)
+            if lang in stage.off:
+                asked.append(stage.skipped(stage.rule, lang))
+            else:
                 decision, facts = await stage.decide(intent, stage.rule)
                 asked.append(facts)
         if isinstance(decision, IntentRefusal) and len(asked) > 1:
-            earlier = "; ".join(f"{facts.model} {facts.capability!r} at {facts.score}, below {facts.threshold:.3f}"
-                                for facts in asked[:-1])
-            decision = msgspec.structs.replace(decision, message=f"{asked[-1].model}: {decision.message} (asked "
-                                                                 f"first: {earlier})")
+            decision = msgspec.structs.replace(decision, message=refusal_message(decision.message, asked))
         return msgspec.structs.replace(decision, stages=asked)
 
     async def vector(self, intent: str) -> np.ndarray:

@@ -26,6 +26,7 @@ from mesh.keyspace import KeySpace
 from semantic.cache import LruCache, intent_key
 from semantic.embedder import AsyncEmbedder
 from semantic.index import CapabilityIndex, CapabilityText, capability_text, described_capabilities
+from semantic.language import language
 from semantic.matcher import MatchRule, cascade_routed_to
 
 # (text, the capability that should serve it, or None for none).
@@ -77,7 +78,8 @@ class ExampleJudge:
     which its judge must then use too (an example is judged by the scores it would route with).
     ``operator``: an operator's model (``--embed-model``) that routers ask after the shipped one; an example
     is then judged by where the cascade would send each phrasing, with the rule the registry holds for
-    that model (none yet: routers do not ask it, and neither does the judge).
+    that model (none yet: routers do not ask it, and neither does the judge) and not for a phrasing in a
+    language that rule keeps the model off.
     """
 
     def __init__(self, embedder: AsyncEmbedder | None = None, rule: MatchRule | None = None,
@@ -103,12 +105,13 @@ class ExampleJudge:
                 self._models = [_Model(self._embedder, self._index)]
             return self._rule, self._models
 
-    def _operator_rule(self, keys: KeySpace, top_k: int) -> MatchRule | None:
+    def _operator_rule(self, keys: KeySpace, top_k: int) -> tuple[MatchRule, frozenset[str]] | None:
+        """The operator model's stored rule and the languages it is off for, as routers take them up."""
         operator = self._operator
         stored = keys.intent_rules.get(operator.embedder.model.name) if operator is not None else None
         if operator is None or stored is None or stored.dimensions != operator.embedder.dimensions:
             return None
-        return MatchRule(threshold=stored.threshold, margin=stored.margin, top_k=top_k)
+        return MatchRule(threshold=stored.threshold, margin=stored.margin, top_k=top_k), frozenset(stored.off_languages)
 
     async def __call__(self, keys: KeySpace, capability: str, text: str, heard: HeardRule | None = None) -> str | None:
         """Why accepting ``text`` as an example of ``capability`` would route something wrongly, or None.
@@ -126,17 +129,18 @@ class ExampleJudge:
         rule, shipped = await self._ready()
         if heard is not None:
             rule = MatchRule(threshold=heard.threshold, margin=heard.margin, top_k=rule.top_k)
-        stages = [(shipped[0], rule)]
+        stages = [(shipped[0], rule, frozenset[str]())]
         operator_rule = self._operator_rule(keys, rule.top_k)
         if self._operator is not None and operator_rule is not None:
-            stages.append((self._operator, operator_rule))
+            stages.append((self._operator, *operator_rule))
         capabilities = described_capabilities(keys)
-        for model, _ in stages:
+        for model, _, _ in stages:
             await model.update(capabilities, capability, text)
 
         async def sent(phrase: str, after: bool) -> str | None:
+            lang = language(phrase)
             return cascade_routed_to([(*(model.after if after else model.before).scores(await model.vector(phrase)),
-                                       stage_rule) for model, stage_rule in stages])
+                                       stage_rule) for model, stage_rule, off in stages if lang not in off])
 
         routed = await sent(text, after=True)
         if routed is not None and routed != capability:

@@ -187,7 +187,7 @@ async def test_the_operator_model_decides_an_intent_the_shipped_one_refused(casc
     # Uncalibrated, the operator's model is not asked: the shipped model's refusal stands.
     assert isinstance(refused, IntentRefusal) and refused.code is ErrorCode.INTENT_UNMATCHED
     assert [stage.model for stage in refused.stages] == ["use-multilingual"]
-    assert cascade.stages[1].decided == {"routed": 0, "unmatched": 0, "ambiguous": 0}
+    assert cascade.stages[1].decided == {"routed": 0, "unmatched": 0, "ambiguous": 0, "skipped": 0}
 
     store_rule(cascade, 2, threshold=0.59, margin=0.2)
     match = await cascade.resolve(intent)

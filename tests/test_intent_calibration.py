@@ -105,13 +105,17 @@ async def test_calibrated_operator_model_routes_what_the_shipped_one_refused(
         assert len(misses) == 5 and [m["score"] for m in misses] == sorted((m["score"] for m in misses), reverse=True)
         assert all(m["below_threshold"] > 0 or m["gap"] < report["rule"]["margin"] for m in misses)
         assert "held out (each half's rule on the half it did not see):" in done.stderr
+        # all-MiniLM-L6-v2 reads English, not Chinese: it is kept off Chinese intents.
+        assert {lang: gate["decides"] for lang, gate in report["languages"].items()} == {"en": True, "zh": False}
+        assert "  zh: off (7/33, 6/34)" in done.stderr
 
         async with http.get(f"{registry.url}/intent-rules/{MODEL_NAME}") as response:
             stored = await response.json()
-        assert (stored["threshold"], stored["margin"], stored["dimensions"]) == (
+        assert (stored["threshold"], stored["margin"], stored["dimensions"], stored["off_languages"]) == (
             report["rule"]["threshold"],
             report["rule"]["margin"],
             384,
+            ["zh"],
         )
         await wait_for(
             lambda: router.semantic.stages[1].source == "calibrated", what="the router to take up the stored rule"
@@ -131,6 +135,15 @@ async def test_calibrated_operator_model_routes_what_the_shipped_one_refused(
         assert [s["model"] for s in traced["intent_stages"]] == ["use-multilingual", MODEL_NAME]
         async with http.get(f"{router.url}/healthz") as response:
             assert (await response.json())["embedding_models"][1]["rule"] == "calibrated"
+        # A Chinese intent the shipped model refuses is not put to the operator's model, and the route says so.
+        random = {"request_id": "random-1", "intent": "生成一个随机数", "payload": {}}
+        async with http.post(f"{router.url}/atp", json=random) as response:
+            body = await response.json()
+        assert response.status == 422, body
+        assert [(s["model"], s["outcome"], s.get("language")) for s in body["route"]["intent_stages"]] == [
+            ("use-multilingual", "unmatched", None),
+            (MODEL_NAME, "skipped", "zh"),
+        ]
 
         async with http.delete(f"{registry.url}/intent-rules/{MODEL_NAME}") as response:
             assert response.status == 200

@@ -290,9 +290,9 @@ async def test_the_strictest_instance_decides_the_trust_level_and_the_plan_follo
     assert guarded.calls + public.calls == 2  # the refused call reached neither
 
 
-async def test_a_policy_change_reaches_the_next_call(secure, start_agent):
+async def test_a_policy_change_reaches_the_next_call(secure):
     """The plan holds the resolved policy: a stored change must not wait for anything but the feed."""
-    mesh, agent = secure
+    mesh, _ = secure
     client = await mesh.new_client(["echo"])
     before = await mesh.call("echo", headers=key(client))
     assert before.body["route"]["policy"] == "least_load"

@@ -117,16 +117,19 @@ class IntentStage(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True)
     """What one embedding model of the router's cascade concluded about an intent; the last one asked decided.
 
     ``outcome``: routed, unmatched (best below ``threshold``) or ambiguous (best and runner-up closer
-    than ``margin``); ``capability`` and ``score`` are its best, in that model's own scale.
+    than ``margin``); ``capability`` and ``score`` are its best, in that model's own scale. Skipped: its
+    calibration found it does not read the intent's ``language``, so it was not asked and the earlier
+    stage's refusal stands.
     """
 
     model: str
-    outcome: Literal["routed", "unmatched", "ambiguous"]
+    outcome: Literal["routed", "unmatched", "ambiguous", "skipped"]
     capability: str | None = None
     score: float | None = None
     runner_up: float | None = None
     threshold: float
     margin: float
+    language: str | None = None
 
 
 class ScoreParts(msgspec.Struct, kw_only=True, frozen=True):
