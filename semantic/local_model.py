@@ -1,11 +1,11 @@
 """An operator's own sentence-embedding model from a local directory (`--embed-model DIR`), never downloaded.
 
 Layouts: a sentence-transformers folder (modules.json, config.json, model.safetensors, tokenizer.json,
-1_Pooling/config.json) or a bare Hugging Face BERT folder (config.json, model.safetensors, tokenizer.json;
-mean pooling), run in numpy (semantic/bert_numpy.py, the `embed-model` extra); or an ONNX export with its
-tokenizer (model.onnx, or onnx/model.onnx inside a sentence-transformers folder, beside tokenizer.json),
-run by onnxruntime (semantic/onnx_network.py, the `embed-onnx` extra), whatever its architecture. Here:
-the tokenizer, the prompt, batching and pooling, which every layout shares.
+1_Pooling/config.json) or a bare Hugging Face folder (config.json, model.safetensors, tokenizer.json; mean
+pooling) of a BERT or MPNet encoder, run in numpy (semantic/bert_numpy.py, the `embed-model` extra); or
+an ONNX export with its tokenizer (model.onnx, or onnx/model.onnx inside a sentence-transformers folder,
+beside tokenizer.json), run by onnxruntime (semantic/onnx_network.py, the `embed-onnx` extra), whatever its
+architecture. Here: the tokenizer, the prompt, batching and pooling, which every layout shares.
 
 A directory that is not such a model is refused when it loads, with the path and what is wrong, so
 a router started with it fails at start-up rather than on its first intent.
