@@ -368,6 +368,7 @@ def cascade_figures(shipped: list[Ranked], operator: list[Ranked], first: Decide
     found: dict[str, Any] = {}
     for lang in sorted({item.intent.lang for item in shipped}):
         routable = correct = wrong = by_second = 0
+        misroutes: list[str] = []
         for one, two in zip(shipped, operator, strict=True):
             if one.intent.lang != lang:
                 continue
@@ -381,8 +382,10 @@ def cascade_figures(shipped: list[Ranked], operator: list[Ranked], first: Decide
                 correct += decided.best == decided.intent.label
                 wrong += decided.best != decided.intent.label
                 by_second += decided is two
+                if decided.best != decided.intent.label:
+                    misroutes.append(f"{decided.intent.text!r} -> {decided.best} (stage {1 + (decided is two)})")
         found[lang] = {"recall": round(correct / routable, 4) if routable else 0.0, "correct": correct,
-                       "routable": routable, "wrong": wrong, "decided_by_second": by_second}
+                       "routable": routable, "wrong": wrong, "decided_by_second": by_second, "misroutes": misroutes}
     return found
 
 
@@ -495,6 +498,8 @@ def print_cascade(r: dict[str, Any]) -> None:
         f"{name} " + ", ".join(f"{lang} {f['recall']:.3f} ({f['correct']}/{f['routable']}), {f['wrong']} wrong"
                                for lang, f in by_language.items())
         for name, by_language in r["both_halves"].items()))
+    print("  of them, the cascade's wrong routes: " + ("; ".join(
+        route for f in r["both_halves"]["cascade"].values() for route in f["misroutes"]) or "none"))
     print("whole set, cascade with the stored rule: " + ", ".join(
         f"{lang} recall {f['recall']:.3f}, {f['wrong']} wrong ({f['decided_by_second']} by the second stage)"
         for lang, f in r["whole_set_with_stored_rule"].items()))
