@@ -333,7 +333,8 @@ async def healthz(request: web.Request) -> web.Response:
     if router.semantic is not None:
         # The embedding models intents are matched with, in the order they are asked.
         health["embedding_models"] = [{"model": stage.name, "dimensions": stage.embedder.dimensions,
-                                       "rule": stage.source} for stage in router.semantic.stages]
+                                       "rule": stage.source, "off_languages": sorted(stage.off)}
+                                      for stage in router.semantic.stages]
     return json_response(health)
 
 

@@ -64,11 +64,13 @@ class CompletionNoted(msgspec.Struct):
 
 
 class EmbeddingModel(msgspec.Struct):
-    """One stage of intent matching: its model, vector size, and where its rule came from."""
+    """One stage of intent matching: its model, vector size, where its rule came from, and the languages its
+    calibration keeps it from deciding."""
 
     model: str
     dimensions: int
     rule: str
+    off_languages: list[str]
 
 
 class Health(msgspec.Struct):

@@ -81,8 +81,8 @@ async def test_healthz_and_metrics_name_each_model_and_its_vector_size(start_reg
         async with http.get(f"{router.url}/healthz") as response:
             health = await response.json()
         assert health["embedding_models"] == [
-            {"model": "use-multilingual", "dimensions": 512, "rule": "model default"},
-            {"model": MODEL_NAME, "dimensions": 384, "rule": "uncalibrated"},
+            {"model": "use-multilingual", "dimensions": 512, "rule": "model default", "off_languages": []},
+            {"model": MODEL_NAME, "dimensions": 384, "rule": "uncalibrated", "off_languages": []},
         ]
         async with http.get(f"{router.url}/metrics") as response:
             metrics = await response.text()

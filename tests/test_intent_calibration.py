@@ -134,7 +134,8 @@ async def test_calibrated_operator_model_routes_what_the_shipped_one_refused(
             traced = (await response.json())["call"]
         assert [s["model"] for s in traced["intent_stages"]] == ["use-multilingual", MODEL_NAME]
         async with http.get(f"{router.url}/healthz") as response:
-            assert (await response.json())["embedding_models"][1]["rule"] == "calibrated"
+            operator = (await response.json())["embedding_models"][1]
+        assert (operator["rule"], operator["off_languages"]) == ("calibrated", ["zh"])
         # A Chinese intent the shipped model refuses is not put to the operator's model, and the route says so.
         random = {"request_id": "random-1", "intent": "生成一个随机数", "payload": {}}
         async with http.post(f"{router.url}/atp", json=random) as response:
