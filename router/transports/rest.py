@@ -10,7 +10,7 @@ import msgspec
 from agent_reach import peer_json
 from agent_reach.atp import BUSINESS_ERROR_SHAPE, ErrorCode, RequestFrame, agent_business_error
 from agent_reach.headers import CONTEXT_HEADER, TIMEOUT_HEADER
-from agent_reach.usage import Usage, usage_from
+from agent_reach.usage import usage_from
 
 from router.transports.answer import AgentAnswer, failed_status, malformed
 from router.transports.atp import EventDialect, checked_chunk, chunk_raw
@@ -21,27 +21,28 @@ from router.transports.atp import EventDialect, checked_chunk, chunk_raw
 MAX_CONTEXT_BYTES = 4096
 
 _encoder = msgspec.json.Encoder()
-_business_decoder = msgspec.json.Decoder(dict[str, Any] | list[Any] | str | int | float | bool | None)
+_business_decoder = msgspec.json.Decoder(dict[str, Any])
 _raw_decoder = msgspec.json.Decoder(msgspec.Raw)
 
 
-class _RestUsage(msgspec.Struct):
-    """A rest answer's top-level ``usage``, read apart from the answer, which is passed on untouched."""
+class _Members(msgspec.Struct):
+    """The top-level members of a rest answer the router reads; the answer itself is passed on untouched."""
 
+    business_error: Any = None
     usage: Any = None
 
 
-_rest_usage_decoder = msgspec.json.Decoder(_RestUsage)
+_members_decoder = msgspec.json.Decoder(_Members)
 
 
-def _rest_usage(body: bytes) -> Usage | None:
-    """The usage a rest answer carries; only answers that name one are read twice (an object's other
-    members are skipped, an answer that is no object has none)."""
-    if b'"usage"' not in body:
-        return None
+def _members(body: bytes) -> _Members | None:
+    """One pass over the answer, which checks its syntax too (its other members are skipped in C); None when
+    it is valid JSON but not an object. Cheaper than looking for the members' names in the bytes first: a
+    substring search steps one byte at a time through text made of the name's own letters (8 µs a KB)."""
     try:
-        return usage_from(_rest_usage_decoder.decode(body).usage)
-    except msgspec.MsgspecError:
+        return _members_decoder.decode(body)
+    except msgspec.ValidationError:  # an array, a string, a number...: no members
+        _raw_decoder.decode(body)
         return None
 
 
@@ -54,22 +55,23 @@ class RestDialect(EventDialect):
     def classify(self, status: int, body: bytes) -> AgentAnswer:
         if not 200 <= status < 300:
             return failed_status(status)
+        if not body:
+            return AgentAnswer(result=None)
         try:
-            peer_json.check(body, peer_json.MAX_PASSED_DEPTH)  # once: both decodes below then stay within it
-            if b'"business_error"' not in body:
-                # Checked as JSON (syntax, and UTF-8, which Raw does not check), then passed through as bytes:
-                # the router has no reason to rebuild it.
-                if not body.isascii():
-                    body.decode()
-                return AgentAnswer(result=_raw_decoder.decode(body) if body else None, usage=_rest_usage(body))
+            peer_json.check(body, peer_json.MAX_PASSED_DEPTH)  # once: the decodes below then stay within it
+            # Checked as JSON (syntax, and UTF-8, which skipping members does not check), then passed through as
+            # bytes: the router has no reason to rebuild it.
+            if not body.isascii():
+                body.decode()
+            members = _members(body)
+            if members is None or members.business_error is None:
+                # JSON allows nothing else around a value: what the decoder accepted, stripped, is the value.
+                return AgentAnswer(result=msgspec.Raw(body.strip()),
+                                   usage=usage_from(members.usage) if members is not None else None)
             result = _business_decoder.decode(body)
         except (msgspec.MsgspecError, UnicodeDecodeError) as exc:
             return malformed(f"the body is not JSON ({exc})")
-        raw = result.get("business_error") if isinstance(result, dict) else None
-        if raw is None:
-            return AgentAnswer(result=result,
-                               usage=usage_from(result.get("usage")) if isinstance(result, dict) else None)
-        business = agent_business_error(raw)
+        business = agent_business_error(members.business_error)
         if business is None:
             return malformed(BUSINESS_ERROR_SHAPE)
         return AgentAnswer(error_code=ErrorCode.BUSINESS_ERROR, message=business.message or business.code,
