@@ -41,7 +41,7 @@ class IntentRule(msgspec.Struct, kw_only=True, omit_defaults=True, forbid_unknow
     # read them (semantic/calibrate.py LanguageGate). A later stage of the cascade is skipped for them, leaving
     # the earlier stage's refusal; the first stage has none to leave and decides every language. Absent in
     # records stored before it: the model decides every language.
-    off_languages: list[Annotated[str, msgspec.Meta(max_length=16)]] = []
+    off_languages: Annotated[list[Annotated[str, msgspec.Meta(max_length=16)]], msgspec.Meta(max_length=32)] = []
 
 
 def intent_rule_key(model: str) -> str:

@@ -139,3 +139,19 @@ async def test_an_old_rule_without_the_field_has_the_model_decide_every_language
         ("use-multilingual", "unmatched"), (MODEL_NAME, "routed")]
     match = await cascade.resolve(ENGLISH)
     assert isinstance(match, IntentMatch) and match.capability == "flight.search"
+
+
+@pytest.mark.parametrize(("languages", "why"), [
+    ([f"l{i}" for i in range(33)], "more than 32 languages"),
+    (["a-language-name-far-too-long"], "a language name past 16 characters"),
+    (["en", 7], "a language that is not a string"),
+])
+async def test_a_rule_with_unreasonable_off_languages_is_refused_whole(registry, http, languages, why) -> None:
+    url = f"{registry.url}/intent-rules/{MODEL_NAME}"
+    rule = {"threshold": 0.5, "margin": 0.1, "dimensions": 384, "off_languages": languages}
+    async with http.put(url, json=rule) as response:
+        body = await response.json()
+    assert response.status == 400, why
+    assert body["field"].startswith("off_languages"), body
+    async with http.get(url) as response:
+        assert response.status == 404  # nothing of it was stored
