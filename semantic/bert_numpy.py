@@ -136,6 +136,8 @@ class BertNetwork:
                             for i in range(int(config["num_hidden_layers"]))]
         except KeyError as exc:
             raise ModelDirError(directory, f"model.safetensors has no weight {exc.args[0]!r}") from None
+        # The tokens one text may have: as many as there are positions past the first one used.
+        self.max_tokens: int | None = self._positions.shape[0] - self._first_position
         if self._words.shape[1] != self.dimensions:
             raise ModelDirError(
                 directory, f"config.json says hidden_size {self.dimensions}, the weights {self._words.shape[1]}"

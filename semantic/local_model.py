@@ -39,6 +39,7 @@ def _missing(exc: ImportError) -> SemanticUnavailable:
 
 class Network(Protocol):
     dimensions: int
+    max_tokens: int | None  # the longest text (in tokens) it can place; None: no limit of its own
 
     def forward(self, ids: np.ndarray, types: np.ndarray, mask: np.ndarray) -> np.ndarray: ...
 
@@ -84,8 +85,9 @@ class LocalModel:
             raise ModelDirError(directory, f"tokenizer.json is not a tokenizer ({exc})") from None
         bert = read_json(directory, "sentence_bert_config.json", required=False) or {}
         self._tokenizer.no_padding()
-        self._tokenizer.enable_truncation(int(bert.get("max_seq_length") or config.get("max_position_embeddings")
-                                              or DEFAULT_MAX_TOKENS))
+        configured = int(bert.get("max_seq_length") or config.get("max_position_embeddings") or DEFAULT_MAX_TOKENS)
+        network_limit = self._network.max_tokens
+        self._tokenizer.enable_truncation(configured if network_limit is None else min(configured, network_limit))
         self._pad = int(config.get("pad_token_id", 0))
 
     @staticmethod

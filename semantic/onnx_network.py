@@ -48,6 +48,7 @@ class OnnxNetwork:
             raise ModelDirError(directory, f"{named} gives no {OUTPUT} of (batch, tokens, dimensions) (its outputs: "
                                            f"{outputs})")
         self.dimensions = int(shape[-1])
+        self.max_tokens: int | None = None  # the graph does not say: the model's configuration decides
 
     def forward(self, ids: np.ndarray, types: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """The last layer's state of every token: (batch, width, dimensions); ``mask`` is 1 for a real token."""

@@ -153,3 +153,14 @@ def test_an_unknown_architecture_is_refused_naming_those_supported(small_mpnet) 
     with pytest.raises(ModelDirError) as refused:
         LocalModel(directory)
     assert "'xlm-roberta'" in str(refused.value) and "'bert' or 'mpnet'" in str(refused.value)
+
+
+def test_an_intent_longer_than_the_model_reads_is_cut_to_the_positions_it_has(small_mpnet) -> None:
+    """MPNet's positions start past the padding id, so it reads two tokens fewer than max_position_embeddings:
+    a longer text is truncated to what it can place, not fed past its last position."""
+    directory, weights = small_mpnet
+    model = LocalModel(directory)
+    long_text = " ".join(["convert"] * 200)
+    ids = model._tokenizer.encode(long_text).ids
+    assert len(ids) == CONFIG["max_position_embeddings"] - CONFIG["pad_token_id"] - 1
+    np.testing.assert_allclose(model.encode([long_text, "hi"])[0], reference(ids, weights), rtol=1e-4, atol=1e-4)
