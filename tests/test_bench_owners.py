@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
 from doc_support import ROOT
 from owners import RATE_HZ, owner_of, owners_of_raw, per_call_us
@@ -14,21 +16,23 @@ SITE = "/venv/lib/python3.11/site-packages"
 STDLIB = "/usr/lib/python3.11"
 
 
-def test_each_file_goes_to_its_owner():
-    assert owner_of(f"{SITE}/aiohttp/client_reqrep.py") == "aiohttp client"
-    assert owner_of(f"{SITE}/aiohttp/connector.py") == "aiohttp client"
-    assert owner_of(f"{SITE}/aiohttp/web_protocol.py") == "aiohttp server"
-    assert owner_of(f"{SITE}/aiohttp/http_parser.py") == "aiohttp server"
-    assert owner_of(f"{SITE}/aiohttp/streams.py") == "aiohttp, both (streams, writer, helpers)"
-    assert owner_of(f"{STDLIB}/asyncio/base_events.py") == "asyncio and selectors"
-    assert owner_of(f"{STDLIB}/selectors.py") == "asyncio and selectors"
-    assert owner_of(f"{ROOT}/router/attempt.py") == "the mesh's own code"
-    assert owner_of(f"{ROOT}/sdk/agent_reach/atp.py") == "the mesh's own code"
-    assert owner_of(f"{SITE}/aiosqlite/core.py") == "sqlite (audit writer)"
-    assert owner_of(f"{STDLIB}/json/decoder.py") == "other (C calls, stdlib)"
-    # The mesh installed without -e: its packages live in site-packages.
-    assert owner_of(f"{SITE}/router/core.py") == "the mesh's own code"
-    assert owner_of(f"{SITE}/yarl/_url.py") == "yarl, multidict"
+@pytest.mark.parametrize(("path", "owner"), [
+    (f"{SITE}/aiohttp/client_reqrep.py", "aiohttp client"),
+    (f"{SITE}/aiohttp/connector.py", "aiohttp client"),
+    (f"{SITE}/aiohttp/web_protocol.py", "aiohttp server"),
+    (f"{SITE}/aiohttp/http_parser.py", "aiohttp server"),
+    (f"{SITE}/aiohttp/streams.py", "aiohttp, both (streams, writer, helpers)"),
+    (f"{STDLIB}/asyncio/base_events.py", "asyncio and selectors"),
+    (f"{STDLIB}/selectors.py", "asyncio and selectors"),
+    (f"{ROOT}/router/attempt.py", "the mesh's own code"),
+    (f"{ROOT}/sdk/agent_reach/atp.py", "the mesh's own code"),
+    (f"{SITE}/aiosqlite/core.py", "sqlite (audit writer)"),
+    (f"{STDLIB}/json/decoder.py", "other (C calls, stdlib)"),
+    (f"{SITE}/router/core.py", "the mesh's own code"),  # installed without -e: in site-packages
+    (f"{SITE}/yarl/_url.py", "yarl, multidict"),
+])
+def test_each_file_goes_to_its_owner(path, owner):
+    assert owner_of(path) == owner
 
 
 def test_samples_are_charged_to_the_innermost_frame_only():
