@@ -41,6 +41,13 @@ class RedisServer:
         """The stream's entries taken and not yet acknowledged, with who holds each and how often delivered."""
         return list(await self.client.xpending_range(stream, GROUP, "-", "+", 100))
 
+    async def until_acknowledged(self, stream: str, what: str = "every entry", timeout: float = 5.0) -> None:
+        """Wait until nothing of ``stream`` is pending: an agent answers a call, then acknowledges its entry, so a
+        caller may hold the answer a moment before the entry leaves the pending list."""
+        async def settled() -> bool:
+            return await self.pending(stream) == []
+        await wait_for(settled, timeout=timeout, what=f"{what} of {stream} to be acknowledged")
+
     async def dead_letters(self, stream: str) -> list[dict[bytes, bytes]]:
         return [fields for _, fields in await self.client.xrange(f"{stream}.dead")]
 

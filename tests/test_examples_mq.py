@@ -124,7 +124,7 @@ async def test_the_mq_example_answers_through_agentreach_router_with_a_broker(tm
                 assert last["echo"] == {"text": "one two three"} and streamed.final[1]["result"] == last
                 # Every call went through the broker's stream, and every one was acknowledged.
                 assert await redis_server.client.exists(STREAM) == 1
-                assert await redis_server.pending(STREAM) == []
+                await redis_server.until_acknowledged(STREAM)
                 await stops_on_sigterm(agent, http, registry, "mq-example-1")
 
 
@@ -161,7 +161,7 @@ async def test_the_mq_example_answers_signed_calls_through_agentreach_up_with_a_
                 assert response.status == 200, await response.text()
             # Both calls verified and were served: none refused (dead-lettered), none left pending.
             assert await redis_server.dead_letters(STREAM) == []
-            assert await redis_server.pending(STREAM) == []
+            await redis_server.until_acknowledged(STREAM)
             await stops_on_sigterm(agent, http, registry, "mq-signed-1", admin)
 
 

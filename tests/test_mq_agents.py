@@ -51,7 +51,7 @@ async def test_mq_agents_answer_atp_callers_many_at_once_sharing_the_stream(mq_m
     metrics = await mq_mesh.get("/metrics")
     assert 'agentreach_router_attempts_total{outcome="ok",protocol="mq"} 40.0' in metrics, metrics
     assert "agentreach_router_mq_duplicates_total 0.0" in metrics
-    assert await redis_server.pending("agentreach.mq-echo.mq.echo") == []  # every call acknowledged
+    await redis_server.until_acknowledged("agentreach.mq-echo.mq.echo")  # every call acknowledged
 
 
 async def test_an_mq_agent_streams_its_chunks_in_order_to_a_streaming_caller(mq_mesh, make_agent, http, redis_server):
@@ -107,9 +107,8 @@ async def test_a_caller_leaving_an_mq_stream_cancels_the_handler(mq_mesh, make_a
     trace = (await mq_mesh.get("/traces/mq-gone"))["call"]
     assert trace["error_code"] == "CANCELLED" and trace["chunks"] >= 3
 
-    async def acknowledged() -> bool:  # the agent counts the cancel, then acknowledges the entry
-        return await redis_server.pending("agentreach.mq-gone-1.mq.ticks") == []
-    await wait_for(acknowledged, timeout=2.0, what="the cancelled call's entry to be acknowledged, not redelivered")
+    # The agent counts the cancel, then acknowledges the entry: it is not redelivered.
+    await redis_server.until_acknowledged("agentreach.mq-gone-1.mq.ticks", "the cancelled call's entry", timeout=2.0)
 
 
 async def test_business_errors_usage_and_context_updates_cross_the_broker(mq_mesh, make_agent, redis_server):
